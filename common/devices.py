@@ -1,0 +1,33 @@
+"""GPU discovery without touching CUDA (safe in the gunicorn master) and device choice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+GPU_ENV = "SCORER_GPU"  # set per worker by gunicorn.conf.py's post_fork
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this node may use: ``CUDA_VISIBLE_DEVICES`` if set, else what the driver lists."""
+    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None:
+        return [gpu for gpu in preset.split(",") if gpu.strip() and gpu.strip() != "-1"]
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listed.splitlines() if line.strip()]
+
+
+def choose_device(setting: str) -> str:
+    """``auto`` is ``cuda`` in a worker pinned to a GPU, ``cpu`` otherwise."""
+    if setting != "auto":
+        return setting
+    return "cuda" if os.environ.get(GPU_ENV) else "cpu"

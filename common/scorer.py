@@ -1,0 +1,76 @@
+"""The scorer contract: a model server reduced to ``setup``, ``decode`` and ``score``.
+
+``common`` turns a scorer into an HTTP service (``common.app.create_app``): it decodes the
+wire format, calls ``decode`` on the request thread, gathers the items of concurrent requests
+into batches for ``score`` on one inference thread, and encodes the answer. A scorer owns only
+its model and its rule.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from common.settings import CoreSettings
+
+
+@dataclass
+class Scored:
+    """A score with per-sample extras; each extras key becomes a per-sample list in the answer.
+
+    ``score(batch)`` may return plain floats or ``Scored`` values.
+    """
+
+    score: float
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Scorer(ABC):
+    """Base class of every scorer.
+
+    Class attributes give the batching defaults beside the model, as LitServe does; the
+    ``SCORER_MAX_BATCH`` / ``SCORER_MAX_WAIT_MS`` settings override them.
+    """
+
+    name: ClassVar[str]
+    max_batch: ClassVar[int] = 16
+    max_wait_ms: ClassVar[float] = 5.0
+    # False: ``score`` runs on the request thread itself, for scorers whose work is not a
+    # batched model call (the code verifier runs sandboxes under its own slot limit).
+    batched: ClassVar[bool] = True
+
+    def __init__(self, core: CoreSettings) -> None:
+        """Read the scorer's own settings; raise ``ConfigError`` here for a bad setting, so
+        the service refuses to start. Keep it cheap: loading belongs in ``setup``."""
+        self.core = core
+
+    @abstractmethod
+    def setup(self, device: str) -> None:
+        """Load weights once and warm up. Runs in the worker, off the request path.
+
+        Raise ``common.config.ConfigError`` with a message naming the setting to fix when
+        something the model needs is missing.
+        """
+
+    @abstractmethod
+    def decode(self, payload: dict[str, Any]) -> list[Any]:
+        """Validate a decoded request body and turn it into items, one per sample.
+
+        Runs on the request thread, so expensive per-item work (image decoding,
+        preprocessing) belongs here, in parallel, not in ``score``. Raise
+        ``common.errors.Unprocessable`` / ``PayloadTooLarge`` for bad input.
+        """
+
+    @abstractmethod
+    def score(self, batch: Sequence[Any]) -> Sequence[float | Scored]:
+        """Score a batch of items (from one or many requests), one result per item, in order."""
+
+    def info(self) -> dict[str, Any]:
+        """Model description for ``GET /info``."""
+        return {}
+
+    def blueprints(self) -> list[Any]:
+        """Extra Flask blueprints for protocols beyond the core ``POST /`` (e.g. OpenRLHF)."""
+        return []

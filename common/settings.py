@@ -1,0 +1,29 @@
+"""Core settings shared by every service (``SCORER_*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    """Limits, batching and serving settings; each is ``SCORER_<FIELD>`` in the environment."""
+
+    service: str = "ocr"
+    # Request limits (DESIGN 5): each breach is a clear 4xx.
+    max_body_bytes: int = 256 * 1024 * 1024
+    max_items: int = 1024
+    max_pixels: int = 4096 * 4096
+    max_prompt_chars: int = 8192
+    # Dynamic batcher; None means "the scorer's own default".
+    max_batch: int | None = None
+    max_wait_ms: float | None = None
+    max_queue: int = 4096
+    # How long a scoring request waits for a model that is still loading, then 503.
+    ready_wait_s: float = 60.0
+    # How long a request waits for its batch results, then 503 (trainers time out at 120 s).
+    request_timeout_s: float = 110.0
+    # Optional bearer token, checked before the body is read.
+    auth_token: str | None = None
+    # "auto" picks cuda when a GPU is visible, else cpu.
+    device: str = "auto"

@@ -1,0 +1,86 @@
+"""One gunicorn configuration for every scorer service; ``SCORER_SERVICE`` selects it.
+
+- One worker per visible GPU, each pinned with ``CUDA_VISIBLE_DEVICES`` in ``post_fork``; the
+  GPU is handed back when the worker exits, so its replacement gets the same one. One worker on
+  a CPU-only machine. The master never touches CUDA (no ``preload_app``).
+- gthread workers: request threads decode and preprocess in parallel; one inference thread
+  per worker batches across them.
+- Prometheus multiprocess mode: each worker writes to a fresh directory, merged on /metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common.devices import GPU_ENV, visible_gpus  # noqa: E402
+from common.registry import DEFAULT_PORTS  # noqa: E402
+
+service = os.environ.setdefault("SCORER_SERVICE", "ocr")
+gpus = visible_gpus() if os.environ.get("SCORER_DEVICE", "auto") != "cpu" else []
+
+bind = os.environ.get("SCORER_BIND", f"0.0.0.0:{os.environ.get('SCORER_PORT', DEFAULT_PORTS.get(service, 18082))}")
+workers = int(os.environ.get("SCORER_WORKERS") or max(1, len(gpus)))
+worker_class = "gthread"
+threads = int(os.environ.get("SCORER_THREADS", "128"))
+worker_connections = int(os.environ.get("SCORER_WORKER_CONNECTIONS", "4096"))
+backlog = 4096
+# The gthread heartbeat comes from the worker's main loop, not the request threads, so a long
+# batch does not get a worker killed; a stuck main loop does.
+timeout = int(os.environ.get("SCORER_WORKER_TIMEOUT", "120"))
+graceful_timeout = int(os.environ.get("SCORER_GRACEFUL_TIMEOUT", "30"))
+keepalive = 75
+wsgi_app = "common.app:create_app()"
+proc_name = f"scorer-{service}"
+accesslog = os.environ.get("SCORER_ACCESS_LOG") or None
+loglevel = os.environ.get("SCORER_LOG_LEVEL", "info")
+
+_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"scorer-{service}-metrics-")
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+
+# GPU slot -> the worker holding it (master-side bookkeeping).
+_gpu_holders: dict[int, object | None] = {slot: None for slot in range(len(gpus))}
+
+
+def on_starting(server) -> None:
+    for name in os.listdir(_metrics_dir):
+        os.remove(os.path.join(_metrics_dir, name))
+    where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
+    server.log.info("scorer service %s: %d worker(s) on %s, %d threads each", service, workers, where, threads)
+
+
+def pre_fork(server, worker) -> None:
+    """Pick a free GPU slot in the master, before the fork, so the child inherits it."""
+    if not gpus:
+        worker.gpu_slot = None
+        return
+    free = [slot for slot, holder in _gpu_holders.items() if holder is None]
+    worker.gpu_slot = free[0] if free else len(server.WORKERS) % len(gpus)
+    _gpu_holders[worker.gpu_slot] = worker
+
+
+def post_fork(server, worker) -> None:
+    if worker.gpu_slot is not None:
+        gpu = gpus[worker.gpu_slot]
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+        os.environ[GPU_ENV] = gpu
+        server.log.info("worker %d pinned to GPU %s", worker.pid, gpu)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ.pop(GPU_ENV, None)
+
+
+def child_exit(server, worker) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+    if getattr(worker, "gpu_slot", None) is not None and _gpu_holders.get(worker.gpu_slot) is worker:
+        _gpu_holders[worker.gpu_slot] = None
+
+
+def on_exit(server) -> None:
+    shutil.rmtree(_metrics_dir, ignore_errors=True)

@@ -1,0 +1,138 @@
+"""The OCR reward rule: how well the recognized text matches the text the prompt asked for.
+
+The default is flow_grpo's rule, exactly: target = the first ``"..."`` segment of the prompt;
+recognized = the concatenated texts of lines with confidence > 0; spaces removed and both
+lowercased; dist = 0 if the target is a substring of the recognized text, else their
+Levenshtein distance, capped at len(target); score = 1 - dist / len(target).
+Options (deepgen_rl's newer rule) change one step each; all off by default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rapidfuzz.distance import Levenshtein
+
+from common.errors import Unprocessable
+
+QUOTED = re.compile(r'"([^"]*)"')
+# Characters OCR confuses; folded on both sides when ``fold_confusions`` is on.
+CONFUSIONS = str.maketrans({"0": "o", "1": "l", "i": "l", "j": "l", "5": "s", "v": "w"})
+PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+# (text, confidence) of one recognized line.
+Line = tuple[str, float]
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    """Matching options; each is a server setting (``SCORER_OCR_<FIELD>``) and a per-request
+    override in ``metadata["ocr"]``."""
+
+    # "first": the first quoted segment (flow_grpo); "all": every quoted segment, each scored
+    # and the scores averaged (deepgen_rl's newer mode).
+    target: Literal["first", "all"] = "first"
+    # A prompt without quotes: score against the whole prompt, or score 0.
+    no_quotes: Literal["whole_prompt", "zero"] = "whole_prompt"
+    case_sensitive: bool = False
+    strip_punctuation: bool = False
+    # Lines at or below this confidence are ignored (flow_grpo: > 0).
+    min_confidence: float = 0.0
+    # Compare the target against every run of as many recognized words as it has, keep the best.
+    ngram_candidates: bool = False
+    # Fold 0->o, 1/i/j->l, 5->s, v->w before comparing.
+    fold_confusions: bool = False
+
+    def override(self, overrides: Any) -> RuleOptions:
+        """These options with a request's ``metadata["ocr"]`` applied; 422 for a bad key/value."""
+        if overrides is None:
+            return self
+        if not isinstance(overrides, dict):
+            raise Unprocessable("metadata['ocr'] must be a dict of matching options")
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            raise Unprocessable(f"unknown OCR option(s) {unknown}; known: {sorted(fields)}")
+        for key, value in overrides.items():
+            current = getattr(self, key)
+            if isinstance(current, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(current, float):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            else:
+                ok = value in _CHOICES[key]
+            if not ok:
+                raise Unprocessable(f"metadata['ocr'][{key!r}] = {value!r} is not a valid value")
+        return dataclasses.replace(self, **overrides)
+
+
+_CHOICES = {"target": ("first", "all"), "no_quotes": ("whole_prompt", "zero")}
+
+
+def targets(prompt: str, options: RuleOptions) -> list[str] | None:
+    """The text(s) the prompt asks to be rendered; None when it asks for nothing (score 0)."""
+    segments = QUOTED.findall(prompt)
+    if not segments:
+        # A lone quote is a segment to flow_grpo (``prompt.split('"')[1]``).
+        if prompt.count('"') == 1:
+            segments = [prompt.split('"')[1]]
+        elif options.no_quotes == "zero":
+            return None
+        else:
+            segments = [prompt]
+    return segments if options.target == "all" else segments[:1]
+
+
+def _normalize(text: str, options: RuleOptions) -> str:
+    text = text.replace(" ", "")
+    if not options.case_sensitive:
+        text = text.lower()
+    if options.strip_punctuation:
+        text = text.translate(PUNCTUATION)
+    if options.fold_confusions:
+        text = text.translate(CONFUSIONS)
+    return text
+
+
+def _distance(recognized: str, target: str) -> int:
+    return 0 if target in recognized else Levenshtein.distance(recognized, target)
+
+
+def match_score(target: str, lines: Sequence[Line], options: RuleOptions) -> float:
+    """Score one target against the recognized lines; ``target`` must not normalize to ''."""
+    wanted = _normalize(target, options)
+    kept = [text for text, confidence in lines if confidence > options.min_confidence]
+    recognized = _normalize("".join(kept), options)
+    dist = _distance(recognized, wanted)
+    if options.ngram_candidates and dist:
+        words = " ".join(kept).split()
+        size = max(1, len(target.split()))
+        for start in range(max(1, len(words) - size + 1)):
+            candidate = _normalize("".join(words[start : start + size]), options)
+            dist = min(dist, _distance(candidate, wanted))
+    dist = min(dist, len(wanted))
+    return 1.0 - dist / len(wanted)
+
+
+def check_targets(prompt: str, options: RuleOptions, index: int) -> list[str] | None:
+    """Targets of a prompt, with a clear per-sample error for an empty one (never a 1/0)."""
+    wanted = targets(prompt, options)
+    for text in wanted or ():
+        if not _normalize(text, options):
+            raise Unprocessable(
+                f"prompts[{index}]: the quoted target text {text!r} is empty after normalization; "
+                "there is nothing to match"
+            )
+    return wanted
+
+
+def reward(wanted: list[str] | None, lines: Sequence[Line], options: RuleOptions) -> float:
+    """The sample's score: 0 for no target, else the mean over its targets."""
+    if wanted is None:
+        return 0.0
+    return sum(match_score(text, lines, options) for text in wanted) / len(wanted)

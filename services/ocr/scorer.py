@@ -1,0 +1,90 @@
+"""OCR scorer: does the image show the text the prompt asked for (DESIGN 4.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from PIL import Image, ImageDraw, ImageFont
+
+from common.config import describe, from_env
+from common.images import decode_image, parse_image_request
+from common.scorer import Scorer
+from common.settings import CoreSettings
+from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
+from services.ocr.reward import RuleOptions, check_targets, reward
+
+
+@dataclass(frozen=True)
+class OcrSettings(RuleOptions):
+    """``SCORER_OCR_*``: the engine, and the server-wide matching options."""
+
+    engine: Literal["rapidocr", "paddleocr"] = "rapidocr"
+    # Lines the engine reports below this confidence are dropped (RapidOCR's and PaddleOCR's 0.5).
+    text_score: float = 0.5
+    rec_batch: int = 64
+    onnx_threads: int | None = None
+    paddle_det_dir: str | None = None
+    paddle_rec_dir: str | None = None
+
+    def rule(self) -> RuleOptions:
+        return RuleOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RuleOptions)})
+
+
+@dataclass
+class OcrItem:
+    prepared: Any
+    targets: list[str] | None
+    options: RuleOptions
+
+
+class OCRScorer(Scorer):
+    name = "ocr"
+    max_batch = 16
+    max_wait_ms = 10.0
+
+    def __init__(self, core: CoreSettings) -> None:
+        super().__init__(core)
+        self.settings = from_env(OcrSettings, "ocr")
+        self.options = self.settings.rule()
+        self.engine: OcrEngine | None = None
+
+    def setup(self, device: str) -> None:
+        s = self.settings
+        if s.engine == "paddleocr":
+            self.engine = PaddleOCREngine(device, s.paddle_det_dir, s.paddle_rec_dir)
+        else:
+            self.engine = RapidOCREngine(device, s.text_score, s.rec_batch, s.onnx_threads)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One real pass, so the first request does not pay for lazy initialisation."""
+        image = Image.new("RGB", (512, 512), "white")
+        ImageDraw.Draw(image).text((40, 230), "warm up", fill="black", font=ImageFont.load_default(size=48))
+        started = time.perf_counter()
+        lines = self.engine.recognize([self.engine.prepare(image)])
+        self.warmup_seconds = time.perf_counter() - started
+        self.warmup_text = "".join(text for text, _ in lines[0])
+
+    def decode(self, payload: dict[str, Any]) -> list[OcrItem]:
+        request = parse_image_request(payload, self.core)
+        options = self.options.override(request.metadata.get("ocr"))
+        wanted = [check_targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]
+        items = []
+        for index, (data, targets) in enumerate(zip(request.images, wanted)):
+            image = decode_image(data, self.core.max_pixels, index)
+            items.append(OcrItem(self.engine.prepare(image), targets, options))
+        return items
+
+    def score(self, batch: Sequence[OcrItem]) -> list[float]:
+        lines = self.engine.recognize([item.prepared for item in batch])
+        return [reward(item.targets, found, item.options) for item, found in zip(batch, lines)]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            **(self.engine.info() if self.engine else {"engine": self.settings.engine}),
+            "settings": describe(self.settings),
+        }
