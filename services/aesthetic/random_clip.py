@@ -59,17 +59,11 @@ def save_random_clip(directory: str | Path, size: str = "tiny", seed: int = 0) -
         projection_dim=768,
     )
     CLIPModel(config).eval().save_pretrained(directory)
-    CLIPImageProcessor(
-        size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}
-    ).save_pretrained(directory)
+    CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}).save_pretrained(directory)
     # A stub tokenizer, so that ``CLIPProcessor.from_pretrained`` works on the directory.
     vocab = directory / "vocab.json"
     merges = directory / "merges.txt"
-    vocab.write_text(
-        json.dumps({"<|startoftext|>": 0, "<|endoftext|>": 1, "a</w>": 2, "a": 3})
-    )
+    vocab.write_text(json.dumps({"<|startoftext|>": 0, "<|endoftext|>": 1, "a</w>": 2, "a": 3}))
     merges.write_text("#version: 0.2\n")
-    CLIPTokenizer(vocab_file=str(vocab), merges_file=str(merges)).save_pretrained(
-        directory
-    )
+    CLIPTokenizer(vocab_file=str(vocab), merges_file=str(merges)).save_pretrained(directory)
     return directory

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
@@ -32,8 +33,12 @@ log = logging.getLogger(__name__)
 SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
 # The sibling ``shared/`` of the checkout (repo root is two levels above this package).
-DEFAULT_HEAD = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "models" / HEAD_FILE
+DEFAULT_HEAD = Path(__file__).resolve().parents[2].parent / "shared" / "models" / HEAD_FILE
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
 )
 DTYPES = {
     "float16": torch.float16,
@@ -101,87 +106,94 @@ class AestheticScorer(Scorer):
         if self.settings.micro_batch < 1:
             raise ConfigError(f"{env_name(SECTION, 'micro_batch')} must be at least 1")
         if not self.settings.clip.strip():
-            raise ConfigError(
-                f"{env_name(SECTION, 'clip')} is empty; give a CLIP directory or hub id"
-            )
+            raise ConfigError(f"{env_name(SECTION, 'clip')} is empty; give a CLIP directory or hub id")
         self.device = "cpu"
         self.dtype = torch.float32
         self.model: CLIPModel | None = None
         self.processor: Any = None
         self.head: AestheticHead | None = None
 
+    def preflight(self) -> str | None:
+        """Weights missing here; a hub id not in the local cache counts as missing, since
+        ``run.sh`` with no argument must not depend on a download."""
+        return self._missing_head() or self._missing_clip(allow_download=False)
+
     def setup(self, device: str) -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(
-                f"{env_name('', 'device')}={device} but torch {torch.__version__} sees no CUDA GPU"
-            )
+            raise ConfigError(f"{env_name('', 'device')}={device} but torch {torch.__version__} sees no CUDA GPU")
+        problem = self._missing_head() or self._missing_clip(allow_download=True)
+        if problem:
+            raise ConfigError(problem)
         self.device = device
-        self.dtype = (
-            DTYPES[self.settings.precision]
-            if device.startswith("cuda")
-            else torch.float32
-        )
+        self.dtype = DTYPES[self.settings.precision] if device.startswith("cuda") else torch.float32
         self.model, self.processor = self._load_clip()
         self.head = self._load_head(self.model.config.projection_dim)
         warm = self.settings.micro_batch if device.startswith("cuda") else 1
-        self.score(
-            self._preprocess([Image.new("RGB", (256, 256), (128, 128, 128))] * warm)
+        self.score(self._preprocess([Image.new("RGB", (256, 256), (128, 128, 128))] * warm))
+        log.info("aesthetic: CLIP %s + head %s on %s (%s)", self.settings.clip, self.settings.head, device, self.dtype)
+
+    def _missing_head(self) -> str | None:
+        path = Path(self.settings.head).expanduser()
+        if path.is_file():
+            return None
+        return (
+            f"aesthetic head not found: {env_name(SECTION, 'head')}={str(path)!r} (run.sh --head); it is the "
+            f"released sac+logos+ava1-l14-linearMSE.pth, by default ../shared/models/{HEAD_FILE}"
         )
-        log.info(
-            "aesthetic: CLIP %s + head %s on %s (%s)",
-            self.settings.clip,
-            self.settings.head,
-            device,
-            self.dtype,
+
+    def _missing_clip(self, allow_download: bool) -> str | None:
+        """Why the CLIP weights can't be loaded, checked on disk and in the hub cache only."""
+        source = self.settings.clip
+        setting = env_name(SECTION, "clip")
+        hint = (
+            f"Set {setting} (run.sh --clip) to a directory holding the CLIP config, weights and "
+            "preprocessor_config.json (`hf download openai/clip-vit-large-patch14 --local-dir DIR` on a "
+            "machine with internet), or to a hub id this node can download."
+        )
+        local = Path(source).expanduser()
+        if local.is_dir():
+            if (local / "config.json").is_file() and any((local / name).is_file() for name in WEIGHT_FILES):
+                return None
+            return f"CLIP weights not found: {setting}={source!r} has no config.json and model weights. {hint}"
+        if _looks_like_path(source):
+            return f"CLIP weights not found: {setting}={source!r} is not a directory. {hint}"
+        if allow_download:
+            return None
+        try:
+            cached = any(isinstance(try_to_load_from_cache(source, name), str) for name in WEIGHT_FILES)
+        except ValueError as exc:  # not a valid hub id
+            return f"{setting}={source!r}: {exc}. {hint}"
+        if cached:
+            return None
+        return (
+            f"CLIP weights not found: {setting}={source!r} is not in the local hub cache. {hint} "
+            "(`bash run.sh aesthetic` downloads a hub id at start where the hub can be reached.)"
         )
 
     def _load_clip(self) -> tuple[CLIPModel, Any]:
-        """Load CLIP and its processor; a clear ``ConfigError`` naming the setting when missing."""
+        """Load CLIP and its processor from a directory, the hub cache, or the hub."""
         source = self.settings.clip
-        setting = env_name(SECTION, "clip")
         local = Path(source).expanduser()
-        hint = (
-            f"Set {setting} (run.sh --clip) to a directory holding the CLIP weights, config and "
-            "preprocessor_config.json (e.g. `hf download openai/clip-vit-large-patch14 --local-dir DIR` "
-            "on a machine with internet), or to a hub id this node can download."
-        )
-        if local.is_dir():
-            source = str(local)
-        elif _looks_like_path(source):
-            raise ConfigError(
-                f"CLIP weights not found: {setting}={source!r} is not a directory. {hint}"
-            )
         try:
-            try:  # the local hub cache first: no network round trips when it is there
+            if local.is_dir():
+                return self._from_pretrained(str(local), local_files_only=True)
+            try:  # the hub cache first: no network round trips when the weights are there
                 return self._from_pretrained(source, local_files_only=True)
             except OSError:
-                if local.is_dir():
-                    raise
                 return self._from_pretrained(source, local_files_only=False)
         except OSError as exc:
             raise ConfigError(
-                f"CLIP weights not found for {setting}={source!r}: {exc}. {hint}"
+                f"CLIP weights could not be loaded from {env_name(SECTION, 'clip')}={source!r} (run.sh --clip): {exc}"
             ) from None
 
-    def _from_pretrained(
-        self, source: str, local_files_only: bool
-    ) -> tuple[CLIPModel, Any]:
-        model = CLIPModel.from_pretrained(
-            source, dtype=self.dtype, local_files_only=local_files_only
-        )
-        processor = AutoImageProcessor.from_pretrained(
-            source, local_files_only=local_files_only
-        )
+    def _from_pretrained(self, source: str, local_files_only: bool) -> tuple[CLIPModel, Any]:
+        model = CLIPModel.from_pretrained(source, dtype=self.dtype, local_files_only=local_files_only)
+        processor = AutoImageProcessor.from_pretrained(source, local_files_only=local_files_only)
         return model.to(self.device).eval(), processor
 
     def _load_head(self, dim: int) -> AestheticHead:
         path = Path(self.settings.head).expanduser()
         setting = env_name(SECTION, "head")
-        if not path.is_file():
-            raise ConfigError(
-                f"aesthetic head not found: {setting}={str(path)!r} (run.sh --head); it is the released "
-                f"sac+logos+ava1-l14-linearMSE.pth, by default ../shared/models/{HEAD_FILE}"
-            )
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
             head = AestheticHead(dim)
@@ -221,10 +233,7 @@ class AestheticScorer(Scorer):
 
     def decode(self, payload: dict[str, Any]) -> list[torch.Tensor]:
         request = parse_image_request(payload, self.core)
-        images = [
-            decode_image(data, self.core.max_pixels, i)
-            for i, data in enumerate(request.images)
-        ]
+        images = [decode_image(data, self.core.max_pixels, i) for i, data in enumerate(request.images)]
         for index, image in enumerate(images):
             self._check_resize(image, index)
         return self._preprocess(images) if images else []
@@ -235,9 +244,7 @@ class AestheticScorer(Scorer):
         step = self.settings.micro_batch
         scores: list[float] = []
         for start in range(0, len(batch), step):
-            pixels = torch.stack(list(batch[start : start + step])).to(
-                self.device, non_blocking=True
-            )
+            pixels = torch.stack(list(batch[start : start + step])).to(self.device, non_blocking=True)
             # The head runs in float32 on the normalised embedding, whatever CLIP's precision.
             embeddings = image_features(self.model, pixels).float()
             embeddings = embeddings / embeddings.norm(dim=-1, keepdim=True)
