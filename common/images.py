@@ -80,8 +80,7 @@ def decode_image(data: bytes, max_pixels: int, index: int = 0) -> Image.Image:
             width, height = image.size
             if width * height > max_pixels:
                 raise PayloadTooLarge(
-                    f"images[{index}] is {width}x{height} = {width * height} pixels; "
-                    f"the limit is {max_pixels}"
+                    f"images[{index}] is {width}x{height} = {width * height} pixels; the limit is {max_pixels}"
                 )
             image.load()
             return image.convert("RGB")

@@ -67,6 +67,11 @@ class Scorer(ABC):
     def score(self, batch: Sequence[Any]) -> Sequence[float | Scored]:
         """Score a batch of items (from one or many requests), one result per item, in order."""
 
+    def preflight(self) -> str | None:
+        """Why this scorer cannot start here (e.g. weights not found), without loading; None if
+        it can. ``run.sh`` with no argument skips a service that answers a reason."""
+        return None
+
     def info(self) -> dict[str, Any]:
         """Model description for ``GET /info``."""
         return {}

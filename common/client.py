@@ -1,0 +1,177 @@
+"""Python client (sync and asyncio) and a CLI smoke test for the image scorers.
+
+    python -m common.client http://node:18082 image.jpg 'a sign that says "open"'
+
+The client speaks the pickle protocol by default (what flow_grpo / VeRL-Omni send) or JSON,
+and retries the statuses the trainers' clients retry (408, 429, 5xx) with doubling backoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import pickle
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import requests
+
+from common.protocol import SafeUnpickler, WireFormat
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class ScorerRequestError(RuntimeError):
+    """The server answered an error that retrying will not fix (or retries ran out)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def build_body(
+    images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None, fmt: WireFormat
+) -> tuple[bytes, dict[str, str]]:
+    payload = {"images": list(images), "prompts": list(prompts), "metadata": metadata or {}}
+    if fmt == "json":
+        payload["images"] = [base64.b64encode(image).decode() for image in images]
+        return json.dumps(payload).encode(), {"Content-Type": "application/json"}
+    return pickle.dumps(payload), {"Content-Type": "application/octet-stream"}
+
+
+def parse_answer(body: bytes, content_type: str) -> dict[str, Any]:
+    """Decode an answer; the client trusts the server no more than the server trusts it."""
+    if "json" in content_type:
+        return json.loads(body)
+    return SafeUnpickler(io.BytesIO(body)).load()
+
+
+class ScorerClient:
+    """Blocking client: ``scores(images, prompts)`` returns one float per image."""
+
+    def __init__(
+        self,
+        url: str,
+        fmt: WireFormat = "pickle",
+        token: str | None = None,
+        timeout: float = 120.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+    ) -> None:
+        self.url = url.rstrip("/") + "/"
+        self.fmt = fmt
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.session = requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def score(
+        self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        body, headers = build_body(images, prompts, metadata, self.fmt)
+        for attempt in range(self.retries + 1):
+            response = self.session.post(self.url, data=body, headers=headers, timeout=self.timeout)
+            answer = parse_answer(response.content, response.headers.get("Content-Type", ""))
+            if response.status_code == 200:
+                return answer
+            if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                raise ScorerRequestError(response.status_code, str(answer.get("error", answer)))
+            time.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def scores(
+        self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
+    ) -> list[float]:
+        return self.score(images, prompts, metadata)["scores"]
+
+
+class AsyncScorerClient:
+    """asyncio client, shaped like VeRL-Omni's: one request per image, gathered."""
+
+    def __init__(
+        self,
+        url: str,
+        fmt: WireFormat = "pickle",
+        token: str | None = None,
+        timeout: float = 120.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+        connections: int = 256,
+    ) -> None:
+        self.url = url.rstrip("/") + "/"
+        self.fmt = fmt
+        self.retries = retries
+        self.backoff = backoff
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncScorerClient:
+        self._session = aiohttp.ClientSession(
+            timeout=self._timeout, headers=self._headers, connector=aiohttp.TCPConnector(limit=self._connections)
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._session is not None
+        await self._session.close()
+
+    async def score(
+        self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        assert self._session is not None, "use 'async with AsyncScorerClient(...)'"
+        body, headers = build_body(images, prompts, metadata, self.fmt)
+        for attempt in range(self.retries + 1):
+            async with self._session.post(self.url, data=body, headers=headers) as response:
+                answer = parse_answer(await response.read(), response.headers.get("Content-Type", ""))
+                if response.status == 200:
+                    return answer
+                if response.status not in RETRY_STATUSES or attempt == self.retries:
+                    raise ScorerRequestError(response.status, str(answer.get("error", answer)))
+            await asyncio.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def score_each(
+        self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
+    ) -> list[float]:
+        """One request per image, all in flight at once (VeRL-Omni's traffic shape)."""
+        answers = await asyncio.gather(
+            *(self.score([image], [prompt], metadata) for image, prompt in zip(images, prompts))
+        )
+        return [answer["scores"][0] for answer in answers]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m common.client", description="Score an image with a scorer service."
+    )
+    parser.add_argument("url", help="service URL, e.g. http://localhost:18082")
+    parser.add_argument("image", type=Path, help="JPEG/PNG/WebP file")
+    parser.add_argument("prompt", help="the prompt the image was generated from")
+    parser.add_argument("--json", action="store_true", help="speak the JSON twin instead of pickle")
+    parser.add_argument("--token", help="bearer token, when the service requires one")
+    parser.add_argument("--metadata", default="{}", help="JSON dict of per-request options")
+    args = parser.parse_args(argv)
+    client = ScorerClient(args.url, fmt="json" if args.json else "pickle", token=args.token)
+    try:
+        score = client.scores([args.image.read_bytes()], [args.prompt], json.loads(args.metadata))[0]
+    except (ScorerRequestError, requests.RequestException, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(score)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Shared fixtures: the repo root on sys.path and a real OCR service under gunicorn."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.server import Server, gunicorn_server  # noqa: E402
+
+OCR_LIMITS = {
+    "SCORER_MAX_ITEMS": "32",
+    "SCORER_MAX_PIXELS": str(2048 * 2048),
+    "SCORER_MAX_BODY_BYTES": str(8 * 1024 * 1024),
+    "SCORER_MAX_PROMPT_CHARS": "2000",
+}
+
+
+@pytest.fixture(scope="session")
+def ocr_server(tmp_path_factory) -> Iterator[Server]:
+    """One OCR worker with small limits, shared by the OCR tests that do not kill it."""
+    with gunicorn_server("ocr", OCR_LIMITS, threads=128, log_dir=tmp_path_factory.mktemp("logs")) as server:
+        yield server

@@ -1,0 +1,44 @@
+"""Test images: text rendered with Pillow's built-in font (no system fonts needed)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFont
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+OCR_PROMPTS = SHARED / "data" / "flow_grpo_ocr_test_prompts.txt"
+
+
+def render_text(text: str, size: int = 512, fmt: str = "JPEG") -> bytes:
+    """``text`` in black on white, as large as fits on one line (JPEG quality 75, PIL's default)."""
+    image = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(image)
+    font_size = 64
+    while font_size > 12:
+        font = ImageFont.load_default(size=font_size)
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        if right - left <= size - 40:
+            break
+        font_size -= 4
+    draw.text(((size - (right - left)) // 2, (size - (bottom - top)) // 2), text, fill="black", font=font)
+    out = io.BytesIO()
+    image.save(out, fmt)
+    return out.getvalue()
+
+
+def blank(size: int = 512, fmt: str = "JPEG") -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (size, size), (200, 180, 160)).save(out, fmt)
+    return out.getvalue()
+
+
+def ocr_prompts(count: int | None = None) -> list[str]:
+    """Real prompts of flow_grpo's OCR test set."""
+    prompts = [line.strip() for line in OCR_PROMPTS.read_text().splitlines() if line.strip()]
+    return prompts[:count] if count else prompts
+
+
+def quoted(prompt: str) -> str:
+    return prompt.split('"')[1]

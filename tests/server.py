@@ -1,0 +1,113 @@
+"""Real gunicorn processes for the tests: started on a free port, waited on until ready."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """A gunicorn master running one scorer service, with its output kept in a log file."""
+
+    def __init__(self, service: str, env: dict[str, str] | None, workers: int, threads: int | None, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        full_env = {
+            **os.environ,
+            "SCORER_SERVICE": service,
+            "SCORER_BIND": f"127.0.0.1:{self.port}",
+            "SCORER_WORKERS": str(workers),
+            **(env or {}),
+        }
+        full_env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        if threads:
+            full_env["SCORER_THREADS"] = str(threads)
+        self._log = open(log, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 120.0, require_ready: bool = True) -> None:
+        deadline = time.monotonic() + timeout
+        path = "/ready" if require_ready else "/health"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.logs()}")
+            try:
+                if requests.get(self.url + path, timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the gunicorn workers (children of the master)."""
+        out = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True).stdout
+        return [int(pid) for pid in out.split()]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+
+
+@contextlib.contextmanager
+def gunicorn_server(
+    service: str,
+    env: dict[str, str] | None = None,
+    workers: int = 1,
+    threads: int | None = None,
+    require_ready: bool = True,
+    log_dir: Path | None = None,
+) -> Iterator[Server]:
+    """Start ``service`` under gunicorn, yield the running ``Server`` (``.url``), stop it after."""
+    log_dir = log_dir or Path(os.environ.get("SCORER_TEST_LOGS", "/tmp"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    server = Server(service, env, workers, threads, log_dir / f"{service}-{free_port()}.log")
+    try:
+        server.wait_ready(require_ready=require_ready)
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def running_server(
+    service: str, env: dict[str, str] | None = None, workers: int = 1, threads: int | None = None
+) -> Iterator[str]:
+    """Like ``gunicorn_server``, yielding only the base URL."""
+    with gunicorn_server(service, env, workers, threads) as server:
+        yield server.url

@@ -1,0 +1,244 @@
+"""The OCR service end to end: real gunicorn, real PP-OCR models, real HTTP clients."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+from PIL import Image
+
+from common.client import AsyncScorerClient, ScorerClient
+from tests.images import blank, ocr_prompts, quoted, render_text
+from tests.server import ROOT, gunicorn_server
+
+PROMPTS = ocr_prompts(12)
+
+
+def post_pickle(url: str, payload, **kwargs) -> tuple[int, dict]:
+    body = payload if isinstance(payload, bytes) else pickle.dumps(payload)
+    response = requests.post(url + "/", data=body, timeout=120, **kwargs)
+    return response.status_code, pickle.loads(response.content)
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf'^{name}{{service="ocr"}} (\S+)$', text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_rendered_target_text_scores_high_on_real_prompts(ocr_server) -> None:
+    images = [render_text(quoted(prompt)) for prompt in PROMPTS]
+    status, answer = post_pickle(ocr_server.url, {"images": images, "prompts": PROMPTS, "metadata": {}})
+    assert status == 200, answer
+    assert len(answer["scores"]) == len(PROMPTS)
+    assert answer["outputs"] == answer["scores"]
+    assert all(score >= 0.9 for score in answer["scores"]), list(zip(PROMPTS, answer["scores"]))
+
+
+def test_other_text_scores_low(ocr_server) -> None:
+    images = [render_text(quoted(PROMPTS[(i + 1) % 6])) for i in range(6)] + [blank()]
+    status, answer = post_pickle(ocr_server.url, {"images": images, "prompts": PROMPTS[:6] + [PROMPTS[0]]})
+    assert status == 200, answer
+    assert all(score < 0.5 for score in answer["scores"]), answer["scores"]
+    assert answer["scores"][-1] == 0.0  # nothing to read
+
+
+def test_json_twin_and_png_give_the_same_scores(ocr_server) -> None:
+    prompt = PROMPTS[0]
+    pickled = ScorerClient(ocr_server.url).scores([render_text(quoted(prompt))], [prompt])
+    jsoned = ScorerClient(ocr_server.url, fmt="json").scores([render_text(quoted(prompt))], [prompt])
+    png = ScorerClient(ocr_server.url).scores([render_text(quoted(prompt), fmt="PNG")], [prompt])
+    assert pickled == jsoned
+    assert png[0] >= 0.9
+
+
+def test_per_request_options_from_metadata(ocr_server) -> None:
+    prompt = 'A sign that says "Open Now"'
+    image = render_text("open now")
+    client = ScorerClient(ocr_server.url)
+    assert client.scores([image], [prompt])[0] == 1.0
+    strict = client.scores([image], [prompt], {"ocr": {"case_sensitive": True}, "meta_datas": [1]})[0]
+    assert strict < 1.0
+
+
+def test_64_concurrent_one_image_requests_answered_in_order_and_batched(ocr_server) -> None:
+    texts = [quoted(p) for p in PROMPTS[:8]]
+    # request i shows text i % 8 and asks for text (i // 8) % 8: only the diagonal matches
+    cases = [(render_text(texts[i % 8]), PROMPTS[(i // 8) % 8]) for i in range(64)]
+    before = requests.get(ocr_server.url + "/metrics", timeout=10).text
+
+    async def send() -> list[float]:
+        async with AsyncScorerClient(ocr_server.url, retries=0) as client:
+            return await client.score_each([c[0] for c in cases], [c[1] for c in cases])
+
+    scores = asyncio.run(send())
+    after = requests.get(ocr_server.url + "/metrics", timeout=10).text
+    assert len(scores) == 64
+    for i, score in enumerate(scores):
+        if i % 8 == (i // 8) % 8:
+            assert score >= 0.9, (i, score)
+        else:
+            assert score < 0.9, (i, score)
+    batches = metric(after, "scorer_batch_size_count") - metric(before, "scorer_batch_size_count")
+    items = metric(after, "scorer_batch_size_sum") - metric(before, "scorer_batch_size_sum")
+    assert items == 64
+    assert batches < 64, "requests were not batched together"
+    assert items / batches > 1
+
+
+BOMB = io.BytesIO()
+Image.new("L", (3000, 3000)).save(BOMB, "PNG")  # 9 Mpx, over the 4 Mpx limit, a few KB on the wire
+GIF = io.BytesIO()
+Image.new("RGB", (8, 8)).save(GIF, "GIF")
+GOOD = render_text("Hello")
+
+
+class CreatesFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+BAD_INPUTS = {
+    "garbage body": (b"this is not a pickle", 400),
+    "empty body": (b"", 400),
+    "pickled list": (pickle.dumps([GOOD]), 400),
+    "no images key": ({"prompts": ["a"]}, 422),
+    "images not a list": ({"images": GOOD, "prompts": ["a"]}, 422),
+    "prompts not a list": ({"images": [GOOD], "prompts": "a"}, 422),
+    "fewer prompts": ({"images": [GOOD, GOOD], "prompts": ["a"]}, 422),
+    "prompt not a string": ({"images": [GOOD], "prompts": [7]}, 422),
+    "image not bytes": ({"images": [12], "prompts": ["a"]}, 422),
+    "metadata not a dict": ({"images": [GOOD], "prompts": ["a"], "metadata": [1]}, 422),
+    "undecodable image": ({"images": [b"\xff\xd8\xff garbage"], "prompts": ["a"]}, 422),
+    "truncated jpeg": ({"images": [GOOD[: len(GOOD) // 2]], "prompts": ['"Hello"']}, 422),
+    "gif": ({"images": [GIF.getvalue()], "prompts": ["a"]}, 422),
+    "empty target": ({"images": [GOOD], "prompts": ['a sign "" here']}, 422),
+    "unknown ocr option": ({"images": [GOOD], "prompts": ["a"], "metadata": {"ocr": {"bogus": 1}}}, 422),
+    "too many images": ({"images": [GOOD] * 33, "prompts": ["a"] * 33}, 413),
+    "prompt too long": ({"images": [GOOD], "prompts": ["a" * 2001]}, 413),
+    "decompression bomb": ({"images": [BOMB.getvalue()], "prompts": ["a"]}, 413),
+    "body too large": (b"\x80" * (8 * 1024 * 1024 + 1), 413),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_gets_clear_error_and_server_keeps_serving(ocr_server, name: str) -> None:
+    payload, expected = BAD_INPUTS[name]
+    workers = ocr_server.worker_pids()
+    status, answer = post_pickle(ocr_server.url, payload)
+    assert status == expected, answer
+    assert isinstance(answer["error"], str) and len(answer["error"]) > 10
+    assert ocr_server.worker_pids() == workers
+    assert ScorerClient(ocr_server.url).scores([GOOD], ['"Hello"']) == [1.0]
+
+
+def test_bad_json_gets_400_in_json(ocr_server) -> None:
+    response = requests.post(ocr_server.url + "/score", data=b"{oops", headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert "JSON" in response.json()["error"]
+    response = requests.post(
+        ocr_server.url + "/score",
+        json={"images": ["%%%"], "prompts": ["a"]},
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 422 and "base64" in response.json()["error"]
+
+
+def test_hostile_pickle_is_refused_and_runs_nothing(ocr_server, tmp_path) -> None:
+    target = tmp_path / "created-by-pickle"
+    status, answer = post_pickle(ocr_server.url, {"images": [CreatesFile(str(target))], "prompts": ["a"]})
+    assert status == 400
+    assert "only plain data" in answer["error"]
+    time.sleep(0.2)
+    assert not target.exists()
+
+
+def test_health_ready_info_and_unknown_routes(ocr_server) -> None:
+    assert requests.get(ocr_server.url + "/health").json()["status"] == "ok"
+    assert requests.get(ocr_server.url + "/ready").json() == {"ready": True}
+    info = requests.get(ocr_server.url + "/info").json()
+    assert info["service"] == "ocr" and info["device"] == "cpu"
+    assert info["model"]["engine"] == "rapidocr"
+    assert info["batching"]["max_batch"] >= 1
+    assert info["settings"]["max_items"] == 32
+    assert requests.get(ocr_server.url + "/nope").status_code == 404
+    assert requests.get(ocr_server.url + "/score").status_code == 405
+    text = requests.get(ocr_server.url + "/metrics").text
+    assert "scorer_requests_total" in text and "scorer_ready" in text
+
+
+def test_cli_smoke(ocr_server, tmp_path) -> None:
+    image = tmp_path / "sign.jpg"
+    image.write_bytes(render_text("Grand Opening"))
+    out = subprocess.run(
+        [sys.executable, "-m", "common.client", ocr_server.url, str(image), 'a banner reading "Grand Opening"'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert float(out.stdout) >= 0.9
+    bad = subprocess.run(
+        [sys.executable, "-m", "common.client", ocr_server.url, str(image), 'empty ""'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "HTTP 422" in bad.stderr
+
+
+def test_bearer_token_is_checked_before_the_body(tmp_path) -> None:
+    with gunicorn_server("ocr", {"SCORER_AUTH_TOKEN": "s3cret"}, log_dir=tmp_path) as server:
+        status, answer = post_pickle(server.url, {"images": [GOOD], "prompts": ['"Hello"']})
+        assert status == 401 and "token" in answer["error"]
+        # a refused client is not made to upload: the answer comes before a huge body is read
+        status, _ = post_pickle(server.url, b"x" * 1000, headers={"Authorization": "Bearer wrong"})
+        assert status == 401
+        assert ScorerClient(server.url, token="s3cret").scores([GOOD], ['"Hello"']) == [1.0]
+        assert requests.get(server.url + "/ready").status_code == 200  # probes need no token
+
+
+def test_killed_worker_is_replaced_and_next_requests_succeed(tmp_path) -> None:
+    with gunicorn_server("ocr", log_dir=tmp_path) as server:
+        (victim,) = server.worker_pids()
+        images = [render_text(quoted(p)) for p in ocr_prompts(16)]
+        outcome: dict[str, object] = {}
+
+        def slow_request() -> None:
+            try:
+                outcome["status"] = requests.post(
+                    server.url + "/", data=pickle.dumps({"images": images, "prompts": ocr_prompts(16)}), timeout=60
+                ).status_code
+            except requests.RequestException as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=slow_request)
+        thread.start()
+        time.sleep(1.0)  # the 16-image request is now being scored
+        os.kill(victim, signal.SIGKILL)
+        thread.join(60)
+        assert "error" in outcome or outcome.get("status") != 200  # that request was lost...
+        # ...but gunicorn starts a new worker, which loads the model and serves again.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.worker_pids() in ([], [victim]):
+            time.sleep(0.2)
+        (replacement,) = server.worker_pids()
+        assert replacement != victim
+        client = ScorerClient(server.url, retries=5)
+        assert client.scores([images[0]], [ocr_prompts(1)[0]])[0] >= 0.9
+        assert json.loads(requests.get(server.url + "/ready").text)["ready"] is True
