@@ -17,8 +17,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common.devices import GPU_ENV, visible_gpus  # noqa: E402
-from common.registry import DEFAULT_PORTS  # noqa: E402
+from common.devices import GPU_ENV, visible_gpus
+from common.registry import DEFAULT_PORTS
 
 service = os.environ.setdefault("SCORER_SERVICE", "ocr")
 gpus = visible_gpus() if os.environ.get("SCORER_DEVICE", "auto") != "cpu" else []

@@ -47,7 +47,7 @@ def test_rendered_target_text_scores_high_on_real_prompts(ocr_server) -> None:
 
 def test_other_text_scores_low(ocr_server) -> None:
     images = [render_text(quoted(PROMPTS[(i + 1) % 6])) for i in range(6)] + [blank()]
-    status, answer = post_pickle(ocr_server.url, {"images": images, "prompts": PROMPTS[:6] + [PROMPTS[0]]})
+    status, answer = post_pickle(ocr_server.url, {"images": images, "prompts": [*PROMPTS[:6], PROMPTS[0]]})
     assert status == 200, answer
     assert all(score < 0.5 for score in answer["scores"]), answer["scores"]
     assert answer["scores"][-1] == 0.0  # nothing to read

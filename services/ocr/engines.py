@@ -58,8 +58,12 @@ class RapidOCREngine:
                 "install onnxruntime-gpu (requirements-ocr-gpu.txt) or set SCORER_DEVICE=cpu"
             )
         kwargs: dict[str, Any] = dict(
-            det_use_cuda=use_cuda, rec_use_cuda=use_cuda, cls_use_cuda=use_cuda,
-            rec_batch_num=rec_batch, text_score=text_score, use_cls=False,
+            det_use_cuda=use_cuda,
+            rec_use_cuda=use_cuda,
+            cls_use_cuda=use_cuda,
+            rec_batch_num=rec_batch,
+            text_score=text_score,
+            use_cls=False,
         )
         if threads:
             kwargs["intra_op_num_threads"] = threads
@@ -102,7 +106,11 @@ class RapidOCREngine:
         return results
 
     def info(self) -> dict[str, Any]:
-        return {"engine": self.name, "models": "PP-OCRv4 det/rec (rapidocr-onnxruntime wheel)", "providers": self.providers}
+        return {
+            "engine": self.name,
+            "models": "PP-OCRv4 det/rec (rapidocr-onnxruntime wheel)",
+            "providers": self.providers,
+        }
 
 
 class PaddleOCREngine:
