@@ -1,0 +1,100 @@
+"""The model: CLIP image features, L2-normalised, through the LAION MLP head.
+
+Kept apart from ``scorer.py`` and imported by ``setup`` only: torch and transformers take
+seconds to import, and a worker should answer ``/health`` while they load.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import nn
+from transformers import AutoImageProcessor, CLIPModel
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class AestheticHead(nn.Module):
+    """The LAION MLP: same layers and state-dict keys (``layers.0/2/4/6/7``) as the release."""
+
+    def __init__(self, dim: int = 768) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(dim, 1024),
+            nn.Dropout(0.2),
+            nn.Linear(1024, 128),
+            nn.Dropout(0.2),
+            nn.Linear(128, 64),
+            nn.Dropout(0.1),
+            nn.Linear(64, 16),
+            nn.Linear(16, 1),
+        )
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.layers(embeddings)
+
+
+def image_features(model: CLIPModel, pixels: torch.Tensor) -> torch.Tensor:
+    """``get_image_features``: a tensor before transformers 5, the output's ``pooler_output`` since."""
+    out = model.get_image_features(pixel_values=pixels)
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+class AestheticModel:
+    """CLIP, its image processor and the head on one device; raw scores in micro-batches."""
+
+    def __init__(self, clip: str, head: str, device: str, precision: str, micro_batch: int) -> None:
+        """Load everything; ``OSError`` when CLIP can't be found, ``HeadError`` for the head."""
+        self.device = device
+        self.dtype = DTYPES[precision] if device.startswith("cuda") else torch.float32
+        self.micro_batch = micro_batch
+        self.clip, self.processor = self._load_clip(clip)
+        self.head = self._load_head(head, self.clip.config.projection_dim)
+        size = getattr(self.processor, "size", None) or {}
+        # CLIP resizes the shortest edge to this, then centre-crops.
+        self.shortest_edge: int | None = size.get("shortest_edge")
+
+    def _load_clip(self, source: str) -> tuple[CLIPModel, Any]:
+        try:  # the hub cache (or a directory) first: no network round trips when it is there
+            return self._from_pretrained(source, local_files_only=True)
+        except OSError:
+            return self._from_pretrained(source, local_files_only=False)
+
+    def _from_pretrained(self, source: str, local_files_only: bool) -> tuple[CLIPModel, Any]:
+        clip = CLIPModel.from_pretrained(source, dtype=self.dtype, local_files_only=local_files_only)
+        processor = AutoImageProcessor.from_pretrained(source, local_files_only=local_files_only)
+        return clip.to(self.device).eval(), processor
+
+    def _load_head(self, path: str, dim: int) -> AestheticHead:
+        head = AestheticHead(dim)
+        try:
+            head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except (RuntimeError, pickle.UnpicklingError, EOFError, TypeError, AttributeError, ValueError) as exc:
+            # not a state dict, refused by torch's weights-only unpickler, wrong keys or shapes
+            raise HeadError(f"{type(exc).__name__}: {exc}") from None
+        return head.to(self.device).eval()
+
+    def preprocess(self, images: list[Image.Image]) -> list[torch.Tensor]:
+        """CLIP's own resize, centre crop and normalise; one tensor per image, in the model's dtype."""
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
+        return list(pixels.to(self.dtype).unbind(0))
+
+    @torch.inference_mode()
+    def raw_scores(self, batch: Sequence[torch.Tensor]) -> list[float]:
+        """The head's output per image, ``micro_batch`` images per forward pass."""
+        scores: list[float] = []
+        for start in range(0, len(batch), self.micro_batch):
+            pixels = torch.stack(list(batch[start : start + self.micro_batch])).to(self.device, non_blocking=True)
+            # The head runs in float32 on the normalised embedding, whatever CLIP's precision.
+            embeddings = image_features(self.clip, pixels).float()
+            embeddings = embeddings / embeddings.norm(dim=-1, keepdim=True)
+            scores.extend(self.head(embeddings).squeeze(-1).tolist())
+        return scores
+
+
+class HeadError(ValueError):
+    """The head file is not a LAION aesthetic head for this CLIP."""
