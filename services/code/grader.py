@@ -1,0 +1,168 @@
+"""From a sample to a verdict: slots, deadlines, the one re-run, and per-test judging.
+
+The sandbox only reports what each test printed or returned; every verdict is made here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from services.code.labels import Suite, result_matches, stdout_matches
+from services.code.sandbox import Sandbox, SandboxFailure
+from services.code.settings import CodeSettings
+
+log = logging.getLogger(__name__)
+
+STATUSES = (
+    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "sandbox_error",
+)  # fmt: skip
+# Why a sample got no verdict: the infrastructure failed, or its prompt was not in its query.
+NO_VERDICT = ("sandbox_error", "prompt_not_found")
+MASK_BLOCK = 100
+MASK_WARN_ABOVE = 5
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample to grade. ``suite`` is ``None`` when its prompt could not be located."""
+
+    code: str
+    suite: Suite | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str
+    passed: int
+    total: int
+    # None: no verdict (the service's infra_failure_score applies).
+    score: float | None
+
+
+def judge(suite: Suite, index: int, run: dict[str, Any], nonce: str, tolerance: float) -> str:
+    """The status of test ``index`` from what the sandbox reported."""
+    if run.get("skipped"):
+        return "timeout"
+    try:
+        reported = json.loads(run["result"]) if run["result"] else {}
+    except ValueError:
+        reported = {}
+    if not isinstance(reported, dict):
+        reported = {}
+    if "compile_error" in reported:
+        return "compile_error"
+    if run["timed_out"]:
+        return "timeout"
+    if run["output_exceeded"]:
+        return "runtime_error"
+    if run["exit"] != 0:
+        if "MemoryError" in run["stderr"]:
+            return "memory_limit"
+        if suite.kind == "assert" and "AssertionError" in run["stderr"]:
+            return "wrong_answer"
+        return "runtime_error"
+    if suite.kind == "stdin":
+        return "passed" if stdout_matches(run["stdout"], suite.expected[index], tolerance) else "wrong_answer"
+    if "result" not in reported:  # left before returning (sys.exit, os._exit) or forged
+        return "runtime_error"
+    if suite.kind == "assert":
+        return "passed" if reported["result"] == nonce else "runtime_error"
+    return "passed" if result_matches(reported["result"], suite.expected[index], tolerance) else "wrong_answer"
+
+
+class Grader:
+    """Grades samples with at most ``max_parallel`` runs at once and a per-request deadline."""
+
+    def __init__(self, settings: CodeSettings, sandbox: Sandbox) -> None:
+        self.settings = settings
+        self.sandbox = sandbox
+        self._pool = ThreadPoolExecutor(settings.max_parallel, thread_name_prefix="code-grade")
+        self._mask_lock = threading.Lock()
+        self._block_seen = 0
+        self._block_masked = 0
+
+    def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
+        """Verdicts in order; never raises for what a sample's code does."""
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        if len(samples) == 1:
+            verdicts = [self.grade_one(samples[0], deadline)]
+        else:
+            verdicts = list(self._pool.map(lambda s: self.grade_one(s, deadline), samples))
+        self._count_masked(verdicts)
+        return verdicts
+
+    def grade_one(self, sample: Sample, deadline: float) -> Verdict:
+        if sample.suite is None:
+            return Verdict("prompt_not_found", 0, 0, None)
+        total = len(sample.suite.tests)
+        if not sample.code:
+            return Verdict("no_code", 0, total, 0.0)
+        for attempt in range(2):
+            try:
+                return self._run(sample.suite, sample.code, deadline)
+            except SandboxFailure as exc:
+                log.warning("code sandbox failed a run (attempt %d): %s", attempt + 1, exc)
+                if attempt == 0 and deadline - time.monotonic() > self.settings.retry_pause_s + 1.0:
+                    time.sleep(self.settings.retry_pause_s)
+                    continue
+        return Verdict("sandbox_error", 0, total, None)
+
+    def _run(self, suite: Suite, code: str, deadline: float) -> Verdict:
+        s = self.settings
+        with self.sandbox.slot(deadline - time.monotonic()) as uid:
+            if uid is None:
+                raise SandboxFailure("no run slot came free before the request deadline")
+            nonce = secrets.token_hex(16)
+            job = {
+                "kind": suite.kind, "code": code, "tests": suite.tests, "fn_name": suite.fn_name,
+                "entry_point": suite.entry_point, "nonce": nonce,
+                "cpu_s": s.test_cpu_s, "wall_s": s.test_wall_s,
+                "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
+                "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
+                "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes,
+            }  # fmt: skip
+            statuses = ["timeout"] * len(suite.tests)
+            runs = self.sandbox.run(job, uid)
+            try:
+                for run in runs:
+                    statuses[run["index"]] = judge(suite, run["index"], run, nonce, s.float_tolerance)
+                    if s.scoring == "all" and statuses[run["index"]] != "passed":
+                        break  # the rest cannot change the verdict
+            finally:
+                runs.close()
+        passed = statuses.count("passed")
+        status = next((st for st in statuses if st != "passed"), "passed")
+        if s.scoring == "all":
+            return Verdict(status, passed, len(statuses), float(status == "passed"))
+        return Verdict(status, passed, len(statuses), passed / len(statuses))
+
+    def _count_masked(self, verdicts: Sequence[Verdict]) -> None:
+        """Warn per sample left without a verdict, and when more than 5 of 100 were."""
+        for verdict in verdicts:
+            if verdict.score is None:
+                log.warning(
+                    "code sample left without a verdict (%s): scored %s",
+                    verdict.status, self.settings.infra_failure_score,
+                )  # fmt: skip
+        with self._mask_lock:
+            for verdict in verdicts:
+                self._block_seen += 1
+                self._block_masked += verdict.score is None
+                if self._block_seen == MASK_BLOCK:
+                    if self._block_masked > MASK_WARN_ABOVE:
+                        log.warning(
+                            "%d of the last %d code samples got no verdict (infra_failure_score=%s); check the sandbox",
+                            self._block_masked, MASK_BLOCK, self.settings.infra_failure_score,
+                        )  # fmt: skip
+                    self._block_seen = self._block_masked = 0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,150 @@
+"""Test formats carried by ``labels`` (DESIGN 4.3) and the comparison of outputs.
+
+A ``Suite`` splits a label into what enters the sandbox (``tests``: stdin texts, call
+arguments or assert code) and what never does (``expected``). Comparison runs here, in the
+service, on plain data: the sandbox reports stdout text or a JSON result, so an object with a
+forged ``__eq__`` cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import Unprocessable
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The tests of one sample. ``kind`` is ``stdin``, ``call`` or ``assert``."""
+
+    kind: str
+    tests: list[Any]
+    expected: list[Any]
+    fn_name: str = ""
+    entry_point: str = ""
+
+
+def _text(value: Any, what: str) -> str:
+    """A stdin/stdout text; APPS sometimes stores one as a list of lines."""
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return "\n".join(value)
+    if not isinstance(value, str):
+        raise Unprocessable(f"labels: every {what} must be a string")
+    return value
+
+
+def _pairs(inputs: Any, outputs: Any) -> tuple[list[Any], list[Any]]:
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+        raise Unprocessable("labels: 'inputs' and 'outputs' must be lists of the same length")
+    if not inputs:
+        raise Unprocessable("labels: the sample has no tests")
+    return inputs, outputs
+
+
+def parse_label(label: Any) -> Suite | str:
+    """Turn a label (dict or JSON string) into a ``Suite``, or the name of the environment it
+    asks for (``""`` for an empty label: the server's own environment)."""
+    if isinstance(label, str):
+        if not label.strip():
+            return ""
+        try:
+            label = json.loads(label)
+        except ValueError:
+            raise Unprocessable("labels: a string label must be JSON") from None
+    if label is None or label == {}:
+        return ""
+    if not isinstance(label, dict):
+        raise Unprocessable("labels: each label must be a dict or a JSON string of one")
+    if "input_output" in label:  # APPS/TACO keep the tests as a nested JSON string
+        nested = label["input_output"]
+        if not isinstance(nested, (str, dict)) or not nested:
+            raise Unprocessable("labels: 'input_output' must be a JSON string or a dict of tests")
+        return parse_label(nested)
+    if "test" in label:
+        test = label["test"]
+        tests = [test] if isinstance(test, str) else test
+        if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+            raise Unprocessable("labels: 'test' must be code with asserts (or a list of such)")
+        entry = label.get("entry_point") or ""
+        if not isinstance(entry, str):
+            raise Unprocessable("labels: 'entry_point' must be a string")
+        return Suite("assert", tests, [None] * len(tests), entry_point=entry)
+    if "tests" in label:
+        cases = label["tests"]
+        if not isinstance(cases, list) or not all(
+            isinstance(c, dict) and {"input", "output"} <= c.keys() for c in cases
+        ):
+            raise Unprocessable("labels: 'tests' must be a list of {'input': str, 'output': str}")
+        inputs, outputs = _pairs([c["input"] for c in cases], [c["output"] for c in cases])
+        return Suite("stdin", [_text(i, "input") for i in inputs], [_text(o, "output") for o in outputs])
+    if "inputs" in label or "outputs" in label:
+        inputs, outputs = _pairs(label.get("inputs"), label.get("outputs"))
+        fn_name = label.get("fn_name")
+        if fn_name:
+            if not isinstance(fn_name, str) or not all(isinstance(args, list) for args in inputs):
+                raise Unprocessable("labels: call-based tests need 'fn_name' and a list of arguments per input")
+            return Suite("call", inputs, outputs, fn_name=fn_name)
+        return Suite("stdin", [_text(i, "input") for i in inputs], [_text(o, "output") for o in outputs])
+    if set(label) == {"environment"}:
+        if not isinstance(label["environment"], str):
+            raise Unprocessable("labels: 'environment' must be a name")
+        return label["environment"]
+    raise Unprocessable(
+        "labels: unknown test format; use {'inputs','outputs'}, {'tests': [...]}, "
+        "{'fn_name','inputs','outputs'} or {'test','entry_point'}"
+    )
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.strip().splitlines()]
+
+
+def _token_equal(got: str, want: str, tolerance: float) -> bool:
+    if got == want:
+        return True
+    if tolerance <= 0:
+        return False
+    try:
+        a, b = float(got), float(want)
+    except ValueError:
+        return False
+    return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance)
+
+
+def stdout_matches(got: str, want: str, tolerance: float = 0.0) -> bool:
+    """Line by line after stripping; numbers within ``tolerance`` when it is set."""
+    got_lines, want_lines = _lines(got), _lines(want)
+    if len(got_lines) != len(want_lines):
+        return False
+    for g, w in zip(got_lines, want_lines, strict=True):
+        if g == w:
+            continue
+        g_tokens, w_tokens = g.split(), w.split()
+        if len(g_tokens) != len(w_tokens):
+            return False
+        if not all(_token_equal(a, b, tolerance) for a, b in zip(g_tokens, w_tokens, strict=True)):
+            return False
+    return True
+
+
+def _data_equal(got: Any, want: Any, tolerance: float) -> bool:
+    """Structural equality of JSON data (tuples arrive as lists); bools are not numbers."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
+        return got == want or (tolerance > 0 and math.isclose(got, want, rel_tol=tolerance, abs_tol=tolerance))
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(got) == len(want) and all(_data_equal(g, w, tolerance) for g, w in zip(got, want, strict=True))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return got.keys() == want.keys() and all(_data_equal(got[k], want[k], tolerance) for k in want)
+    return type(got) is type(want) and got == want
+
+
+def result_matches(got: Any, want: Any, tolerance: float = 0.0) -> bool:
+    """A call's JSON result against the expected value; APPS wraps a return value in a list."""
+    if _data_equal(got, want, tolerance):
+        return True
+    return isinstance(want, list) and len(want) == 1 and _data_equal(got, want[0], tolerance)

@@ -1,0 +1,176 @@
+"""The code verifier: runs the last code block of each response against its tests, sandboxed.
+
+Two protocols reach the same grader: the core's pickle/JSON route
+(``{"responses", "prompts", "labels", "metadata"}`` -> ``{"scores", "error_types"}``) and
+OpenRLHF's remote reward route (``openrlhf.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from common.config import ConfigError, env_name, from_env
+from common.errors import Unprocessable
+from common.scorer import Scored, Scorer
+from common.settings import CoreSettings
+from services.code import environments, sandbox
+from services.code.extract import extract_code, response_from_query
+from services.code.grader import Grader, Sample, Verdict
+from services.code.labels import Suite, parse_label
+from services.code.settings import CodeSettings
+
+log = logging.getLogger(__name__)
+
+SECTION = "code"
+INFRA_HELP = (
+    f"{env_name(SECTION, 'infra_failure_score')} (run.sh --infra-failure-score) must be set to 'nan' or "
+    "'zero': the reward of a sample the sandbox infrastructure failed to grade. 'nan' is recommended "
+    "with OpenRLHF's --algo.dynamic_filtering_enable, which then drops that prompt's group; 'zero' "
+    "scores it as if the code had failed, which biases training against correct code when the "
+    "infrastructure is at fault. There is no default because the right choice depends on the trainer."
+)
+
+
+class CodeScorer(Scorer):
+    name = "code"
+    batched = False
+
+    def __init__(self, core: CoreSettings) -> None:
+        super().__init__(core)
+        self.settings = from_env(CodeSettings, SECTION)
+        s = self.settings
+        if s.infra_failure_score is None:
+            raise ConfigError(INFRA_HELP)
+        if os.geteuid() != 0:
+            raise ConfigError("the code sandbox must start as root to run each test under its own unprivileged uid")
+        self.environment = self._load_environment(s.env) if s.env else None
+        self.isolation = self._choose_isolation()
+        self.sandbox: sandbox.Sandbox | None = None
+        self.grader: Grader | None = None
+
+    @staticmethod
+    def _load_environment(name: str) -> environments.Environment:
+        try:
+            return environments.load(name)
+        except KeyError as exc:
+            raise ConfigError(f"{env_name(SECTION, 'env')}: {exc.args[0]}") from None
+
+    def _choose_isolation(self) -> str:
+        """The isolation to use; refuses one weaker than bwrap unless the operator named it."""
+        wanted = self.settings.sandbox
+        if wanted == "auto":
+            chosen = sandbox.strongest()
+        elif sandbox.available(wanted):
+            chosen = wanted
+        else:
+            raise ConfigError(f"{env_name(SECTION, 'sandbox')}={wanted}: not available on this host")
+        if chosen != sandbox.ISOLATIONS[0] and self.settings.allow_weak_sandbox != chosen:
+            raise ConfigError(
+                f"the strongest code sandbox here is {chosen!r}, weaker than bwrap (install the Debian package "
+                f"'bubblewrap'); set {env_name(SECTION, 'allow_weak_sandbox')}={chosen} to accept it"
+            )
+        return chosen
+
+    def setup(self, device: str) -> None:
+        """Start the warm zygote and grade one known-good program through it."""
+        s = self.settings
+        self.sandbox = sandbox.Sandbox(self.isolation, s.max_parallel, s.uid_base)
+        self.sandbox.start()
+        self.grader = Grader(s, self.sandbox)
+        probe = Sample("print(input())", Suite("stdin", ["ok\n"], ["ok"]))
+        verdict = self.grader.grade([probe])[0]
+        if verdict.status != "passed":
+            raise RuntimeError(f"the code sandbox failed its self-check: {verdict.status}")
+        log.warning(
+            "code sandbox isolation: %s (uids %d-%d, %d slots); environment: %s",
+            self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.max_parallel, s.env or "none",
+        )  # fmt: skip
+
+    # -- requests -----------------------------------------------------------------------
+
+    def samples(self, responses: list[Any], prompts: Any, labels: Any, from_query: bool) -> list[Sample]:
+        """Validate one request's lists and turn them into samples (422 on bad input)."""
+        s = self.settings
+        if not isinstance(responses, list):
+            raise Unprocessable("the responses must be a list of strings")
+        if prompts is None:
+            raise Unprocessable("'prompts' is required (one per sample)")
+        labels = [None] * len(responses) if labels is None else labels
+        if not isinstance(prompts, list) or not isinstance(labels, list):
+            raise Unprocessable("'prompts' and 'labels' must be lists")
+        if not len(responses) == len(prompts) == len(labels):
+            raise Unprocessable(
+                f"list lengths differ: {len(responses)} responses, {len(prompts)} prompts, {len(labels)} labels"
+            )
+        if len(responses) > s.max_samples:
+            raise Unprocessable(f"{len(responses)} samples; the limit is {s.max_samples} per request")
+        total = 0
+        for text in (*responses, *prompts, *(label for label in labels if isinstance(label, str))):
+            if not isinstance(text, str):
+                raise Unprocessable("every response/query and prompt must be a string")
+            if len(text) > s.max_text_chars:
+                raise Unprocessable(f"a text of {len(text)} characters; the limit is {s.max_text_chars}")
+            total += len(text)
+        if total > s.max_request_chars:
+            raise Unprocessable(f"{total} characters in the request; the limit is {s.max_request_chars}")
+        return [self._sample(r, p, label, from_query) for r, p, label in zip(responses, prompts, labels)]
+
+    def _sample(self, text: str, prompt: str, label: Any, from_query: bool) -> Sample:
+        suite = self._suite(label)
+        response = response_from_query(text, prompt) if from_query else text
+        if response is None:
+            log.warning("prompt not found in its query (%d chars); the sample gets no verdict", len(text))
+            return Sample("", None)
+        return Sample(extract_code(response), suite)
+
+    def _suite(self, label: Any) -> Suite:
+        parsed = parse_label(label)
+        if isinstance(parsed, Suite):
+            return parsed
+        if self.environment is None:
+            raise Unprocessable(
+                f"a label has no tests and this server has no environment ({env_name(SECTION, 'env')} / --env)"
+            )
+        if parsed and parsed != self.environment.name:
+            raise Unprocessable(f"label asks for environment {parsed!r}; this server serves {self.environment.name!r}")
+        return self.environment.suite
+
+    def decode(self, payload: dict[str, Any]) -> list[Sample]:
+        if "responses" not in payload:
+            raise Unprocessable("body needs 'responses' (one string per sample), 'prompts' and 'labels'")
+        return self.samples(payload["responses"], payload.get("prompts"), payload.get("labels"), from_query=False)
+
+    def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
+        if self.grader is None:
+            raise RuntimeError("the code sandbox is not started")
+        return self.grader.grade(samples) if samples else []
+
+    def reward(self, verdict: Verdict) -> float:
+        """A verdict's reward; a sample without one gets ``infra_failure_score``."""
+        if verdict.score is not None:
+            return verdict.score
+        return math.nan if self.settings.infra_failure_score == "nan" else 0.0
+
+    def score(self, batch: Sequence[Sample]) -> list[Scored]:
+        return [
+            Scored(self.reward(v), {"error_types": None if v.status == "passed" else v.status})
+            for v in self.grade(batch)
+        ]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "isolation": self.isolation,
+            "environment": self.settings.env or None,
+            "environments": environments.names(),
+            "settings": asdict(self.settings),
+        }
+
+    def blueprints(self) -> list[Any]:
+        from services.code.openrlhf import blueprint
+
+        return [blueprint(self)]

@@ -1,0 +1,45 @@
+"""Settings of the code verifier; each is ``SCORER_CODE_<FIELD>`` in the environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class CodeSettings:
+    # What a sample left without a verdict scores: "nan" (for OpenRLHF's dynamic filtering,
+    # which drops the prompt group) or "zero". No default on purpose: see scorer.INFRA_HELP.
+    infra_failure_score: Literal["nan", "zero"] | None = None
+    # The environment (services/code/environments) that grades samples whose label is empty.
+    env: str = ""
+    # Runs executing at once; a request waits for a slot without holding one.
+    max_parallel: int = 32
+    # No request waits longer; a run still going then is judged as it stands.
+    request_timeout_s: float = 150.0
+    # Pause before the one re-run of a run the infrastructure failed.
+    retry_pause_s: float = 1.0
+    # "fraction" of tests passed, or "all" (1 only when every test passes).
+    scoring: Literal["fraction", "all"] = "fraction"
+    # Per test: CPU seconds, and wall seconds (catches sleeping); per sample: wall seconds.
+    test_cpu_s: float = 4.0
+    test_wall_s: float = 10.0
+    sample_wall_s: float = 60.0
+    # Limits of each test process.
+    memory_mb: int = 1024
+    max_processes: int = 16
+    max_open_files: int = 64
+    max_file_bytes: int = 16 << 20
+    max_output_bytes: int = 16 << 20
+    # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.
+    float_tolerance: float = 0.0
+    # Isolation: "auto" takes the strongest the host offers (bwrap > unshare > none).
+    sandbox: Literal["auto", "bwrap", "unshare", "none"] = "auto"
+    # Name of a weaker isolation than bwrap that the operator accepts ("unshare" or "none").
+    allow_weak_sandbox: str = ""
+    # Test processes run as uids from here on, one per slot (and per worker).
+    uid_base: int = 61000
+    # Request caps (DESIGN 2.2); above them the request is answered 422.
+    max_samples: int = 1024
+    max_text_chars: int = 2_000_000
+    max_request_chars: int = 64_000_000
