@@ -1,0 +1,264 @@
+"""Aesthetic service throughput: 64 concurrent one-image requests (VeRL-Omni's traffic), three ways.
+
+(a) in-process: the same model and preprocessing, no HTTP, at each batch size; the best one
+    is the ceiling a server can approach;
+(b) simple: the simplest server a user would write (``simple_server.py``: one sync worker,
+    one forward pass per request);
+(c) service: this repo's aesthetic service under gunicorn, batching across requests.
+
+The CLIP is random (downloads are not possible here) but real-sized: ``--size b16`` (ViT-B/16)
+on CPU, ``--size l14`` (ViT-L/14) on a GPU. Run from the repo root:
+``python -m bench.aesthetic.bench --size b16``; results go to ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import pickle
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import requests
+from PIL import Image
+
+from common.images import decode_image
+from services.aesthetic.random_clip import save_random_clip
+from services.aesthetic.scorer import DEFAULT_HEAD
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_images(count: int, size: int) -> list[bytes]:
+    """Distinct ``size``-square JPEGs at PIL's default quality (75), as trainers send them."""
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(count):
+        base = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+        image = Image.fromarray(base).resize((size, size), Image.Resampling.BICUBIC)
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG")
+        out.append(buffer.getvalue())
+    return out
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "p50_s": ordered[len(ordered) // 2],
+        "p99_s": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+    }
+
+
+def in_process(clip_dir: Path, images: list[bytes], args: argparse.Namespace) -> dict:
+    """(a): decode + CLIP preprocessing + forward, batch by batch, in this process."""
+    from services.aesthetic.model import AestheticModel
+
+    results = {}
+    for batch_size in args.batch_sizes:
+        model = AestheticModel(str(clip_dir), args.head, args.device, args.precision, micro_batch=batch_size)
+        model.raw_scores(model.preprocess([decode_image(images[0], 1 << 30)] * batch_size))  # warm-up
+        rates, latencies = [], []
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            for start in range(0, len(images), batch_size):
+                batch_started = time.perf_counter()
+                chunk = [decode_image(data, 1 << 30) for data in images[start : start + batch_size]]
+                model.raw_scores(model.preprocess(chunk))
+                latencies.append(time.perf_counter() - batch_started)
+            rates.append(len(images) / (time.perf_counter() - started))
+        pixels = model.preprocess([decode_image(data, 1 << 30) for data in images])
+        started = time.perf_counter()
+        model.raw_scores(pixels)  # the model alone: tensors ready, ``tolist`` synchronises
+        forward = len(images) / (time.perf_counter() - started)
+        results[batch_size] = {
+            "images_per_s": statistics.median(rates),
+            "forward_only_images_per_s": forward,
+            **percentiles(latencies),
+        }
+        print(
+            f"  in-process batch {batch_size:3d}: {results[batch_size]['images_per_s']:.2f} images/s "
+            f"(model alone {forward:.2f})",
+            flush=True,
+        )
+        del model
+    best = max(results, key=lambda size: results[size]["images_per_s"])
+    return {"best_batch": best, **results[best], "by_batch": results}
+
+
+async def one_round(url: str, images: list[bytes]) -> tuple[float, list[float]]:
+    """All images at once, one per request (asyncio.gather, as VeRL-Omni sends them)."""
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def post(data: bytes) -> float:
+            started = time.perf_counter()
+            async with session.post(url, data=pickle.dumps({"images": [data], "prompts": [""]})) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{response.status}: {body[:300]!r}")
+                pickle.loads(body)
+            return time.perf_counter() - started
+
+        started = time.perf_counter()
+        latencies = await asyncio.gather(*(post(data) for data in images))
+        return time.perf_counter() - started, list(latencies)
+
+
+def over_http(url: str, images: list[bytes], rounds: int) -> dict:
+    asyncio.run(one_round(url, images))  # warm-up round
+    rates, latencies = [], []
+    for _ in range(rounds):
+        seconds, round_latencies = asyncio.run(one_round(url, images))
+        rates.append(len(images) / seconds)
+        latencies.extend(round_latencies)
+    return {"images_per_s": statistics.median(rates), **percentiles(latencies)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve(argv: list[str], env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+    """Start a server and wait until it answers (``/ready`` or, for the baseline, a connection)."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{argv[2:]} exited:\n{log.read_text()[-3000:]}")
+        try:
+            status = requests.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code
+            if status in (200, 404, 405):  # 404/405: the baseline has no /ready; it answers once loaded
+                return process
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    stop(process)
+    raise TimeoutError(f"{argv[2:]} did not start:\n{log.read_text()[-3000:]}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def run_server(name: str, argv: list[str], env: dict[str, str], port: int, images: list[bytes], args) -> dict:
+    log = ROOT / "bench" / "results" / f"aesthetic-{name}.log"
+    process = serve(argv, env, port, log)
+    try:
+        result = over_http(f"http://127.0.0.1:{port}/", images, args.rounds)
+    finally:
+        stop(process)
+    print(f"  {name}: {result['images_per_s']:.2f} images/s", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "b16", "l14"], default="b16", help="random CLIP vision tower")
+    parser.add_argument("--clip", help="an existing CLIP directory instead of a random one")
+    parser.add_argument("--head", default=str(DEFAULT_HEAD))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="float16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--requests", type=int, default=64, help="concurrent one-image requests per round")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (after one warm-up)")
+    parser.add_argument("--image-size", type=int, default=512)
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16, 32])
+    parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: its own default)")
+    args = parser.parse_args()
+
+    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+    images = make_images(args.requests, args.image_size)
+    with tempfile.TemporaryDirectory(prefix="aesthetic-bench-") as tmp:
+        clip_dir = Path(args.clip) if args.clip else save_random_clip(Path(tmp) / "clip", size=args.size)
+        print(f"CLIP {args.clip or 'random ' + args.size} on {args.device}; {args.requests} concurrent requests")
+        results: dict = {"in_process": in_process(clip_dir, images, args)}
+
+        python = sys.executable
+        port = free_port()
+        simple_env = {
+            "CLIP_DIR": str(clip_dir),
+            "HEAD_PATH": args.head,
+            "DEVICE": args.device,
+            "PRECISION": args.precision,
+        }
+        simple_argv = [
+            python,
+            "-m",
+            "gunicorn",
+            "-w",
+            "1",
+            "-k",
+            "sync",
+            "-t",
+            "600",
+            "-b",
+            f"127.0.0.1:{port}",
+            "--pythonpath",
+            str(ROOT),
+            "bench.aesthetic.simple_server:app",
+        ]
+        results["simple"] = run_server("simple", simple_argv, simple_env, port, images, args)
+
+        port = free_port()
+        service_env = {
+            "SCORER_SERVICE": "aesthetic",
+            "SCORER_BIND": f"127.0.0.1:{port}",
+            "SCORER_WORKERS": "1",
+            "SCORER_DEVICE": args.device,
+            "SCORER_AESTHETIC_CLIP": str(clip_dir),
+            "SCORER_AESTHETIC_HEAD": args.head,
+            "SCORER_AESTHETIC_PRECISION": args.precision,
+        }
+        if args.micro_batch:
+            service_env["SCORER_AESTHETIC_MICRO_BATCH"] = str(args.micro_batch)
+        service_argv = [python, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")]
+        results["service"] = run_server("service", service_argv, service_env, port, images, args)
+
+    best = results["in_process"]["images_per_s"]
+    summary = {
+        "config": {k: v for k, v in vars(args).items() if k != "head"},
+        "results": results,
+        "service_vs_in_process": results["service"]["images_per_s"] / best,
+        "service_vs_simple": results["service"]["images_per_s"] / results["simple"]["images_per_s"],
+    }
+    out = ROOT / "bench" / "results" / f"aesthetic-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(summary, indent=2))
+    print("\n| run | images/s | p50 s | p99 s |\n|---|---|---|---|")
+    a = results["in_process"]
+    print(
+        f"| (a) in-process, batch {a['best_batch']} | {a['images_per_s']:.2f} | {a['p50_s']:.3f} | {a['p99_s']:.3f} |"
+    )
+    for key, label in (("simple", "(b) simple server"), ("service", "(c) aesthetic service")):
+        r = results[key]
+        print(f"| {label} | {r['images_per_s']:.2f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} |")
+    print(
+        f"\nservice / in-process = {summary['service_vs_in_process']:.3f}; "
+        f"service / simple = {summary['service_vs_simple']:.2f}  ({out.relative_to(ROOT)})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The baseline: the simplest aesthetic server a user would write (deepgen_rl's style).
+
+One sync gunicorn worker, one forward pass per request, everything on the request path:
+``gunicorn -w 1 -k sync -b 127.0.0.1:PORT bench.aesthetic.simple_server:app`` with
+``CLIP_DIR``, ``HEAD_PATH``, ``DEVICE`` and ``PRECISION`` in the environment. Same model, same
+preprocessing as the service, so the difference measured is the serving alone.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import torch
+from flask import Flask, Response, request
+from PIL import Image
+from transformers import AutoImageProcessor, CLIPModel
+
+from services.aesthetic.model import DTYPES, AestheticHead, image_features
+
+device = os.environ.get("DEVICE", "cpu")
+dtype = DTYPES[os.environ.get("PRECISION", "float16")] if device.startswith("cuda") else torch.float32
+clip = CLIPModel.from_pretrained(os.environ["CLIP_DIR"], dtype=dtype).to(device).eval()
+processor = AutoImageProcessor.from_pretrained(os.environ["CLIP_DIR"])
+head = AestheticHead()
+head.load_state_dict(torch.load(os.environ["HEAD_PATH"], map_location="cpu", weights_only=True))
+head = head.to(device).eval()
+
+app = Flask(__name__)
+
+
+@app.post("/")
+def score() -> Response:
+    # Trusted benchmark traffic only: a real server must not unpickle network bodies.
+    payload = pickle.loads(request.get_data())
+    images = [Image.open(io.BytesIO(data)).convert("RGB") for data in payload["images"]]
+    with torch.no_grad():
+        pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device, dtype)
+        embeddings = image_features(clip, pixels).float()
+        embeddings = embeddings / embeddings.norm(dim=-1, keepdim=True)
+        scores = head(embeddings).squeeze(-1).tolist()
+    return Response(pickle.dumps({"scores": scores, "outputs": scores}), mimetype="application/octet-stream")
