@@ -1,0 +1,95 @@
+"""Shared bench helpers: a concurrent one-request-per-sample load and its statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+async def _burst(url: str, bodies: Sequence[bytes], headers: dict[str, str], concurrency: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    limit = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def one(body: bytes) -> bytes:
+            async with limit:
+                started = time.perf_counter()
+                async with session.post(url, data=body, headers=headers) as response:
+                    content = await response.read()
+                    statuses[response.status] = statuses.get(response.status, 0) + 1
+                latencies.append(time.perf_counter() - started)
+                return content
+
+        started = time.perf_counter()
+        answers = await asyncio.gather(*(one(body) for body in bodies))
+        wall = time.perf_counter() - started
+    return {
+        "answers": answers,
+        "wall_s": wall,
+        "per_s": len(bodies) / wall,
+        "p50_s": percentile(latencies, 50),
+        "p99_s": percentile(latencies, 99),
+        "statuses": statuses,
+    }
+
+
+def burst(url: str, bodies: Sequence[bytes], headers: dict[str, str] | None = None,
+          concurrency: int | None = None) -> dict[str, Any]:
+    """Send every body at once (up to ``concurrency`` in flight); throughput and latencies."""
+    return asyncio.run(_burst(url, bodies, headers or {}, concurrency or len(bodies)))
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def median_of(rounds: Sequence[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rounds)
+
+
+class ProcessServer:
+    """A server command run as a subprocess until its URL answers; stopped on exit."""
+
+    def __init__(self, command: Sequence[str], url: str, probe: str = "/", env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+
+        self.url = url
+        self.process = subprocess.Popen(
+            list(command), env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        import requests
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                requests.get(url + probe, timeout=2)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"{command} did not answer on {url}")
+
+    def __enter__(self) -> ProcessServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)

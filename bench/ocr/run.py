@@ -1,0 +1,104 @@
+"""OCR throughput and latency under VeRL-Omni's traffic: 64 concurrent one-image requests.
+
+Side by side, in one run, alternating rounds:
+  ceiling  the same engine and rule in-process, at its best batch size (no HTTP at all)
+  ours     this service under gunicorn (one worker, dynamic batching)
+  simple   the simplest server a user would write (bench/ocr/simple_server.py)
+
+    .venv/bin/python -m bench.ocr.run [--rounds 3] [--requests 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import ProcessServer, burst, median_of  # noqa: E402
+from common.images import decode_image  # noqa: E402
+from services.ocr.engines import RapidOCREngine  # noqa: E402
+from services.ocr.reward import RuleOptions, check_targets, reward  # noqa: E402
+from tests.images import ocr_prompts, quoted, render_text  # noqa: E402
+from tests.server import free_port, gunicorn_server  # noqa: E402
+
+
+def in_process(engine: RapidOCREngine, images: list[bytes], prompts: list[str], batch: int) -> tuple[float, list[float]]:
+    """Images/s of decode + prepare + recognize + rule for all images, ``batch`` at a time."""
+    options = RuleOptions()
+    scores: list[float] = []
+    started = time.perf_counter()
+    for start in range(0, len(images), batch):
+        chunk = range(start, min(start + batch, len(images)))
+        prepared = [engine.prepare(decode_image(images[i], 1 << 30)) for i in chunk]
+        lines = engine.recognize(prepared)
+        scores += [reward(check_targets(prompts[i], options, i), found, options) for i, found in zip(chunk, lines)]
+    return len(images) / (time.perf_counter() - started), scores
+
+
+def one_image_bodies(images: list[bytes], prompts: list[str]) -> list[bytes]:
+    return [pickle.dumps({"images": [image], "prompts": [prompt], "metadata": {}}) for image, prompt in zip(images, prompts)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--batches", default="1,4,8,16")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ocr.json")
+    args = parser.parse_args()
+
+    prompts = ocr_prompts(args.requests)
+    images = [render_text(quoted(prompt)) for prompt in prompts]
+    bodies = one_image_bodies(images, prompts)
+    engine = RapidOCREngine("cpu", text_score=0.5, rec_batch=64, threads=None)
+    in_process(engine, images[:2], prompts[:2], 2)  # warm up
+
+    rounds: list[dict[str, float]] = []
+    port = free_port()
+    simple_cmd = [sys.executable, "-m", "gunicorn", "-w", "1", "-k", "sync", "-t", "600",
+                  "-b", f"127.0.0.1:{port}", "bench.ocr.simple_server:app"]
+    with gunicorn_server("ocr", threads=128) as ours, ProcessServer(simple_cmd, f"http://127.0.0.1:{port}") as simple:
+        burst(ours.url + "/", bodies[:4])
+        burst(simple.url + "/", bodies[:4])
+        for round_no in range(args.rounds):
+            result: dict[str, float] = {}
+            best_batch, best = 0, 0.0
+            for batch in (int(b) for b in args.batches.split(",")):
+                rate, reference = in_process(engine, images, prompts, batch)
+                result[f"ceiling_b{batch}_per_s"] = rate
+                if rate > best:
+                    best_batch, best = batch, rate
+            result["ceiling_per_s"], result["ceiling_batch"] = best, best_batch
+            for name, server in (("ours", ours), ("simple", simple)):
+                measured = burst(server.url + "/", bodies)
+                assert measured["statuses"] == {200: len(bodies)}, measured["statuses"]
+                got = [pickle.loads(answer)["scores"][0] for answer in measured["answers"]]
+                agree = sum(abs(a - b) < 1e-6 for a, b in zip(got, reference))
+                result.update({f"{name}_per_s": measured["per_s"], f"{name}_p50_s": measured["p50_s"],
+                               f"{name}_p99_s": measured["p99_s"], f"{name}_agree": agree})
+            rounds.append(result)
+            print(f"round {round_no + 1}: " + ", ".join(f"{k}={v:.3f}" for k, v in result.items()), flush=True)
+
+    keys = rounds[0].keys()
+    summary = {key: median_of(rounds, key) for key in keys}
+    summary["ours_vs_ceiling"] = median_of([{"r": r["ours_per_s"] / r["ceiling_per_s"]} for r in rounds], "r")
+    summary["ours_vs_simple"] = median_of([{"r": r["ours_per_s"] / r["simple_per_s"]} for r in rounds], "r")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"rounds": rounds, "median": summary}, indent=2))
+    print("\n| | images/s | p50 s | p99 s |\n|---|---|---|---|")
+    print(f"| in-process ceiling (batch {summary['ceiling_batch']:.0f}) | {summary['ceiling_per_s']:.2f} | | |")
+    for name in ("ours", "simple"):
+        print(f"| {name} | {summary[f'{name}_per_s']:.2f} | {summary[f'{name}_p50_s']:.2f} | {summary[f'{name}_p99_s']:.2f} |")
+    print(f"\nours / ceiling = {summary['ours_vs_ceiling']:.3f}, ours / simple = {summary['ours_vs_simple']:.3f}")
+    print(f"scores agreeing with in-process: ours {summary['ours_agree']:.0f}/{len(bodies)}, "
+          f"simple {summary['simple_agree']:.0f}/{len(bodies)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The simplest OCR reward server a user would write (deepgen_rl's style), for comparison:
+Flask, one sync gunicorn worker, plain ``pickle.loads`` on the body, the engine called per
+request, flow_grpo's rule. Not for production: ``pickle.loads`` on a network body runs code.
+
+    gunicorn -w 1 -k sync -b 127.0.0.1:PORT bench.ocr.simple_server:app
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+from flask import Flask, request
+from PIL import Image
+from rapidfuzz.distance import Levenshtein
+from rapidocr_onnxruntime import RapidOCR
+
+app = Flask(__name__)
+ocr = RapidOCR(use_cls=False)
+
+
+@app.post("/")
+def score():
+    payload = pickle.loads(request.get_data())
+    scores = []
+    for data, prompt in zip(payload["images"], payload["prompts"]):
+        target = prompt.split('"')[1].replace(" ", "").lower()
+        image = np.array(Image.open(io.BytesIO(data)).convert("RGB"))[:, :, ::-1]
+        result, _ = ocr(image)
+        text = "".join(line[1] for line in result or [] if line[2] > 0).replace(" ", "").lower()
+        dist = 0 if target in text else min(Levenshtein.distance(text, target), len(target))
+        scores.append(1 - dist / len(target))
+    return pickle.dumps({"scores": scores})
