@@ -1,0 +1,134 @@
+"""Unit tests of the code verifier's pure parts: extraction, label formats, comparison, the
+grading rules (re-run, masking) with a fake sandbox, and the refusals at startup."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+from common.config import ConfigError
+from common.errors import Unprocessable
+from common.settings import CoreSettings
+from services.code import environments
+from services.code.extract import extract_code, response_from_query
+from services.code.grader import Grader, Sample
+from services.code.labels import Suite, parse_label, result_matches, stdout_matches
+from services.code.sandbox import SandboxFailure
+from services.code.scorer import CodeScorer
+from services.code.settings import CodeSettings
+
+
+def test_last_fenced_block_after_special_tokens() -> None:
+    text = "first\n```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```<|im_end|><|endoftext|>"
+    assert extract_code(text) == "print(2)\n"
+    assert extract_code("print(3)</s>") == "print(3)"
+    assert extract_code("```\nprint(4)") == "print(4)"  # cut off by the length limit
+    assert extract_code("<|im_end|>") == "" and extract_code("``` \n```") == ""
+
+
+def test_response_after_prompt_even_when_the_prompt_was_cut_from_the_front() -> None:
+    prompt = "<|im_start|>user\n" + "x" * 3000 + "<|im_end|>\n<|im_start|>assistant\n"
+    assert response_from_query("<|endoftext|>" * 3 + prompt + "RESP<|im_end|>", prompt) == "RESP<|im_end|>"
+    assert response_from_query(prompt[1000:] + "RESP", prompt) == "RESP"
+    assert response_from_query("something else", prompt) is None
+
+
+def test_label_formats() -> None:
+    stdin = parse_label({"inputs": ["1\n"], "outputs": ["2\n"]})
+    assert isinstance(stdin, Suite) and stdin.kind == "stdin" and stdin.expected == ["2\n"]
+    assert parse_label('{"tests": [{"input": "a", "output": "b"}]}').tests == ["a"]
+    call = parse_label({"fn_name": "f", "inputs": [[1, 2]], "outputs": [3]})
+    assert call.kind == "call" and call.fn_name == "f"
+    asserts = parse_label({"test": "def check(c):\n    assert c(1)", "entry_point": "f"})
+    assert asserts.kind == "assert" and asserts.entry_point == "f"
+    assert parse_label({"input_output": '{"inputs": ["1"], "outputs": ["1"]}'}).kind == "stdin"
+    assert parse_label("") == "" and parse_label({}) == "" and parse_label(None) == ""
+    assert parse_label({"environment": "coin_change"}) == "coin_change"
+    for bad in ({"inputs": ["1"], "outputs": []}, {"what": 1}, "not json", [1], {"tests": [{"input": "1"}]}):
+        with pytest.raises(Unprocessable):
+            parse_label(bad)
+
+
+def test_comparison_is_on_data() -> None:
+    assert stdout_matches("1 2  \n3\n\n", "1 2\n3")
+    assert not stdout_matches("1 2\n", "1 2\n3")
+    assert stdout_matches("0.3333334\n", "0.3333333", tolerance=1e-6)
+    assert not stdout_matches("0.3333334\n", "0.3333333")
+    assert result_matches([1, [2, 3]], [1, [2, 3]]) and result_matches(5, [5])
+    assert not result_matches(True, 1) and not result_matches("1", 1) and not result_matches([1], [1, 2])
+
+
+def test_environments_ship_at_least_eight_problems() -> None:
+    names = environments.names()
+    assert len(names) >= 8
+    for name in names:
+        env = environments.load(name)
+        assert env.statement and env.reference and len(env.suite.tests) >= 20
+        assert len(env.suite.tests) == len(env.suite.expected)
+
+
+class FailingSandbox:
+    """Fails the first ``failures`` runs as the infrastructure would."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def slot(self, timeout: float):
+        import contextlib
+
+        return contextlib.nullcontext(61000)
+
+    def run(self, job, uid):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise SandboxFailure("worker died")
+        ran = {"exit": 0, "timed_out": False, "output_exceeded": False, "stdout": "ok", "stderr": "", "result": ""}
+        yield from ({**ran, "index": i} for i in range(len(job["tests"])))
+
+
+SUITE = Suite("stdin", ["", ""], ["ok", "ok"])
+
+
+def test_infrastructure_failure_is_rerun_once_then_masked(caplog) -> None:
+    settings = CodeSettings(infra_failure_score="nan", retry_pause_s=0.01)
+    once = FailingSandbox(failures=1)
+    assert Grader(settings, once).grade([Sample("x", SUITE)])[0].score == 1.0 and once.calls == 2
+    twice = FailingSandbox(failures=2)
+    with caplog.at_level(logging.WARNING):
+        verdict = Grader(settings, twice).grade([Sample("x", SUITE)])[0]
+    assert verdict.status == "sandbox_error" and verdict.score is None and twice.calls == 2
+    assert "without a verdict" in caplog.text
+
+
+def test_more_than_5_of_100_masked_is_a_warning(caplog) -> None:
+    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.01), FailingSandbox(failures=12))
+    with caplog.at_level(logging.WARNING):
+        grader.grade([Sample("x", SUITE)] * 94 + [Sample("x", None)] * 6)
+    assert "6 of the last 100" in caplog.text
+
+
+def test_refuses_to_start_without_infra_failure_score(monkeypatch) -> None:
+    monkeypatch.delenv("SCORER_CODE_INFRA_FAILURE_SCORE", raising=False)
+    with pytest.raises(ConfigError, match=r"nan.*dynamic_filtering"):
+        CodeScorer(CoreSettings(service="code"))
+
+
+def test_refuses_a_weaker_sandbox_unless_named(monkeypatch) -> None:
+    monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "zero")
+    monkeypatch.setenv("SCORER_CODE_SANDBOX", "none")
+    with pytest.raises(ConfigError, match="ALLOW_WEAK_SANDBOX=none"):
+        CodeScorer(CoreSettings(service="code"))
+    monkeypatch.setenv("SCORER_CODE_ALLOW_WEAK_SANDBOX", "none")
+    assert CodeScorer(CoreSettings(service="code")).isolation == "none"
+
+
+def test_nan_and_zero(monkeypatch) -> None:
+    from services.code.grader import Verdict
+
+    monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "nan")
+    assert math.isnan(CodeScorer(CoreSettings(service="code")).reward(Verdict("sandbox_error", 0, 1, None)))
+    monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "zero")
+    assert CodeScorer(CoreSettings(service="code")).reward(Verdict("sandbox_error", 0, 1, None)) == 0.0
