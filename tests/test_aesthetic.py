@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import pickle
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from common.config import ConfigError
 from common.settings import CoreSettings
 from services.aesthetic.random_clip import save_random_clip
 from services.aesthetic.scorer import DEFAULT_HEAD, AestheticScorer
-from tests.server import gunicorn_server, running_server
+from tests.server import ROOT, gunicorn_server, running_server
 
 pytestmark = pytest.mark.skipif(not DEFAULT_HEAD.is_file(), reason=f"LAION head not at {DEFAULT_HEAD}")
 
@@ -237,3 +240,13 @@ def test_server_without_weights_says_why_and_is_not_ready(tmp_path: Path) -> Non
         assert response.status_code == 503
         assert "SCORER_AESTHETIC_CLIP" in pickle.loads(response.content)["error"]
         assert "SCORER_AESTHETIC_CLIP" in server.logs()
+
+
+def test_run_sh_preflight_skips_with_the_reason(tmp_path: Path) -> None:
+    """What ``bash run.sh`` with no argument runs before starting the service."""
+    env = {**os.environ, "SCORER_SERVICE": "aesthetic", "SCORER_AESTHETIC_CLIP": str(tmp_path / "no-clip")}
+    done = subprocess.run(
+        [sys.executable, "-m", "common.preflight"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "SCORER_AESTHETIC_CLIP" in done.stderr and "is not a directory" in done.stderr
