@@ -59,6 +59,8 @@ def judge(suite: Suite, index: int, run: dict[str, Any], nonce: str, tolerance: 
         reported = {}
     if "compile_error" in reported:
         return "compile_error"
+    if "error" in reported:  # a call that raised
+        return "memory_limit" if str(reported["error"]).startswith("MemoryError") else "runtime_error"
     if run["timed_out"]:
         return "timeout"
     if run["output_exceeded"]:

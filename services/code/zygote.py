@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import io
 import json
 import os
@@ -26,9 +27,10 @@ import socket
 import struct
 import sys
 import time
+import typing
 
 # Imported once in the zygote so each forked solution finds them warm.
-WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "math", "random", "re", "string", "typing")
+WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "math", "random", "re", "string")
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
@@ -61,53 +63,72 @@ def _prctl(option: int, value: int) -> None:
     libc.prctl(option, value, 0, 0, 0)
 
 
-def _harness(job: dict, test: object) -> None:
-    """Body of a test process: compile, run, report (never returns)."""
+def _line(out: typing.TextIO, obj: dict) -> None:
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+
+def _call_tests(job: dict, namespace: dict, start: int, out: typing.TextIO) -> None:
+    """Call-based tests from ``start`` on, in this one process, a result line each.
+
+    ``ITIMER_PROF`` is re-armed per call, so a call past its CPU time is killed by SIGPROF.
+    """
+    fn = namespace.get(job["fn_name"])
+    if fn is None and "Solution" in namespace:  # LeetCode style
+        fn = getattr(namespace["Solution"](), job["fn_name"], None)
+    if fn is None:
+        raise NameError(f"function {job['fn_name']!r} is not defined")
+    _line(out, {"loaded": True})
+    for index in range(start, len(job["tests"])):
+        signal.setitimer(signal.ITIMER_PROF, job["cpu_s"])
+        try:
+            line = {"index": index, "result": fn(*job["tests"][index])}
+            text = json.dumps(line)
+        except BaseException as exc:  # the model's error is this test's verdict
+            text = json.dumps({"index": index, "error": f"{type(exc).__name__}: {exc}"[:STDERR_TAIL]})
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        out.write(text + "\n")
+        out.flush()
+
+
+def _harness(job: dict, start: int) -> None:
+    """Body of a test process: compile, run test ``start`` (call-based: all from it), report."""
     out = os.fdopen(RESULT_FD, "w", closefd=True)
-    nonce = job.get("nonce", "")
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
     sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)))
     try:
         code = compile(job["code"], "<solution>", "exec")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        out.write(json.dumps({"compile_error": f"{type(exc).__name__}: {exc}"}))
-        out.flush()
+        _line(out, {"compile_error": f"{type(exc).__name__}: {exc}"})
         os._exit(0)
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     status = 0
     try:
         exec(code, namespace)
         if job["kind"] == "call":
-            fn = namespace.get(job["fn_name"])
-            if fn is None and "Solution" in namespace:  # LeetCode style
-                fn = getattr(namespace["Solution"](), job["fn_name"], None)
-            if fn is None:
-                raise NameError(f"function {job['fn_name']!r} is not defined")
-            result = json.dumps({"result": fn(*test)})
-            out.write(result)
+            _call_tests(job, namespace, start, out)
         elif job["kind"] == "assert":
-            exec(compile(test, "<tests>", "exec"), namespace)
+            exec(compile(job["tests"][start], "<tests>", "exec"), namespace)
             entry = job.get("entry_point")
             if entry and callable(namespace.get("check")):
                 namespace["check"](namespace[entry])
-            out.write(json.dumps({"result": nonce}))
+            _line(out, {"index": start, "result": job["nonce"]})
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # the model's error is its verdict
         status = 1
-        kind = "MemoryError" if isinstance(exc, MemoryError) else type(exc).__name__
         with contextlib.suppress(BaseException):
-            sys.stderr.write(f"\n{kind}: {exc}"[:STDERR_TAIL])
+            sys.stderr.write(f"\n{type(exc).__name__}: {exc}"[:STDERR_TAIL])
     for stream in (sys.stdout, sys.stderr, out):
         with contextlib.suppress(BaseException):
             stream.flush()
     os._exit(status)
 
 
-def _limit(job: dict) -> None:
-    """Resource limits of a test process (set while still root, before dropping the uid)."""
-    cpu = int(job["cpu_s"]) + 1
+def _limit(job: dict, tests: int) -> None:
+    """Resource limits of a test process running ``tests`` tests (set before dropping root)."""
+    cpu = int(job["cpu_s"] * tests) + 1
     memory = job["memory_bytes"]
     for res, value in (
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -122,11 +143,11 @@ def _limit(job: dict) -> None:
         resource.setrlimit(res, value)
 
 
-def _start_test(job: dict, test: object, workdir: str) -> tuple[int, dict[int, str]]:
+def _start_test(job: dict, start: int, workdir: str) -> tuple[int, dict[int, str]]:
     """Fork one test process; returns its pid and the read ends of its pipes by role."""
     stdin = os.memfd_create("stdin")
     if job["kind"] == "stdin":
-        os.write(stdin, str(test).encode())
+        os.write(stdin, str(job["tests"][start]).encode())
         os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     sys.stdout.flush()
@@ -140,7 +161,7 @@ def _start_test(job: dict, test: object, workdir: str) -> tuple[int, dict[int, s
             os.dup2(pipes["stderr"][1], 2)
             os.dup2(pipes["result"][1], RESULT_FD)
             os.closerange(RESULT_FD + 1, 65536)
-            _limit(job)
+            _limit(job, len(job["tests"]) - start if job["kind"] == "call" else 1)
             os.chdir(workdir)
             os.setgroups([])
             os.setgid(job["gid"])
@@ -149,7 +170,7 @@ def _start_test(job: dict, test: object, workdir: str) -> tuple[int, dict[int, s
             os.environ.clear()
             os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            _harness(job, test)
+            _harness(job, start)
         finally:
             os._exit(70)
     os.close(stdin)
@@ -192,21 +213,27 @@ def _clean_up(uid: int) -> None:
                     os.waitpid(-1, 0)
 
 
-def _run_test(job: dict, test: object, workdir: str, deadline: float) -> dict:
-    """Run one test to completion or its deadline; what it printed, how it ended."""
-    start = time.monotonic()
-    pid, fds = _start_test(job, test, workdir)
-    wall_end = min(start + job["wall_s"], deadline)
+def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: socket.socket) -> int:
+    """Run one test process from test ``start``, send a result per test it settled, and
+    return the index of the first test still to run.
+
+    Each test gets ``wall_s`` from the previous one's result; call-based tests all run in
+    this process until one fails to come back.
+    """
+    pid, fds = _start_test(job, start, workdir)
+    progress = started = time.monotonic()
     chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": [], "result": []}
     sizes = {"stdout": 0, "stderr": 0, "result": 0}
     caps = {"stdout": job["output_bytes"], "stderr": 1 << 20, "result": job["output_bytes"]}
-    over = False
-    timed_out = False
+    pending = b""
+    current = start
+    loaded = False
+    over = timed_out = False
     sel = selectors.DefaultSelector()
     for fd in fds:
         sel.register(fd, selectors.EVENT_READ)
-    while sel.get_map():
-        remaining = wall_end - time.monotonic()
+    while sel.get_map() and not over:
+        remaining = min(progress + job["wall_s"], deadline) - time.monotonic()
         if remaining <= 0:
             timed_out = True
             break
@@ -218,12 +245,27 @@ def _run_test(job: dict, test: object, workdir: str, deadline: float) -> dict:
                 continue
             sizes[role] += len(data)
             if sizes[role] > caps[role]:
-                if role != "stderr":
-                    over = True
+                over = over or role != "stderr"
                 continue
-            chunks[role].append(data)
-        if over:
-            break
+            if role != "result":
+                chunks[role].append(data)
+                continue
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                try:
+                    message = json.loads(line)
+                except ValueError:  # the solution wrote to the result pipe itself
+                    message = None
+                if not isinstance(message, dict):
+                    chunks["result"].append(line)
+                elif message.get("index") == current:
+                    send_msg(conn, _settled(current, line))
+                    current += 1
+                    progress = time.monotonic()
+                elif message.get("loaded"):
+                    loaded = True
+                else:
+                    chunks["result"].append(line)
     sel.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -231,17 +273,32 @@ def _run_test(job: dict, test: object, workdir: str, deadline: float) -> dict:
     _clean_up(job["uid"])
     for fd in fds:
         os.close(fd)
+    if current > start and job["kind"] != "stdin":
+        return current
+    exit_code = os.waitstatus_to_exitcode(status)
     cpu = usage.ru_utime + usage.ru_stime
-    return {
-        "exit": os.waitstatus_to_exitcode(status),
-        "timed_out": timed_out or cpu > job["cpu_s"],
+    over_cpu = exit_code in (-signal.SIGXCPU, -signal.SIGPROF) or (job["kind"] != "call" and cpu > job["cpu_s"])
+    ended = {
+        "exit": exit_code,
+        "timed_out": timed_out or over_cpu,
         "output_exceeded": over,
         "cpu_s": round(cpu, 4),
-        "wall_s": round(time.monotonic() - start, 4),
+        "wall_s": round(time.monotonic() - started, 4),
         "stdout": b"".join(chunks["stdout"]).decode(errors="replace"),
         "stderr": b"".join(chunks["stderr"])[-STDERR_TAIL:].decode(errors="replace"),
         "result": b"".join(chunks["result"]).decode(errors="replace"),
     }
+    # A call-based process that died before its function was found failed for every test.
+    last = len(job["tests"]) if job["kind"] == "call" and not loaded else current + 1
+    for index in range(current, last):
+        send_msg(conn, {**ended, "index": index})
+    return last
+
+
+def _settled(index: int, line: bytes) -> dict:
+    """A test its process reported itself (a call's result, or an assert run's nonce)."""
+    return {"index": index, "exit": 0, "timed_out": False, "output_exceeded": False, "stdout": "", "stderr": "",
+            "result": line.decode(errors="replace")}  # fmt: skip
 
 
 def supervise(conn: socket.socket) -> None:
@@ -253,13 +310,13 @@ def supervise(conn: socket.socket) -> None:
     os.mkdir(workdir, 0o700)
     os.chown(workdir, job["uid"], job["gid"])
     try:
-        for index, test in enumerate(job["tests"]):
+        index = 0
+        while index < len(job["tests"]):
             if time.monotonic() >= deadline:
                 send_msg(conn, {"index": index, "skipped": True})
+                index += 1
                 continue
-            result = _run_test(job, test, workdir, deadline)
-            result["index"] = index
-            send_msg(conn, result)
+            index = _run_process(job, index, workdir, deadline, conn)
     finally:
         _clean_up(job["uid"])
         shutil.rmtree(workdir, ignore_errors=True)
@@ -269,6 +326,7 @@ def supervise(conn: socket.socket) -> None:
 def main() -> None:
     for name in WARM_MODULES:
         __import__(name)
+    gc.freeze()  # forked children then copy fewer pages when their collector runs
     listener = socket.socket(fileno=int(sys.argv[1]))
     os.makedirs(sys.argv[2], mode=0o711, exist_ok=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel

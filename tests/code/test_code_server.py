@@ -300,3 +300,18 @@ def test_refuses_to_boot_without_infra_failure_score(tmp_path) -> None:
     os.environ.pop("SCORER_CODE_INFRA_FAILURE_SCORE", None)
     with pytest.raises(RuntimeError, match="INFRA_FAILURE_SCORE"), gunicorn_server("code", env, log_dir=tmp_path):
         pass
+
+
+def test_call_tests_share_a_process_but_fail_one_by_one(server: Server) -> None:
+    label = {"fn_name": "f", "inputs": [[0], [1], [2], [3]], "outputs": [0, 1, 2, 3]}
+    codes = [
+        "def f(x):\n    if x == 1:\n        raise ValueError(x)\n    return x",
+        "def f(x):\n    while x == 2:\n        pass\n    return x",
+        "import os\ndef f(x):\n    if x == 0:\n        os._exit(0)\n    return x",
+        "import os\nos.write(3, b'garbage\\n{\"index\": 0}\\n[1]\\n')\ndef f(x):\n    return x",
+        "def f(x):\n    return bytearray(1 << 40) if x == 3 else x",
+    ]
+    out = grade(server.url, codes, label)
+    # Writing to the result pipe itself only spoils the program's own first test: never NaN.
+    assert out["rewards"] == [0.75] * 5, out
+    assert out["error_types"] == ["runtime_error", "timeout", "runtime_error", "runtime_error", "memory_limit"]
