@@ -73,8 +73,8 @@ class AestheticModel:
         head = AestheticHead(dim)
         try:
             head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        except (RuntimeError, pickle.UnpicklingError, EOFError, TypeError, AttributeError, ValueError) as exc:
-            # not a state dict, refused by torch's weights-only unpickler, wrong keys or shapes
+        except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, TypeError, AttributeError, ValueError) as exc:
+            # unreadable, not a state dict, refused by the weights-only unpickler, wrong keys or shapes
             raise HeadError(f"{type(exc).__name__}: {exc}") from None
         return head.to(self.device).eval()
 
