@@ -4,7 +4,8 @@
   GPU is handed back when the worker exits, so its replacement gets the same one. One worker on
   a CPU-only machine. The master never touches CUDA (no ``preload_app``).
 - gthread workers: request threads decode and preprocess in parallel; one inference thread
-  per worker batches across them.
+  per worker batches across them. SIGTERM (or SIGHUP's reload) lets in-flight requests finish
+  within ``graceful_timeout`` and refuses new connections at once (``common.worker``).
 - Prometheus multiprocess mode: each worker writes to a fresh directory, merged on /metrics.
 """
 
@@ -17,15 +18,21 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common.devices import GPU_ENV, visible_gpus
-from common.registry import DEFAULT_PORTS
+# Before anything imports prometheus_client: its metrics pick their storage at import time.
+_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+    prefix=f"scorer-{os.environ.get('SCORER_SERVICE', 'ocr')}-metrics-"
+)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+
+from common.devices import GPU_ENV, visible_gpus  # noqa: E402
+from common.registry import DEFAULT_PORTS  # noqa: E402
 
 service = os.environ.setdefault("SCORER_SERVICE", "ocr")
 gpus = visible_gpus() if os.environ.get("SCORER_DEVICE", "auto") != "cpu" else []
 
 bind = os.environ.get("SCORER_BIND", f"0.0.0.0:{os.environ.get('SCORER_PORT', DEFAULT_PORTS.get(service, 18082))}")
 workers = int(os.environ.get("SCORER_WORKERS") or max(1, len(gpus)))
-worker_class = "gthread"
+worker_class = "common.worker.ScorerWorker"
 threads = int(os.environ.get("SCORER_THREADS", "128"))
 worker_connections = int(os.environ.get("SCORER_WORKER_CONNECTIONS", "4096"))
 backlog = 4096
@@ -39,8 +46,6 @@ proc_name = f"scorer-{service}"
 accesslog = os.environ.get("SCORER_ACCESS_LOG") or None
 loglevel = os.environ.get("SCORER_LOG_LEVEL", "info")
 
-_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"scorer-{service}-metrics-")
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 
 # GPU slot -> the worker holding it (master-side bookkeeping).
 _gpu_holders: dict[int, object | None] = {slot: None for slot in range(len(gpus))}

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from common.errors import InternalError, Overloaded
@@ -113,3 +114,42 @@ class DynamicBatcher:
                 future.set_result(result)
             if self._on_batch is not None:
                 self._on_batch(len(batch), time.perf_counter() - started)
+
+
+class BatchedCall:
+    """A model call shared by concurrent callers.
+
+    ``call(items)`` from any request thread returns that caller's results, in order; underneath,
+    one ``DynamicBatcher`` gathers the items of all callers into shared invocations of ``fn``.
+    A caller waits at most ``timeout_s``, then gets a retryable 503 and its items are dropped.
+    """
+
+    def __init__(
+        self,
+        fn: BatchFn,
+        *,
+        max_batch: int,
+        max_wait_ms: float,
+        max_queue: int,
+        timeout_s: float,
+        on_batch: Callable[[int, float], None] | None = None,
+        name: str = "batched",
+    ) -> None:
+        self.batcher = DynamicBatcher(fn, max_batch, max_wait_ms, max(max_queue, max_batch), on_batch, name)
+        self.timeout_s = timeout_s
+        self.batcher.start()
+
+    def __call__(self, items: Sequence[Any]) -> list[Any]:
+        if not items:
+            return []
+        deadline = time.monotonic() + self.timeout_s
+        futures = self.batcher.submit(items)
+        try:
+            return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
+        except FutureTimeout:
+            for future in futures:
+                future.cancel()
+            raise Overloaded(f"no result within {self.timeout_s:.0f}s; the model is saturated, retry later") from None
+
+    def stop(self) -> None:
+        self.batcher.stop()

@@ -27,11 +27,10 @@ LATENCY = Histogram(
 BATCH_SIZE = Histogram(
     "scorer_batch_size",
     "Items per model call",
-    ["service"],
+    ["service", "stage"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
-BATCH_SECONDS = Histogram("scorer_batch_seconds", "Time of one model call", ["service"])
-QUEUE_DEPTH = Gauge("scorer_queue_items", "Items waiting for the model", ["service"], multiprocess_mode="livesum")
+BATCH_SECONDS = Histogram("scorer_batch_seconds", "Time of one model call", ["service", "stage"])
 READY = Gauge("scorer_ready", "1 when the model is loaded and warm", ["service"], multiprocess_mode="livemax")
 
 

@@ -9,10 +9,12 @@ its model and its rule.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from common import metrics
+from common.batching import BatchedCall
 from common.settings import CoreSettings
 
 
@@ -66,6 +68,44 @@ class Scorer(ABC):
     @abstractmethod
     def score(self, batch: Sequence[Any]) -> Sequence[float | Scored]:
         """Score a batch of items (from one or many requests), one result per item, in order."""
+
+    def batch_settings(self, max_batch: int, max_wait_ms: float) -> tuple[int, float]:
+        """The batch size and wait of a batched call: ``SCORER_MAX_BATCH`` / ``SCORER_MAX_WAIT_MS``
+        when set, else the given defaults."""
+        return (
+            self.core.max_batch or max_batch,
+            self.core.max_wait_ms if self.core.max_wait_ms is not None else max_wait_ms,
+        )
+
+    def batched_stage(
+        self,
+        fn: Callable[[Sequence[Any]], Sequence[Any]],
+        stage: str,
+        max_batch: int | None = None,
+        max_wait_ms: float | None = None,
+    ) -> BatchedCall:
+        """Wrap a model call so that concurrent request threads share its invocations.
+
+        The runtime wraps ``score`` this way. A scorer whose pipeline has several model calls
+        with per-item work between them (OCR: detection, box post-processing, recognition)
+        sets ``batched = False`` and wraps each model call instead, so the work between them runs
+        on the request threads, in parallel. Call from ``setup``.
+        """
+        size, wait = self.batch_settings(max_batch or self.max_batch, max_wait_ms or self.max_wait_ms)
+
+        def record(count: int, seconds: float) -> None:
+            metrics.BATCH_SIZE.labels(self.name, stage).observe(count)
+            metrics.BATCH_SECONDS.labels(self.name, stage).observe(seconds)
+
+        return BatchedCall(
+            fn,
+            max_batch=size,
+            max_wait_ms=wait,
+            max_queue=self.core.max_queue,
+            timeout_s=self.core.request_timeout_s,
+            on_batch=record,
+            name=f"{self.name}-{stage}",
+        )
 
     def preflight(self) -> str | None:
         """Why this scorer cannot start here (e.g. weights not found), without loading; None if

@@ -29,14 +29,14 @@ from tests.server import free_port, gunicorn_server  # noqa: E402
 
 
 def in_process(engine: RapidOCREngine, images: list[bytes], prompts: list[str], batch: int) -> tuple[float, list[float]]:
-    """Images/s of decode + prepare + recognize + rule for all images, ``batch`` at a time."""
+    """Images/s of decode + prepare + read + rule for all images, ``batch`` at a time."""
     options = RuleOptions()
     scores: list[float] = []
     started = time.perf_counter()
     for start in range(0, len(images), batch):
         chunk = range(start, min(start + batch, len(images)))
         prepared = [engine.prepare(decode_image(images[i], 1 << 30)) for i in chunk]
-        lines = engine.recognize(prepared)
+        lines = engine.read(prepared)
         scores += [reward(check_targets(prompts[i], options, i), found, options) for i, found in zip(chunk, lines)]
     return len(images) / (time.perf_counter() - started), scores
 

@@ -1,9 +1,8 @@
-"""OCR engines. Each splits its work in two: ``prepare`` (per image, on the request threads)
-and ``recognize`` (a batch of prepared images, on the inference thread).
+"""OCR engines. Each runs on the request threads (``prepare``, then ``read``) and sends only
+its model calls through batched stages, so per-image Python work runs in parallel.
 
 - ``RapidOCREngine`` (default): PP-OCRv4 ONNX models shipped in the ``rapidocr-onnxruntime``
-  wheel, so it works offline; the CUDA provider when onnxruntime-gpu is installed. Detection
-  runs once for all same-size images of a batch, recognition once for all text lines.
+  wheel, so it works offline; the CUDA provider when onnxruntime-gpu is installed.
 - ``PaddleOCREngine``: PaddleOCR configured as flow_grpo does (``use_angle_cls=False``,
   ``lang="en"``), one image at a time; local model directories for offline nodes.
 """
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,12 +24,22 @@ from services.ocr.reward import Line
 log = logging.getLogger(__name__)
 
 
+# Wraps a model call so that concurrent request threads share its invocations
+# (``Scorer.batched_stage``): (fn, stage name, max_batch) -> batched callable.
+StageFactory = Callable[..., Callable[[Sequence[Any]], list[Any]]]
+
+
 class OcrEngine(Protocol):
     name: str
 
-    def prepare(self, image: Image.Image) -> Any: ...
+    def start(self, stage: StageFactory) -> None:
+        """Wrap the engine's model calls as batched stages; called once, in ``setup``."""
 
-    def recognize(self, batch: Sequence[Any]) -> list[list[Line]]: ...
+    def prepare(self, image: Image.Image) -> Any:
+        """Per-image work before the first model call; runs on the request thread."""
+
+    def read(self, prepared: Sequence[Any]) -> list[list[Line]]:
+        """The recognized lines of each image; runs on the request thread."""
 
     def info(self) -> dict[str, Any]: ...
 
@@ -44,6 +53,13 @@ class DetInput:
 
 
 class RapidOCREngine:
+    """RapidOCR's pipeline with its two model calls batched across requests.
+
+    Request thread: decode, resize, normalise (``prepare``); box post-processing and line
+    crops between the calls. Batched: the detector over same-size images, the recognizer over
+    all text lines of all waiting images.
+    """
+
     name = "rapidocr"
 
     def __init__(self, device: str, text_score: float, rec_batch: int, threads: int | None) -> None:
@@ -68,9 +84,16 @@ class RapidOCREngine:
         if threads:
             kwargs["intra_op_num_threads"] = threads
         self.engine = RapidOCR(**kwargs)
+        self.rec_batch = rec_batch
         det = self.engine.text_det
         self._det_pre = DetPreProcess(det.limit_side_len, det.limit_type, det.mean, det.std)
         self.providers = det.infer.session.get_providers()
+        self._detect: Callable[[Sequence[np.ndarray]], list[np.ndarray]] = self.detect_maps
+        self._recognize: Callable[[Sequence[np.ndarray]], list[Line]] = self.recognize_crops
+
+    def start(self, stage: StageFactory) -> None:
+        self._detect = stage(self.detect_maps, "detect")
+        self._recognize = stage(self.recognize_crops, "recognize", max_batch=self.rec_batch)
 
     def prepare(self, image: Image.Image) -> DetInput | None:
         """RapidOCR's own steps up to the detector input; None for an image too small to read."""
@@ -80,30 +103,37 @@ class RapidOCREngine:
         tensor = self._det_pre(resized)
         return None if tensor is None else DetInput(resized, tensor)
 
-    def recognize(self, batch: Sequence[DetInput | None]) -> list[list[Line]]:
-        det = self.engine.text_det
-        crops_of: list[list[np.ndarray]] = [[] for _ in batch]
+    def detect_maps(self, tensors: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Model call: text probability maps, one detector run per distinct input size."""
+        maps: list[np.ndarray] = [np.empty(0)] * len(tensors)
         by_shape: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        for index, item in enumerate(batch):
-            if item is not None:
-                by_shape[item.tensor.shape].append(index)
+        for index, tensor in enumerate(tensors):
+            by_shape[tensor.shape].append(index)
         for indices in by_shape.values():
-            maps = det.infer(np.concatenate([batch[i].tensor for i in indices]))[0]
+            out = self.engine.text_det.infer(np.concatenate([tensors[i] for i in indices]))[0]
             for row, index in enumerate(indices):
-                image = batch[index].image
-                boxes, _ = det.postprocess_op(maps[row : row + 1], image.shape[:2])
-                boxes = det.filter_tag_det_res(boxes, image.shape[:2])
-                if len(boxes):
-                    crops_of[index] = self.engine.get_crop_img_list(image, self.engine.sorted_boxes(boxes))
-        flat = [crop for crops in crops_of for crop in crops]
-        texts = self.engine.text_rec(flat)[0] if flat else []
-        results: list[list[Line]] = []
-        position = 0
-        for crops in crops_of:
-            lines = texts[position : position + len(crops)]
-            position += len(crops)
-            results.append([(text, float(conf)) for text, conf, *_ in lines if float(conf) >= self.engine.text_score])
-        return results
+                maps[index] = out[row : row + 1]
+        return maps
+
+    def recognize_crops(self, crops: Sequence[np.ndarray]) -> list[Line]:
+        """Model call: (text, confidence) of each text-line crop."""
+        found = self.engine.text_rec(list(crops))[0]
+        return [(text, float(confidence)) for text, confidence, *_ in found]
+
+    def _line_crops(self, item: DetInput, probability_map: np.ndarray) -> list[np.ndarray]:
+        det = self.engine.text_det
+        shape = item.image.shape[:2]
+        boxes, _ = det.postprocess_op(probability_map, shape)
+        boxes = det.filter_tag_det_res(boxes, shape)
+        return self.engine.get_crop_img_list(item.image, self.engine.sorted_boxes(boxes)) if len(boxes) else []
+
+    def read(self, prepared: Sequence[DetInput | None]) -> list[list[Line]]:
+        readable = [item for item in prepared if item is not None]
+        maps = iter(self._detect([item.tensor for item in readable]))
+        crops_of = [self._line_crops(item, next(maps)) if item is not None else [] for item in prepared]
+        lines = iter(self._recognize([crop for crops in crops_of for crop in crops]))
+        threshold = self.engine.text_score
+        return [[line for line in (next(lines) for _ in crops) if line[1] >= threshold] for crops in crops_of]
 
     def info(self) -> dict[str, Any]:
         return {
@@ -131,10 +161,19 @@ class PaddleOCREngine:
             kwargs["rec_model_dir"] = rec_dir
         self.engine = PaddleOCR(**kwargs)
 
+        self._read: Callable[[Sequence[np.ndarray]], list[list[Line]]] = self.read_images
+
+    def start(self, stage: StageFactory) -> None:
+        # PaddleOCR reads one image per call; the stage keeps all calls on one thread.
+        self._read = stage(self.read_images, "read")
+
     def prepare(self, image: Image.Image) -> np.ndarray:
         return np.asarray(image)
 
-    def recognize(self, batch: Sequence[np.ndarray]) -> list[list[Line]]:
+    def read(self, prepared: Sequence[np.ndarray]) -> list[list[Line]]:
+        return self._read(prepared)
+
+    def read_images(self, batch: Sequence[np.ndarray]) -> list[list[Line]]:
         results = []
         for image in batch:
             found = self.engine.ocr(image, cls=False)

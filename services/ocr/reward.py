@@ -55,7 +55,7 @@ class RuleOptions:
         if not isinstance(overrides, dict):
             raise Unprocessable("metadata['ocr'] must be a dict of matching options")
         fields = {f.name: f for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - set(fields))
+        unknown = sorted((key for key in overrides if key not in fields), key=repr)  # keys of any type
         if unknown:
             raise Unprocessable(f"unknown OCR option(s) {unknown}; known: {sorted(fields)}")
         for key, value in overrides.items():

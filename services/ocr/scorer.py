@@ -45,6 +45,8 @@ class OCRScorer(Scorer):
     name = "ocr"
     max_batch = 16
     max_wait_ms = 10.0
+    # The engine batches its model calls stage by stage (see ``OcrEngine``).
+    batched = False
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
@@ -58,6 +60,7 @@ class OCRScorer(Scorer):
             self.engine = PaddleOCREngine(device, s.paddle_det_dir, s.paddle_rec_dir)
         else:
             self.engine = RapidOCREngine(device, s.text_score, s.rec_batch, s.onnx_threads)
+        self.engine.start(self.batched_stage)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -65,7 +68,7 @@ class OCRScorer(Scorer):
         image = Image.new("RGB", (512, 512), "white")
         ImageDraw.Draw(image).text((40, 230), "warm up", fill="black", font=ImageFont.load_default(size=48))
         started = time.perf_counter()
-        lines = self.engine.recognize([self.engine.prepare(image)])
+        lines = self.engine.read([self.engine.prepare(image)])
         self.warmup_seconds = time.perf_counter() - started
         self.warmup_text = "".join(text for text, _ in lines[0])
 
@@ -80,7 +83,7 @@ class OCRScorer(Scorer):
         return items
 
     def score(self, batch: Sequence[OcrItem]) -> list[float]:
-        lines = self.engine.recognize([item.prepared for item in batch])
+        lines = self.engine.read([item.prepared for item in batch])
         return [reward(item.targets, found, item.options) for item, found in zip(batch, lines)]
 
     def info(self) -> dict[str, Any]:
