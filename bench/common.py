@@ -45,8 +45,9 @@ async def _burst(url: str, bodies: Sequence[bytes], headers: dict[str, str], con
     }
 
 
-def burst(url: str, bodies: Sequence[bytes], headers: dict[str, str] | None = None,
-          concurrency: int | None = None) -> dict[str, Any]:
+def burst(
+    url: str, bodies: Sequence[bytes], headers: dict[str, str] | None = None, concurrency: int | None = None
+) -> dict[str, Any]:
     """Send every body at once (up to ``concurrency`` in flight); throughput and latencies."""
     return asyncio.run(_burst(url, bodies, headers or {}, concurrency or len(bodies)))
 

@@ -28,7 +28,9 @@ from tests.images import ocr_prompts, quoted, render_text  # noqa: E402
 from tests.server import free_port, gunicorn_server  # noqa: E402
 
 
-def in_process(engine: RapidOCREngine, images: list[bytes], prompts: list[str], batch: int) -> tuple[float, list[float]]:
+def in_process(
+    engine: RapidOCREngine, images: list[bytes], prompts: list[str], batch: int
+) -> tuple[float, list[float]]:
     """Images/s of decode + prepare + read + rule for all images, ``batch`` at a time."""
     options = RuleOptions()
     scores: list[float] = []
@@ -42,7 +44,9 @@ def in_process(engine: RapidOCREngine, images: list[bytes], prompts: list[str], 
 
 
 def one_image_bodies(images: list[bytes], prompts: list[str]) -> list[bytes]:
-    return [pickle.dumps({"images": [image], "prompts": [prompt], "metadata": {}}) for image, prompt in zip(images, prompts)]
+    return [
+        pickle.dumps({"images": [image], "prompts": [prompt], "metadata": {}}) for image, prompt in zip(images, prompts)
+    ]
 
 
 def main() -> None:
@@ -61,8 +65,20 @@ def main() -> None:
 
     rounds: list[dict[str, float]] = []
     port = free_port()
-    simple_cmd = [sys.executable, "-m", "gunicorn", "-w", "1", "-k", "sync", "-t", "600",
-                  "-b", f"127.0.0.1:{port}", "bench.ocr.simple_server:app"]
+    simple_cmd = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-w",
+        "1",
+        "-k",
+        "sync",
+        "-t",
+        "600",
+        "-b",
+        f"127.0.0.1:{port}",
+        "bench.ocr.simple_server:app",
+    ]
     with gunicorn_server("ocr", threads=128) as ours, ProcessServer(simple_cmd, f"http://127.0.0.1:{port}") as simple:
         burst(ours.url + "/", bodies[:4])
         burst(simple.url + "/", bodies[:4])
@@ -80,8 +96,14 @@ def main() -> None:
                 assert measured["statuses"] == {200: len(bodies)}, measured["statuses"]
                 got = [pickle.loads(answer)["scores"][0] for answer in measured["answers"]]
                 agree = sum(abs(a - b) < 1e-6 for a, b in zip(got, reference))
-                result.update({f"{name}_per_s": measured["per_s"], f"{name}_p50_s": measured["p50_s"],
-                               f"{name}_p99_s": measured["p99_s"], f"{name}_agree": agree})
+                result.update(
+                    {
+                        f"{name}_per_s": measured["per_s"],
+                        f"{name}_p50_s": measured["p50_s"],
+                        f"{name}_p99_s": measured["p99_s"],
+                        f"{name}_agree": agree,
+                    }
+                )
             rounds.append(result)
             print(f"round {round_no + 1}: " + ", ".join(f"{k}={v:.3f}" for k, v in result.items()), flush=True)
 
@@ -94,10 +116,14 @@ def main() -> None:
     print("\n| | images/s | p50 s | p99 s |\n|---|---|---|---|")
     print(f"| in-process ceiling (batch {summary['ceiling_batch']:.0f}) | {summary['ceiling_per_s']:.2f} | | |")
     for name in ("ours", "simple"):
-        print(f"| {name} | {summary[f'{name}_per_s']:.2f} | {summary[f'{name}_p50_s']:.2f} | {summary[f'{name}_p99_s']:.2f} |")
+        print(
+            f"| {name} | {summary[f'{name}_per_s']:.2f} | {summary[f'{name}_p50_s']:.2f} | {summary[f'{name}_p99_s']:.2f} |"
+        )
     print(f"\nours / ceiling = {summary['ours_vs_ceiling']:.3f}, ours / simple = {summary['ours_vs_simple']:.3f}")
-    print(f"scores agreeing with in-process: ours {summary['ours_agree']:.0f}/{len(bodies)}, "
-          f"simple {summary['simple_agree']:.0f}/{len(bodies)}")
+    print(
+        f"scores agreeing with in-process: ours {summary['ours_agree']:.0f}/{len(bodies)}, "
+        f"simple {summary['simple_agree']:.0f}/{len(bodies)}"
+    )
 
 
 if __name__ == "__main__":
