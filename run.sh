@@ -21,7 +21,8 @@ has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>
 # requirement files of a service, core first
 requirements_of() {
   case $1 in
-    ocr) echo requirements.txt requirements-ocr.txt ;;
+    ocr) if [ "${SCORER_OCR_ENGINE:-rapidocr}" = paddleocr ]; then echo requirements-ocr-paddle.txt
+         else echo requirements.txt requirements-ocr.txt; fi ;;
     aesthetic) echo requirements.txt requirements-aesthetic.txt ;;
     code) echo requirements.txt requirements-code.txt ;;
     test) echo requirements.txt requirements-ocr.txt requirements-aesthetic.txt requirements-code.txt requirements-dev.txt ;;
@@ -32,7 +33,7 @@ requirements_of() {
 # Installs only when the requirement files changed since the last install.
 ensure_venv() {
   local name=$1 dir files stamp
-  dir=$ROOT/.venv$([ "$name" = test ] || echo "-$name")
+  dir=$ROOT/.venv$([ "$name" = test ] || echo "-$name")$([ "$name" = ocr ] && [ "${SCORER_OCR_ENGINE:-}" = paddleocr ] && echo -paddle)
   files=$(requirements_of "$name")
   if [ ! -x "$dir/bin/python" ]; then
     log "creating $dir"

@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from common import __version__, metrics
 from common.config import describe, from_env
+from common.devices import GPU_ENV
 from common.errors import PayloadTooLarge, ScorerError, Unauthorized
 from common.protocol import decode_body, encode_body, wire_format
 from common.registry import load_scorer_class
@@ -125,6 +126,7 @@ def create_app(service: str | None = None, core: CoreSettings | None = None) -> 
             version=__version__,
             scorer=type(scorer).__name__,
             device=runtime.device,
+            gpu=os.environ.get(GPU_ENV),
             ready=runtime.ready,
             setup_error=runtime.setup_error,
             batching={
