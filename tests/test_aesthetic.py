@@ -117,9 +117,12 @@ def scores_of(response: requests.Response) -> list[float]:
 def batch_stats(url: str) -> tuple[float, float]:
     """(count, sum) of the batch-size histogram in /metrics."""
     text = requests.get(url + "/metrics", timeout=10).text
-    count = sum(float(v) for v in re.findall(r'^scorer_batch_size_count\{service="aesthetic"\} (\S+)$', text, re.M))
-    total = sum(float(v) for v in re.findall(r'^scorer_batch_size_sum\{service="aesthetic"\} (\S+)$', text, re.M))
-    return count, total
+
+    def total(suffix: str) -> float:
+        pattern = rf'^scorer_batch_size_{suffix}\{{[^}}]*service="aesthetic"[^}}]*\}} (\S+)$'
+        return sum(float(value) for value in re.findall(pattern, text, re.M))
+
+    return total("count"), total("sum")
 
 
 def test_reference_is_not_constant(expected: list[float]) -> None:
