@@ -120,7 +120,7 @@ class Grader:
     def _run(self, suite: Suite, code: str, deadline: float) -> Verdict:
         s = self.settings
         with self.sandbox.slot(deadline - time.monotonic()) as uid:
-            if uid is None:
+            if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
             nonce = secrets.token_hex(16)
             job = {

@@ -7,6 +7,7 @@ OpenRLHF's remote reward route (``openrlhf.py``).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -80,6 +81,7 @@ class CodeScorer(Scorer):
         """Start the warm zygote and grade one known-good program through it."""
         s = self.settings
         self.sandbox = sandbox.Sandbox(self.isolation, s.max_parallel, s.uid_base)
+        atexit.register(self.sandbox.close)
         self.sandbox.start()
         self.grader = Grader(s, self.sandbox)
         probe = Sample("print(input())", Suite("stdin", ["ok\n"], ["ok"]))

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -278,20 +277,16 @@ def test_deadline_waits_without_a_slot_and_masks_what_never_ran(tmp_path) -> Non
     env = {**ENV, "SCORER_CODE_MAX_PARALLEL": "1", "SCORER_CODE_REQUEST_TIMEOUT_S": "3"}
     env["SCORER_CODE_TEST_WALL_S"] = "10"
     label = {"inputs": [""], "outputs": ["x"]}
-    sleeper = {"outputs": ["import time\ntime.sleep(60)"], "prompts": ["p"], "labels": [label]}
+    sleepers = {"outputs": ["import time\ntime.sleep(60)"] * 2, "prompts": ["p"] * 2, "labels": [label] * 2}
     with gunicorn_server("code", env, log_dir=tmp_path) as srv:
-        results: list[dict] = []
-        threads = [threading.Thread(target=lambda: results.append(reward(srv.url, sleeper))) for _ in range(2)]
         started = time.monotonic()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        out = reward(srv.url, sleepers)
         assert time.monotonic() - started < 10
-        kinds = sorted(r["error_types"][0] for r in results)
-        assert kinds == ["sandbox_error", "timeout"]
-        masked = next(r for r in results if r["error_types"][0] == "sandbox_error")
-        assert masked["rewards"][0] != masked["rewards"][0]  # NaN
+        # One ran until the deadline (judged: 0); the other never got the one slot (NaN).
+        assert sorted(out["error_types"]) == ["sandbox_error", "timeout"]
+        masked = out["error_types"].index("sandbox_error")
+        assert out["rewards"][masked] != out["rewards"][masked]
+        assert out["rewards"][1 - masked] == 0.0
         assert "without a verdict" in srv.logs()
 
 
