@@ -112,7 +112,14 @@ command=${1:-all}
 case $command in
   test)
     ensure_venv test
-    exec "$VENV/bin/python" -m pytest "$@"
+    tests_venv=$VENV
+    if [ -z "${SCORER_TEST_SKIP_PADDLE:-}" ]; then
+      # PaddleOCR lives in its own environment (its OpenCV builds clash with RapidOCR's);
+      # tests/test_ocr_paddle.py starts the OCR service with it.
+      SCORER_OCR_ENGINE=paddleocr ensure_venv ocr
+      export SCORER_TEST_PADDLE_PYTHON=$VENV/bin/python
+    fi
+    exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
   ocr|aesthetic|code)
     parse_flags "$@"

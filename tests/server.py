@@ -26,8 +26,17 @@ def free_port() -> int:
 class Server:
     """A gunicorn master running one scorer service, with its output kept in a log file."""
 
-    def __init__(self, service: str, env: dict[str, str] | None, workers: int, threads: int | None, log: Path) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        service: str,
+        env: dict[str, str] | None,
+        workers: int,
+        threads: int | None,
+        log: Path,
+        port: int = 0,
+        python: str | None = None,
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         full_env = {
@@ -42,7 +51,7 @@ class Server:
             full_env["SCORER_THREADS"] = str(threads)
         self._log = open(log, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
+            [python or sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
             cwd=ROOT,
             env=full_env,
             stdout=self._log,
@@ -92,11 +101,16 @@ def gunicorn_server(
     threads: int | None = None,
     require_ready: bool = True,
     log_dir: Path | None = None,
+    port: int = 0,
+    python: str | None = None,
 ) -> Iterator[Server]:
-    """Start ``service`` under gunicorn, yield the running ``Server`` (``.url``), stop it after."""
+    """Start ``service`` under gunicorn, yield the running ``Server`` (``.url``), stop it after.
+
+    ``port`` pins the port (a node restarted behind a balancer comes back on its address);
+    ``python`` runs it from another virtual environment."""
     log_dir = log_dir or Path(os.environ.get("SCORER_TEST_LOGS", "/tmp"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    server = Server(service, env, workers, threads, log_dir / f"{service}-{free_port()}.log")
+    server = Server(service, env, workers, threads, log_dir / f"{service}-{free_port()}.log", port, python)
     try:
         server.wait_ready(require_ready=require_ready)
         yield server

@@ -144,9 +144,16 @@ class RapidOCREngine:
 
 
 class PaddleOCREngine:
+    """PaddleOCR 2.x as flow_grpo calls it, one image per call, RGB arrays as flow_grpo passes.
+
+    ``models`` maps PaddleOCR's own arguments (``det_model_dir``, ``rec_model_dir``,
+    ``cls_model_dir``, ``rec_char_dict_path``) to local paths, for nodes that cannot download;
+    ``.onnx`` files run through PaddleOCR's ONNX Runtime path (``use_onnx``).
+    """
+
     name = "paddleocr"
 
-    def __init__(self, device: str, det_dir: str | None, rec_dir: str | None) -> None:
+    def __init__(self, device: str, models: dict[str, str]) -> None:
         try:
             from paddleocr import PaddleOCR
         except ImportError as exc:
@@ -154,13 +161,16 @@ class PaddleOCREngine:
                 "SCORER_OCR_ENGINE=paddleocr needs paddleocr and paddlepaddle installed "
                 "(pip install -r requirements-ocr-paddle.txt)"
             ) from exc
-        kwargs: dict[str, Any] = dict(use_angle_cls=False, lang="en", use_gpu=device.startswith("cuda"), show_log=False)
-        if det_dir:
-            kwargs["det_model_dir"] = det_dir
-        if rec_dir:
-            kwargs["rec_model_dir"] = rec_dir
-        self.engine = PaddleOCR(**kwargs)
-
+        use_onnx = models.get("det_model_dir", "").endswith(".onnx")
+        self.config = dict(use_angle_cls=False, lang="en", use_gpu=device.startswith("cuda"), use_onnx=use_onnx)
+        try:
+            self.engine = PaddleOCR(show_log=False, **self.config, **models)
+        except Exception as exc:  # PaddleOCR downloads missing models and fails late
+            raise ConfigError(
+                f"PaddleOCR could not load its models ({type(exc).__name__}: {exc}); on an offline node set "
+                "SCORER_OCR_PADDLE_DET_DIR, SCORER_OCR_PADDLE_REC_DIR and SCORER_OCR_PADDLE_CLS_DIR to local "
+                "model directories (or .onnx files)"
+            ) from exc
         self._read: Callable[[Sequence[np.ndarray]], list[list[Line]]] = self.read_images
 
     def start(self, stage: StageFactory) -> None:
@@ -182,4 +192,4 @@ class PaddleOCREngine:
         return results
 
     def info(self) -> dict[str, Any]:
-        return {"engine": self.name, "config": "use_angle_cls=False, lang=en"}
+        return {"engine": self.name, "config": self.config}

@@ -27,8 +27,11 @@ class OcrSettings(RuleOptions):
     text_score: float = 0.5
     rec_batch: int = 64
     onnx_threads: int | None = None
+    # PaddleOCR model locations for offline nodes (directories, or .onnx files).
     paddle_det_dir: str | None = None
     paddle_rec_dir: str | None = None
+    paddle_cls_dir: str | None = None
+    paddle_rec_dict: str | None = None
 
     def rule(self) -> RuleOptions:
         return RuleOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RuleOptions)})
@@ -57,7 +60,13 @@ class OCRScorer(Scorer):
     def setup(self, device: str) -> None:
         s = self.settings
         if s.engine == "paddleocr":
-            self.engine = PaddleOCREngine(device, s.paddle_det_dir, s.paddle_rec_dir)
+            paths = {
+                "det_model_dir": s.paddle_det_dir,
+                "rec_model_dir": s.paddle_rec_dir,
+                "cls_model_dir": s.paddle_cls_dir,
+                "rec_char_dict_path": s.paddle_rec_dict,
+            }
+            self.engine = PaddleOCREngine(device, {key: path for key, path in paths.items() if path})
         else:
             self.engine = RapidOCREngine(device, s.text_score, s.rec_batch, s.onnx_threads)
         self.engine.start(self.batched_stage)
