@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Blueprint, Response, current_app
 
 from common.app import read_body
-from common.errors import Unprocessable
+from common.errors import BadRequest, PayloadTooLarge, Unprocessable
 from common.protocol import decode_body
 from services.code.grader import STATUSES, Verdict
 
@@ -45,8 +45,11 @@ def blueprint(scorer: CodeScorer) -> Blueprint:
     bp = Blueprint("openrlhf", __name__)
 
     def reward_view() -> Response:
-        body = read_body(scorer.core.max_body_bytes)
-        payload = decode_body(body, "json")
+        try:
+            payload = decode_body(read_body(scorer.core.max_body_bytes), "json")
+        except (BadRequest, PayloadTooLarge) as exc:
+            # OpenRLHF retries any failure; DESIGN 2.2 answers every malformed or oversized body 422.
+            raise Unprocessable(exc.message) from None
         key = "query" if "query" in payload else "outputs"
         if key not in payload:
             raise Unprocessable("body needs 'query' (prompt + response) or 'outputs' (responses), and 'prompts'")

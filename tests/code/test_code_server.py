@@ -181,6 +181,13 @@ def test_malformed_requests_are_422(server: Server, body) -> None:
     reward(server.url, body, status=422)
 
 
+@pytest.mark.parametrize("raw", [b"{bad json", b"[1, 2]", b"", b"\x80\x04garbage"])
+def test_undecodable_bodies_are_422(server: Server, raw: bytes) -> None:
+    response = requests.post(server.url + "/reward/score", data=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["error"]
+
+
 def listen() -> socket.socket:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
