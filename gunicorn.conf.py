@@ -25,10 +25,11 @@ _metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 
 from common.devices import GPU_ENV, visible_gpus  # noqa: E402
-from common.registry import DEFAULT_PORTS  # noqa: E402
+from common.registry import DEFAULT_PORTS, load_scorer_class  # noqa: E402
 
 service = os.environ.setdefault("SCORER_SERVICE", "ocr")
-gpus = visible_gpus() if os.environ.get("SCORER_DEVICE", "auto") != "cpu" else []
+uses_gpu = load_scorer_class(service).uses_gpu and os.environ.get("SCORER_DEVICE", "auto") != "cpu"
+gpus = visible_gpus() if uses_gpu else []
 
 bind = os.environ.get("SCORER_BIND", f"0.0.0.0:{os.environ.get('SCORER_PORT', DEFAULT_PORTS.get(service, 18082))}")
 workers = int(os.environ.get("SCORER_WORKERS") or max(1, len(gpus)))
