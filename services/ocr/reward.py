@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import reprlib
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,7 +68,8 @@ class RuleOptions:
             else:
                 ok = value in _CHOICES[key]
             if not ok:
-                raise Unprocessable(f"metadata['ocr'][{key!r}] = {value!r} is not a valid value")
+                # reprlib: a bounded repr, whatever the size or depth of the value
+                raise Unprocessable(f"metadata['ocr'][{key!r}] = {reprlib.repr(value)} is not a valid value")
         return dataclasses.replace(self, **overrides)
 
 

@@ -1,0 +1,97 @@
+"""Graceful restarts: SIGHUP replaces the workers under load and SIGTERM stops the service, and
+neither drops a request the service accepted; the grace period bounds how long a stop takes."""
+
+from __future__ import annotations
+
+import http.client
+import pickle
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.images import render_text
+from tests.server import gunicorn_server
+from tests.stream import RequestStream, cases
+
+
+def post_in_background(url: str, bodies: list[bytes], outcomes: dict[int, object]) -> list[threading.Thread]:
+    """Post each body on its own connection; return once every request has been sent whole."""
+    host, port = url.removeprefix("http://").split(":")
+    sent = threading.Barrier(len(bodies) + 1)
+
+    def post(index: int, body: bytes) -> None:
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            connection.request("POST", "/", body=body)
+            sent.wait()
+            response = connection.getresponse()
+            outcomes[index] = (response.status, pickle.loads(response.read()).get("scores"))
+        except OSError as exc:
+            outcomes[index] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post, args=(i, body)) for i, body in enumerate(bodies)]
+    for thread in threads:
+        thread.start()
+    sent.wait(30)
+    return threads
+
+
+def test_sighup_replaces_the_worker_under_load_and_drops_nothing(tmp_path) -> None:
+    with gunicorn_server("ocr", log_dir=tmp_path) as server:
+        (old,) = server.worker_pids()
+        with RequestStream(server.url, threads=4, max_requests=300, max_seconds=120) as stream:
+            stream.wait_answered_since(0, 8, timeout=60)
+            server.process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 60
+            while server.worker_pids() in ([], [old]) or old in server.worker_pids():
+                assert time.monotonic() < deadline, f"old worker still there:\n{server.logs()}"
+                time.sleep(0.2)
+            replaced = time.monotonic()
+            stream.wait_answered_since(replaced, 8, timeout=60)
+        assert old not in server.worker_pids()
+        assert stream.answered_since(replaced) >= 8, "the new worker should serve"
+        assert not stream.failures(), stream.failures()[:10]
+
+
+def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(tmp_path) -> None:
+    batch = cases()[:6]  # three words asked for themselves, three for another word
+    bodies = [case.body for case in batch]
+    with gunicorn_server("ocr", {"SCORER_GRACEFUL_TIMEOUT": "60"}, log_dir=tmp_path) as server:
+        outcomes: dict[int, object] = {}
+        threads = post_in_background(server.url, bodies, outcomes)  # six images: seconds of work
+        server.process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        time.sleep(0.3)
+        with pytest.raises(requests.ConnectionError):  # refused at once, not held until the exit
+            requests.post(server.url + "/", data=bodies[0], timeout=5)
+        assert time.monotonic() - stopped < 5
+        for thread in threads:
+            thread.join(60)
+        server.process.wait(60)
+        took = time.monotonic() - stopped
+    assert server.process.returncode == 0
+    for index, case in enumerate(batch):
+        status, scores = outcomes[index]
+        assert status == 200, outcomes[index]
+        assert (scores[0] >= 0.9) == case.matches, (index, scores)
+    assert took < 50, "the master should exit once the in-flight requests are answered, not at the deadline"
+
+
+def test_grace_period_bounds_a_stop(tmp_path) -> None:
+    image = render_text("Hello", size=256)
+    slow = pickle.dumps({"images": [image] * 32, "prompts": ['"Hello"'] * 32})  # several seconds of work
+    with gunicorn_server("ocr", {"SCORER_GRACEFUL_TIMEOUT": "2"}, log_dir=tmp_path) as server:
+        outcomes: dict[int, object] = {}
+        (thread,) = post_in_background(server.url, [slow], outcomes)
+        server.process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        server.process.wait(30)
+        took = time.monotonic() - stopped
+        thread.join(30)
+    assert took < 6, f"stop took {took:.1f}s with a 2 s grace period"
+    assert isinstance(outcomes[0], OSError), outcomes[0]  # cut off, not left hanging
