@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.server import Server, gunicorn_server  # noqa: E402
+from tests.server import Server, gunicorn_server
 
 OCR_LIMITS = {
     "SCORER_MAX_ITEMS": "32",

@@ -116,9 +116,8 @@ def main() -> None:
     print("\n| | images/s | p50 s | p99 s |\n|---|---|---|---|")
     print(f"| in-process ceiling (batch {summary['ceiling_batch']:.0f}) | {summary['ceiling_per_s']:.2f} | | |")
     for name in ("ours", "simple"):
-        print(
-            f"| {name} | {summary[f'{name}_per_s']:.2f} | {summary[f'{name}_p50_s']:.2f} | {summary[f'{name}_p99_s']:.2f} |"
-        )
+        rate, p50, p99 = (summary[f"{name}_{key}"] for key in ("per_s", "p50_s", "p99_s"))
+        print(f"| {name} | {rate:.2f} | {p50:.2f} | {p99:.2f} |")
     print(f"\nours / ceiling = {summary['ours_vs_ceiling']:.3f}, ours / simple = {summary['ours_vs_simple']:.3f}")
     print(
         f"scores agreeing with in-process: ours {summary['ours_agree']:.0f}/{len(bodies)}, "
