@@ -3,7 +3,8 @@
     python -m common.client http://node:18082 image.jpg 'a sign that says "open"'
 
 The client speaks the pickle protocol by default (what flow_grpo / VeRL-Omni send) or JSON,
-and retries the statuses the trainers' clients retry (408, 429, 5xx) with doubling backoff.
+and retries what the trainers' clients retry (408, 429, 5xx, a dropped connection) with
+doubling backoff: scoring is safe to repeat.
 """
 
 from __future__ import annotations
@@ -80,7 +81,13 @@ class ScorerClient:
     ) -> dict[str, Any]:
         body, headers = build_body(images, prompts, metadata, self.fmt)
         for attempt in range(self.retries + 1):
-            response = self.session.post(self.url, data=body, headers=headers, timeout=self.timeout)
+            try:
+                response = self.session.post(self.url, data=body, headers=headers, timeout=self.timeout)
+            except requests.ConnectionError:
+                if attempt == self.retries:
+                    raise
+                time.sleep(self.backoff * 2**attempt)
+                continue
             answer = parse_answer(response.content, response.headers.get("Content-Type", ""))
             if response.status_code == 200:
                 return answer
@@ -133,12 +140,16 @@ class AsyncScorerClient:
         assert self._session is not None, "use 'async with AsyncScorerClient(...)'"
         body, headers = build_body(images, prompts, metadata, self.fmt)
         for attempt in range(self.retries + 1):
-            async with self._session.post(self.url, data=body, headers=headers) as response:
-                answer = parse_answer(await response.read(), response.headers.get("Content-Type", ""))
-                if response.status == 200:
-                    return answer
-                if response.status not in RETRY_STATUSES or attempt == self.retries:
-                    raise ScorerRequestError(response.status, str(answer.get("error", answer)))
+            try:
+                async with self._session.post(self.url, data=body, headers=headers) as response:
+                    answer = parse_answer(await response.read(), response.headers.get("Content-Type", ""))
+                    if response.status == 200:
+                        return answer
+                    if response.status not in RETRY_STATUSES or attempt == self.retries:
+                        raise ScorerRequestError(response.status, str(answer.get("error", answer)))
+            except aiohttp.ClientConnectionError:
+                if attempt == self.retries:
+                    raise
             await asyncio.sleep(self.backoff * 2**attempt)
         raise AssertionError("unreachable")
 
