@@ -33,14 +33,17 @@ requirements_of() {
 # Installs only when the requirement files changed since the last install.
 ensure_venv() {
   local name=$1 dir files stamp
-  dir=$ROOT/.venv$([ "$name" = test ] || echo "-$name")$([ "$name" = ocr ] && [ "${SCORER_OCR_ENGINE:-}" = paddleocr ] && echo -paddle)
+  dir=$ROOT/.venv
+  [ "$name" = test ] || dir+="-$name"
+  if [ "$name" = ocr ] && [ "${SCORER_OCR_ENGINE:-}" = paddleocr ]; then dir+=-paddle; fi
   files=$(requirements_of "$name")
   if [ ! -x "$dir/bin/python" ]; then
     log "creating $dir"
     "$PYTHON" -m venv "$dir"
   fi
   # shellcheck disable=SC2086
-  stamp=$(cat $files | sha256sum | cut -d' ' -f1)$(has_gpu && echo -gpu)
+  stamp=$(cat $files | sha256sum | cut -d' ' -f1)
+  if has_gpu; then stamp+=-gpu; fi
   if [ "$(cat "$dir/.installed" 2>/dev/null)" != "$stamp" ]; then
     log "installing $name requirements into $dir"
     "$dir/bin/python" -m pip install -q --upgrade pip
