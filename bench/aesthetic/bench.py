@@ -7,7 +7,9 @@
 (c) service: this repo's aesthetic service under gunicorn, batching across requests.
 
 The CLIP is random (downloads are not possible here) but real-sized: ``--size b16`` (ViT-B/16)
-on CPU, ``--size l14`` (ViT-L/14) on a GPU. Run from the repo root:
+on CPU, ``--size l14`` (ViT-L/14) on a GPU. After a sweep picks (a)'s best batch size, the
+measured rounds take turns, (a) (b) (c) (a) (b) (c) ..., so that other load on a shared machine
+weighs on the three alike. Run from the repo root:
 ``python -m bench.aesthetic.bench --size b16``; results go to ``bench/results/``.
 """
 
@@ -61,40 +63,44 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def in_process(clip_dir: Path, images: list[bytes], args: argparse.Namespace) -> dict:
+class InProcess:
     """(a): decode + CLIP preprocessing + forward, batch by batch, in this process."""
-    from services.aesthetic.model import AestheticModel
 
-    results = {}
-    for batch_size in args.batch_sizes:
-        model = AestheticModel(str(clip_dir), args.head, args.device, args.precision, micro_batch=batch_size)
-        model.raw_scores(model.preprocess([decode_image(images[0], 1 << 30)] * batch_size))  # warm-up
-        rates, latencies = [], []
-        for _ in range(args.rounds):
-            started = time.perf_counter()
-            for start in range(0, len(images), batch_size):
-                batch_started = time.perf_counter()
-                chunk = [decode_image(data, 1 << 30) for data in images[start : start + batch_size]]
-                model.raw_scores(model.preprocess(chunk))
-                latencies.append(time.perf_counter() - batch_started)
-            rates.append(len(images) / (time.perf_counter() - started))
-        pixels = model.preprocess([decode_image(data, 1 << 30) for data in images])
+    def __init__(self, clip_dir: Path, images: list[bytes], args: argparse.Namespace) -> None:
+        from services.aesthetic.model import AestheticModel
+
+        self.model = AestheticModel(str(clip_dir), args.head, args.device, args.precision, micro_batch=1)
+        self.images = images
+
+    def round(self, batch_size: int) -> tuple[float, list[float]]:
+        """Seconds for all images, and the latency of each batch."""
+        self.model.micro_batch = batch_size
+        latencies = []
         started = time.perf_counter()
-        model.raw_scores(pixels)  # the model alone: tensors ready, ``tolist`` synchronises
-        forward = len(images) / (time.perf_counter() - started)
-        results[batch_size] = {
-            "images_per_s": statistics.median(rates),
-            "forward_only_images_per_s": forward,
-            **percentiles(latencies),
-        }
-        print(
-            f"  in-process batch {batch_size:3d}: {results[batch_size]['images_per_s']:.2f} images/s "
-            f"(model alone {forward:.2f})",
-            flush=True,
-        )
-        del model
-    best = max(results, key=lambda size: results[size]["images_per_s"])
-    return {"best_batch": best, **results[best], "by_batch": results}
+        for start in range(0, len(self.images), batch_size):
+            batch_started = time.perf_counter()
+            chunk = [decode_image(data, 1 << 30) for data in self.images[start : start + batch_size]]
+            self.model.raw_scores(self.model.preprocess(chunk))  # ``tolist`` synchronises the GPU
+            latencies.append(time.perf_counter() - batch_started)
+        return time.perf_counter() - started, latencies
+
+    def forward_only(self, batch_size: int) -> float:
+        """Images/s of the model alone, tensors ready: the ceiling of any server."""
+        self.model.micro_batch = batch_size
+        pixels = self.model.preprocess([decode_image(data, 1 << 30) for data in self.images])
+        started = time.perf_counter()
+        self.model.raw_scores(pixels)
+        return len(self.images) / (time.perf_counter() - started)
+
+    def sweep(self, batch_sizes: list[int]) -> dict[int, float]:
+        """Images/s at each batch size (one warm-up round, one measured)."""
+        rates = {}
+        for batch_size in batch_sizes:
+            self.round(batch_size)
+            seconds, _ = self.round(batch_size)
+            rates[batch_size] = len(self.images) / seconds
+            print(f"  in-process batch {batch_size:3d}: {rates[batch_size]:.2f} images/s", flush=True)
+        return rates
 
 
 async def one_round(url: str, images: list[bytes]) -> tuple[float, list[float]]:
@@ -115,16 +121,6 @@ async def one_round(url: str, images: list[bytes]) -> tuple[float, list[float]]:
         started = time.perf_counter()
         latencies = await asyncio.gather(*(post(data) for data in images))
         return time.perf_counter() - started, list(latencies)
-
-
-def over_http(url: str, images: list[bytes], rounds: int) -> dict:
-    asyncio.run(one_round(url, images))  # warm-up round
-    rates, latencies = [], []
-    for _ in range(rounds):
-        seconds, round_latencies = asyncio.run(one_round(url, images))
-        rates.append(len(images) / seconds)
-        latencies.extend(round_latencies)
-    return {"images_per_s": statistics.median(rates), **percentiles(latencies)}
 
 
 def free_port() -> int:
@@ -164,15 +160,8 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def run_server(name: str, argv: list[str], env: dict[str, str], port: int, images: list[bytes], args) -> dict:
-    log = ROOT / "bench" / "results" / f"aesthetic-{name}.log"
-    process = serve(argv, env, port, log)
-    try:
-        result = over_http(f"http://127.0.0.1:{port}/", images, args.rounds)
-    finally:
-        stop(process)
-    print(f"  {name}: {result['images_per_s']:.2f} images/s", flush=True)
-    return result
+def summarize(seconds: list[float], latencies: list[float], count: int) -> dict[str, float]:
+    return {"images_per_s": statistics.median(count / s for s in seconds), **percentiles(latencies)}
 
 
 def main() -> None:
@@ -183,49 +172,31 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--requests", type=int, default=64, help="concurrent one-image requests per round")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (after one warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each (after a warm-up)")
     parser.add_argument("--image-size", type=int, default=512)
-    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16, 32])
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32])
     parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: its own default)")
     args = parser.parse_args()
 
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+    logs = ROOT / "bench" / "results"
+    logs.mkdir(parents=True, exist_ok=True)
     images = make_images(args.requests, args.image_size)
     with tempfile.TemporaryDirectory(prefix="aesthetic-bench-") as tmp:
         clip_dir = Path(args.clip) if args.clip else save_random_clip(Path(tmp) / "clip", size=args.size)
         print(f"CLIP {args.clip or 'random ' + args.size} on {args.device}; {args.requests} concurrent requests")
-        results: dict = {"in_process": in_process(clip_dir, images, args)}
+        in_process = InProcess(clip_dir, images, args)
+        sweep = in_process.sweep(args.batch_sizes)
+        best_batch = max(sweep, key=sweep.__getitem__)
 
         python = sys.executable
-        port = free_port()
-        simple_env = {
-            "CLIP_DIR": str(clip_dir),
-            "HEAD_PATH": args.head,
-            "DEVICE": args.device,
-            "PRECISION": args.precision,
-        }
-        simple_argv = [
-            python,
-            "-m",
-            "gunicorn",
-            "-w",
-            "1",
-            "-k",
-            "sync",
-            "-t",
-            "600",
-            "-b",
-            f"127.0.0.1:{port}",
-            "--pythonpath",
-            str(ROOT),
-            "bench.aesthetic.simple_server:app",
-        ]
-        results["simple"] = run_server("simple", simple_argv, simple_env, port, images, args)
-
-        port = free_port()
+        simple_port, service_port = free_port(), free_port()
+        simple_env = {"CLIP_DIR": str(clip_dir), "HEAD_PATH": args.head, "DEVICE": args.device}
+        simple_env["PRECISION"] = args.precision
+        simple_argv = [python, "-m", "gunicorn", "-w", "1", "-k", "sync", "-t", "600", "-b", f"127.0.0.1:{simple_port}"]
+        simple_argv += ["--pythonpath", str(ROOT), "bench.aesthetic.simple_server:app"]
         service_env = {
             "SCORER_SERVICE": "aesthetic",
-            "SCORER_BIND": f"127.0.0.1:{port}",
+            "SCORER_BIND": f"127.0.0.1:{service_port}",
             "SCORER_WORKERS": "1",
             "SCORER_DEVICE": args.device,
             "SCORER_AESTHETIC_CLIP": str(clip_dir),
@@ -235,28 +206,48 @@ def main() -> None:
         if args.micro_batch:
             service_env["SCORER_AESTHETIC_MICRO_BATCH"] = str(args.micro_batch)
         service_argv = [python, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")]
-        results["service"] = run_server("service", service_argv, service_env, port, images, args)
+        servers = []
+        try:
+            servers.append(serve(simple_argv, simple_env, simple_port, logs / "aesthetic-simple.log"))
+            servers.append(serve(service_argv, service_env, service_port, logs / "aesthetic-service.log"))
+            urls = {"simple": f"http://127.0.0.1:{simple_port}/", "service": f"http://127.0.0.1:{service_port}/"}
+            for url in urls.values():  # warm-up rounds
+                asyncio.run(one_round(url, images))
+            runs: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in ("in_process", *urls)}
+            for index in range(args.rounds):
+                for name, (seconds, latencies) in runs.items():
+                    if name == "in_process":
+                        took, round_latencies = in_process.round(best_batch)
+                    else:
+                        took, round_latencies = asyncio.run(one_round(urls[name], images))
+                    seconds.append(took)
+                    latencies.extend(round_latencies)
+                    print(f"  round {index + 1} {name}: {len(images) / took:.2f} images/s", flush=True)
+        finally:
+            for process in servers:
+                stop(process)
+        results = {name: summarize(seconds, latencies, len(images)) for name, (seconds, latencies) in runs.items()}
+        results["in_process"].update(
+            best_batch=best_batch, sweep=sweep, forward_only_images_per_s=in_process.forward_only(best_batch)
+        )
 
-    best = results["in_process"]["images_per_s"]
+    a, b, c = results["in_process"], results["simple"], results["service"]
     summary = {
         "config": {k: v for k, v in vars(args).items() if k != "head"},
         "results": results,
-        "service_vs_in_process": results["service"]["images_per_s"] / best,
-        "service_vs_simple": results["service"]["images_per_s"] / results["simple"]["images_per_s"],
+        "service_vs_in_process": c["images_per_s"] / a["images_per_s"],
+        "service_vs_simple": c["images_per_s"] / b["images_per_s"],
     }
-    out = ROOT / "bench" / "results" / f"aesthetic-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = logs / f"aesthetic-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(summary, indent=2))
     print("\n| run | images/s | p50 s | p99 s |\n|---|---|---|---|")
-    a = results["in_process"]
-    print(
-        f"| (a) in-process, batch {a['best_batch']} | {a['images_per_s']:.2f} | {a['p50_s']:.3f} | {a['p99_s']:.3f} |"
-    )
-    for key, label in (("simple", "(b) simple server"), ("service", "(c) aesthetic service")):
-        r = results[key]
+    rows = [(f"(a) in-process, batch {a['best_batch']} (latency per batch)", a), ("(b) simple server", b)]
+    for label, r in [*rows, ("(c) aesthetic service", c)]:
         print(f"| {label} | {r['images_per_s']:.2f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} |")
     print(
         f"\nservice / in-process = {summary['service_vs_in_process']:.3f}; "
-        f"service / simple = {summary['service_vs_simple']:.2f}  ({out.relative_to(ROOT)})"
+        f"service / simple = {summary['service_vs_simple']:.2f}; model alone at batch {a['best_batch']}: "
+        f"{a['forward_only_images_per_s']:.2f} images/s  ({out.relative_to(ROOT)})"
     )
 
 
