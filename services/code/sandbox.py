@@ -141,7 +141,9 @@ class Sandbox:
             listener.bind(self._socket_path)
             os.chmod(self._socket_path, 0o600)
             listener.listen(512)
-            command = [*_prefix(self.isolation), sys.executable, "-I", "-S", "-c", ZYGOTE_SOURCE]
+            # The base interpreter, not the venv's link to it: the zygote needs only the standard
+            # library, and a venv under /tmp would be hidden by the sandbox's own /tmp.
+            command = [*_prefix(self.isolation), os.path.realpath(sys.executable), "-I", "-S", "-c", ZYGOTE_SOURCE]
             spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
             # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
             # spawned by a thread that lives exactly as long as the zygote.
