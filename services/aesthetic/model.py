@@ -79,16 +79,20 @@ class AestheticModel:
         return head.to(self.device).eval()
 
     def preprocess(self, images: list[Image.Image]) -> list[torch.Tensor]:
-        """CLIP's own resize, centre crop and normalise; one tensor per image, in the model's dtype."""
-        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
-        return list(pixels.to(self.dtype).unbind(0))
+        """CLIP's own resize, centre crop and normalise; one float32 tensor per image.
+
+        NumPy only (``from_numpy`` copies nothing): no torch kernel runs on the request
+        threads, whose parallel regions would compete with the inference thread's on a CPU.
+        """
+        pixels = self.processor(images=images, return_tensors="np")["pixel_values"]
+        return [torch.from_numpy(array) for array in pixels]
 
     @torch.inference_mode()
     def raw_scores(self, batch: Sequence[torch.Tensor]) -> list[float]:
         """The head's output per image, ``micro_batch`` images per forward pass."""
         scores: list[float] = []
         for start in range(0, len(batch), self.micro_batch):
-            pixels = torch.stack(list(batch[start : start + self.micro_batch])).to(self.device, non_blocking=True)
+            pixels = torch.stack(list(batch[start : start + self.micro_batch])).to(self.device).to(self.dtype)
             # The head runs in float32 on the normalised embedding, whatever CLIP's precision.
             embeddings = image_features(self.clip, pixels).float()
             embeddings = embeddings / embeddings.norm(dim=-1, keepdim=True)
