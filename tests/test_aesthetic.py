@@ -185,6 +185,7 @@ def test_info_describes_the_model(server: str, clip_dir: Path) -> None:
     model = requests.get(server + "/info", timeout=10).json()["model"]
     assert model["clip"] == str(clip_dir)
     assert model["precision"] == "float32"
+    assert model["micro_batch"] == 8  # the CPU default
 
 
 def make_scorer(monkeypatch: pytest.MonkeyPatch, **settings: str) -> AestheticScorer:

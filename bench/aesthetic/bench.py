@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each (after a warm-up)")
     parser.add_argument("--image-size", type=int, default=512)
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32])
-    parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: its own default)")
+    parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: (a)'s best batch size)")
     args = parser.parse_args()
 
     logs = ROOT / "bench" / "results"
@@ -203,8 +203,7 @@ def main() -> None:
             "SCORER_AESTHETIC_HEAD": args.head,
             "SCORER_AESTHETIC_PRECISION": args.precision,
         }
-        if args.micro_batch:
-            service_env["SCORER_AESTHETIC_MICRO_BATCH"] = str(args.micro_batch)
+        service_env["SCORER_AESTHETIC_MICRO_BATCH"] = str(args.micro_batch or best_batch)
         service_argv = [python, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")]
         servers = []
         try:

@@ -33,6 +33,7 @@ SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
 # The sibling ``shared/`` of the checkout (the repo root is two levels above this package).
 DEFAULT_HEAD = Path(__file__).resolve().parents[2].parent / "shared" / "models" / HEAD_FILE
+GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -51,8 +52,9 @@ class AestheticSettings:
     head: str = str(DEFAULT_HEAD)
     # Used on GPU only; the CPU always runs float32.
     precision: Literal["float16", "bfloat16", "float32"] = "float16"
-    # Images per forward pass: bounds GPU memory whatever the batch size.
-    micro_batch: int = 32
+    # Images per forward pass: bounds GPU memory whatever the batch size. Unset: 32 on GPU, 8 on
+    # CPU, where larger batches run slower (measured with ViT-B/16, bench/aesthetic/README.md).
+    micro_batch: int | None = None
     # score = raw * scale + offset; the defaults give the raw score.
     scale: float = 1.0
     offset: float = 0.0
@@ -71,7 +73,7 @@ class AestheticScorer(Scorer):
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
         self.settings = from_env(AestheticSettings, SECTION)
-        if self.settings.micro_batch < 1:
+        if self.settings.micro_batch is not None and self.settings.micro_batch < 1:
             raise ConfigError(f"{env_name(SECTION, 'micro_batch')} must be at least 1")
         if not self.settings.clip.strip():
             raise ConfigError(f"{env_name(SECTION, 'clip')} is empty; give a CLIP directory or hub id")
@@ -93,8 +95,9 @@ class AestheticScorer(Scorer):
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"{env_name('', 'device')}={device} but torch {torch.__version__} sees no CUDA GPU")
         settings = self.settings
+        micro_batch = settings.micro_batch or (GPU_MICRO_BATCH if device.startswith("cuda") else CPU_MICRO_BATCH)
         try:
-            model = AestheticModel(settings.clip, settings.head, device, settings.precision, settings.micro_batch)
+            model = AestheticModel(settings.clip, settings.head, device, settings.precision, micro_batch)
         except OSError as exc:
             raise ConfigError(
                 f"CLIP weights could not be loaded from {env_name(SECTION, 'clip')}={settings.clip!r} "
@@ -105,7 +108,7 @@ class AestheticScorer(Scorer):
                 f"{env_name(SECTION, 'head')}={settings.head!r} is not a LAION aesthetic head for this CLIP's "
                 f"embeddings (768-d, ViT-L/14): {exc}"
             ) from None
-        warm = settings.micro_batch if device.startswith("cuda") else 1
+        warm = micro_batch if device.startswith("cuda") else 1
         model.raw_scores(model.preprocess([Image.new("RGB", (256, 256), (128, 128, 128))] * warm))
         self.model = model
         log.info("aesthetic: CLIP %s, head %s, on %s in %s", settings.clip, settings.head, device, model.dtype)
@@ -184,7 +187,7 @@ class AestheticScorer(Scorer):
             "clip": self.settings.clip,
             "head": self.settings.head,
             "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
-            "micro_batch": self.settings.micro_batch,
+            "micro_batch": self.model.micro_batch if self.model else self.settings.micro_batch,
             "scale": self.settings.scale,
             "offset": self.settings.offset,
         }
