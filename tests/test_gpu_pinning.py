@@ -12,16 +12,21 @@ import time
 
 import requests
 
-from tests.server import gunicorn_server
+from tests.server import Server, gunicorn_server
 
 
-def gpus_seen(url: str, tries: int = 60) -> dict[int, str]:
-    """pid -> pinned GPU, from /info answers spread over the workers by the kernel."""
+def gpus_seen(server: Server, timeout: float = 60.0) -> dict[int, str]:
+    """pid -> pinned GPU of every live worker, asking /info until each has answered (the
+    kernel spreads new connections over the workers; a new worker answers once booted)."""
     seen: dict[int, str] = {}
-    for _ in range(tries):
-        info = requests.get(url + "/info", timeout=10, headers={"Connection": "close"}).json()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = requests.get(server.url + "/info", timeout=10, headers={"Connection": "close"}).json()
         seen[info["pid"]] = info["gpu"]
-    return seen
+        live = set(server.worker_pids())
+        if len(live) == 2 and live <= set(seen):
+            return {pid: gpu for pid, gpu in seen.items() if pid in live}
+    raise AssertionError(f"not every worker answered: seen {seen}, live {server.worker_pids()}")
 
 
 def test_workers_are_pinned_one_per_gpu_and_replacements_reuse_it(tmp_path) -> None:
@@ -32,9 +37,13 @@ def test_workers_are_pinned_one_per_gpu_and_replacements_reuse_it(tmp_path) -> N
             time.sleep(0.2)
         pids = server.worker_pids()
         assert len(pids) == 2  # one per visible GPU, without SCORER_WORKERS
-        seen = gpus_seen(server.url)
+        seen = gpus_seen(server)
         assert sorted(seen.values()) == ["3", "5"] and set(seen) == set(pids)
-        ready = requests.get(server.url + "/ready", timeout=10).json()
+        for _ in range(100):  # setup runs in the background: wait for its verdict
+            ready = requests.get(server.url + "/ready", timeout=10).json()
+            if "loading" not in ready["reason"]:
+                break
+            time.sleep(0.3)
         assert ready["ready"] is False and "CUDA provider" in ready["reason"]
 
         victim = next(pid for pid, gpu in seen.items() if gpu == "5")
@@ -43,6 +52,6 @@ def test_workers_are_pinned_one_per_gpu_and_replacements_reuse_it(tmp_path) -> N
             set(server.worker_pids()) == set(pids) or len(server.worker_pids()) < 2
         ) and time.monotonic() < deadline + 30:
             time.sleep(0.2)
-        after = gpus_seen(server.url)
+        after = gpus_seen(server)
         assert victim not in after
         assert sorted(after.values()) == ["3", "5"]
