@@ -16,6 +16,8 @@ PYTHON=${PYTHON:-python3}
 
 log() { printf '[run.sh] %s\n' "$*" >&2; }
 
+default_port() { case $1 in ocr) echo 18082 ;; aesthetic) echo 18080 ;; code) echo 18090 ;; esac; }
+
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 # requirement files of a service, core first
@@ -68,7 +70,7 @@ ensure_venv() {
 start() {
   local service=$1
   ensure_venv "$service"
-  log "starting $service on port ${SCORER_PORT:-default}"
+  log "starting $service on port ${SCORER_PORT:-$(default_port "$service")}"
   SCORER_SERVICE=$service exec "$VENV/bin/python" -m gunicorn -c "$ROOT/gunicorn.conf.py"
 }
 
