@@ -60,6 +60,13 @@ class AestheticSettings:
     offset: float = 0.0
 
 
+CLIP_HINT = (
+    "Set {setting} (run.sh --clip) to a directory holding the CLIP config, weights and "
+    "preprocessor_config.json (`hf download openai/clip-vit-large-patch14 --local-dir DIR` on a "
+    "machine with internet), or to a hub id this node can download."
+)
+
+
 def _looks_like_path(value: str) -> bool:
     """A hub id is ``name`` or ``org/name``; anything else must be a local directory."""
     return value.startswith(("/", ".", "~")) or value.count("/") > 1 or "\\" in value
@@ -99,9 +106,10 @@ class AestheticScorer(Scorer):
         try:
             model = AestheticModel(settings.clip, settings.head, device, settings.precision, micro_batch)
         except OSError as exc:
+            setting = env_name(SECTION, "clip")
             raise ConfigError(
-                f"CLIP weights could not be loaded from {env_name(SECTION, 'clip')}={settings.clip!r} "
-                f"(run.sh --clip): {exc}"
+                f"CLIP weights could not be loaded from {setting}={settings.clip!r}: {exc} "
+                + CLIP_HINT.format(setting=setting)
             ) from None
         except HeadError as exc:
             raise ConfigError(
@@ -126,11 +134,7 @@ class AestheticScorer(Scorer):
         """Why the CLIP weights can't be loaded, judged from the disk and the hub cache only."""
         source = self.settings.clip
         setting = env_name(SECTION, "clip")
-        hint = (
-            f"Set {setting} (run.sh --clip) to a directory holding the CLIP config, weights and "
-            "preprocessor_config.json (`hf download openai/clip-vit-large-patch14 --local-dir DIR` on a "
-            "machine with internet), or to a hub id this node can download."
-        )
+        hint = CLIP_HINT.format(setting=setting)
         local = Path(source).expanduser()
         if local.is_dir():
             if (local / "config.json").is_file() and any((local / name).is_file() for name in WEIGHT_FILES):
