@@ -68,7 +68,7 @@ class Server:
             try:
                 if requests.get(self.url + path, timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or a worker still importing
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"server not ready after {timeout}s:\n{self.logs()}")
