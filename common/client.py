@@ -18,6 +18,7 @@ import pickle
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,25 @@ def parse_answer(body: bytes, content_type: str) -> dict[str, Any]:
     return SafeUnpickler(io.BytesIO(body)).load()
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """What both clients retry, and how long they wait: ``backoff`` seconds, doubling."""
+
+    retries: int = 2
+    backoff: float = 0.5
+
+    def delay(self, attempt: int) -> float:
+        return self.backoff * 2**attempt
+
+    def settle(self, status: int, answer: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+        """The answer of a 200; None when this status should be retried; else raise."""
+        if status == 200:
+            return answer
+        if status not in RETRY_STATUSES or attempt == self.retries:
+            raise ScorerRequestError(status, str(answer.get("error", answer)))
+        return None
+
+
 class ScorerClient:
     """Blocking client: ``scores(images, prompts)`` returns one float per image."""
 
@@ -70,8 +90,7 @@ class ScorerClient:
         self.url = url.rstrip("/") + "/"
         self.fmt = fmt
         self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
+        self.policy = RetryPolicy(retries, backoff)
         self.session = requests.Session()
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
@@ -80,20 +99,17 @@ class ScorerClient:
         self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         body, headers = build_body(images, prompts, metadata, self.fmt)
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.policy.retries + 1):
             try:
                 response = self.session.post(self.url, data=body, headers=headers, timeout=self.timeout)
             except requests.ConnectionError:
-                if attempt == self.retries:
+                if attempt == self.policy.retries:
                     raise
-                time.sleep(self.backoff * 2**attempt)
-                continue
-            answer = parse_answer(response.content, response.headers.get("Content-Type", ""))
-            if response.status_code == 200:
-                return answer
-            if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                raise ScorerRequestError(response.status_code, str(answer.get("error", answer)))
-            time.sleep(self.backoff * 2**attempt)
+            else:
+                answer = parse_answer(response.content, response.headers.get("Content-Type", ""))
+                if (done := self.policy.settle(response.status_code, answer, attempt)) is not None:
+                    return done
+            time.sleep(self.policy.delay(attempt))
         raise AssertionError("unreachable")
 
     def scores(
@@ -117,8 +133,7 @@ class AsyncScorerClient:
     ) -> None:
         self.url = url.rstrip("/") + "/"
         self.fmt = fmt
-        self.retries = retries
-        self.backoff = backoff
+        self.policy = RetryPolicy(retries, backoff)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._connections = connections
@@ -139,18 +154,16 @@ class AsyncScorerClient:
     ) -> dict[str, Any]:
         assert self._session is not None, "use 'async with AsyncScorerClient(...)'"
         body, headers = build_body(images, prompts, metadata, self.fmt)
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.policy.retries + 1):
             try:
                 async with self._session.post(self.url, data=body, headers=headers) as response:
                     answer = parse_answer(await response.read(), response.headers.get("Content-Type", ""))
-                    if response.status == 200:
-                        return answer
-                    if response.status not in RETRY_STATUSES or attempt == self.retries:
-                        raise ScorerRequestError(response.status, str(answer.get("error", answer)))
+                    if (done := self.policy.settle(response.status, answer, attempt)) is not None:
+                        return done
             except aiohttp.ClientConnectionError:
-                if attempt == self.retries:
+                if attempt == self.policy.retries:
                     raise
-            await asyncio.sleep(self.backoff * 2**attempt)
+            await asyncio.sleep(self.policy.delay(attempt))
         raise AssertionError("unreachable")
 
     async def score_each(
