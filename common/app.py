@@ -129,12 +129,10 @@ def create_app(service: str | None = None, core: CoreSettings | None = None) -> 
             gpu=os.environ.get(GPU_ENV),
             ready=runtime.ready,
             setup_error=runtime.setup_error,
-            batching={
-                "batched": scorer.batched,
-                "max_batch": runtime.max_batch,
-                "max_wait_ms": runtime.max_wait_ms,
-                "max_queue": core.max_queue,
-            },
+            # A scorer that is not batched as a whole batches its own stages (see its model info).
+            batching={"max_batch": runtime.max_batch, "max_wait_ms": runtime.max_wait_ms, "max_queue": core.max_queue}
+            if scorer.batched
+            else {"stages": True, "max_queue": core.max_queue},
             settings=describe(core),
             model=scorer.info(),
             pid=os.getpid(),

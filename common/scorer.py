@@ -86,14 +86,16 @@ class Scorer(ABC):
         max_batch: int | None = None,
         max_wait_ms: float | None = None,
     ) -> BatchedCall:
-        """Wrap a model call so that concurrent request threads share its invocations.
+        """Wrap a model call so that concurrent request threads share its invocations; at most
+        ``max_batch`` items per call (default: ``SCORER_MAX_BATCH``, else the class's).
 
         The runtime wraps ``score`` this way. A scorer whose pipeline has several model calls
         with per-item work between them (OCR: detection, box post-processing, recognition)
         sets ``batched = False`` and wraps each model call instead, so the work between them runs
         on the request threads, in parallel. Call from ``setup``.
         """
-        size, wait = self.batch_settings(max_batch or self.max_batch, max_wait_ms or self.max_wait_ms)
+        default_size, wait = self.batch_settings(self.max_batch, max_wait_ms or self.max_wait_ms)
+        size = max_batch or default_size  # a stage's own size (its own setting) comes first
 
         def record(count: int, seconds: float) -> None:
             metrics.BATCH_SIZE.labels(self.name, stage).observe(count)

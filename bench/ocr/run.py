@@ -60,7 +60,7 @@ def main() -> None:
     prompts = ocr_prompts(args.requests)
     images = [render_text(quoted(prompt)) for prompt in prompts]
     bodies = one_image_bodies(images, prompts)
-    engine = RapidOCREngine("cpu", text_score=0.5, rec_batch=64, threads=None)
+    engine = RapidOCREngine("cpu", text_score=0.5, det_batch=1, rec_batch=64, threads=None)
     in_process(engine, images[:2], prompts[:2], 2)  # warm up
 
     rounds: list[dict[str, float]] = []

@@ -62,7 +62,7 @@ class RapidOCREngine:
 
     name = "rapidocr"
 
-    def __init__(self, device: str, text_score: float, rec_batch: int, threads: int | None) -> None:
+    def __init__(self, device: str, text_score: float, det_batch: int, rec_batch: int, threads: int | None) -> None:
         import onnxruntime as ort
         from rapidocr_onnxruntime import RapidOCR
         from rapidocr_onnxruntime.ch_ppocr_det.utils import DetPreProcess
@@ -84,7 +84,7 @@ class RapidOCREngine:
         if threads:
             kwargs["intra_op_num_threads"] = threads
         self.engine = RapidOCR(**kwargs)
-        self.rec_batch = rec_batch
+        self.det_batch, self.rec_batch = det_batch, rec_batch
         det = self.engine.text_det
         self._det_pre = DetPreProcess(det.limit_side_len, det.limit_type, det.mean, det.std)
         self.providers = det.infer.session.get_providers()
@@ -92,7 +92,7 @@ class RapidOCREngine:
         self._recognize: Callable[[Sequence[np.ndarray]], list[Line]] = self.recognize_crops
 
     def start(self, stage: StageFactory) -> None:
-        self._detect = stage(self.detect_maps, "detect")
+        self._detect = stage(self.detect_maps, "detect", max_batch=self.det_batch)
         self._recognize = stage(self.recognize_crops, "recognize", max_batch=self.rec_batch)
 
     def prepare(self, image: Image.Image) -> DetInput | None:
@@ -140,6 +140,8 @@ class RapidOCREngine:
             "engine": self.name,
             "models": "PP-OCRv4 det/rec (rapidocr-onnxruntime wheel)",
             "providers": self.providers,
+            "det_batch": self.det_batch,
+            "rec_batch": self.rec_batch,
         }
 
 

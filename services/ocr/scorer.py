@@ -25,6 +25,10 @@ class OcrSettings(RuleOptions):
     engine: Literal["rapidocr", "paddleocr"] = "rapidocr"
     # Lines the engine reports below this confidence are dropped (RapidOCR's and PaddleOCR's 0.5).
     text_score: float = 0.5
+    # Images per detector call and text lines per recognizer call, gathered across requests.
+    # Detection defaults to 16 on a GPU and 1 on a CPU, where bench/ocr measured a batched
+    # call slower per image than single ones.
+    det_batch: int | None = None
     rec_batch: int = 64
     onnx_threads: int | None = None
     # PaddleOCR model locations for offline nodes (directories, or .onnx files).
@@ -46,7 +50,6 @@ class OcrItem:
 
 class OCRScorer(Scorer):
     name = "ocr"
-    max_batch = 16
     max_wait_ms = 10.0
     # The engine batches its model calls stage by stage (see ``OcrEngine``).
     batched = False
@@ -68,7 +71,8 @@ class OCRScorer(Scorer):
             }
             self.engine = PaddleOCREngine(device, {key: path for key, path in paths.items() if path})
         else:
-            self.engine = RapidOCREngine(device, s.text_score, s.rec_batch, s.onnx_threads)
+            det_batch = s.det_batch or (16 if device.startswith("cuda") else 1)
+            self.engine = RapidOCREngine(device, s.text_score, det_batch, s.rec_batch, s.onnx_threads)
         self.engine.start(self.batched_stage)
         self._warm_up()
 
