@@ -103,7 +103,7 @@ def create_app(service: str | None = None, core: CoreSettings | None = None) -> 
         body = read_body(core.max_body_bytes)
         payload = decode_body(body, wire_format(request.content_type))
         runtime.wait_ready()
-        items = scorer.decode(payload)
+        items = runtime.decode(payload)
         return answer(collate(runtime.run(items)))
 
     for rule in SCORE_ROUTES:

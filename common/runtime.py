@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +29,9 @@ class ScorerRuntime:
         self.device = choose_device(scorer.core.device)
         self.max_batch, self.max_wait_ms = scorer.batch_settings(scorer.max_batch, scorer.max_wait_ms)
         self._score = scorer.score
+        # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
+        # and holds back the first items the model could already be working on.
+        self._decoding = threading.BoundedSemaphore(scorer.core.decode_threads or os.cpu_count() or 1)
         self._ready = threading.Event()
         self._done = threading.Event()
         self.setup_error: str | None = None
@@ -60,6 +64,11 @@ class ScorerRuntime:
         self._done.wait(self.scorer.core.ready_wait_s)
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
+
+    def decode(self, payload: dict[str, Any]) -> list[Any]:
+        """The scorer's ``decode``, at most ``decode_threads`` requests at a time."""
+        with self._decoding:
+            return self.scorer.decode(payload)
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         """Score ``items``: through the batcher for a batched scorer, else on this thread."""

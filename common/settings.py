@@ -23,6 +23,8 @@ class CoreSettings:
     ready_wait_s: float = 60.0
     # How long a request waits for its batch results, then 503 (trainers time out at 120 s).
     request_timeout_s: float = 110.0
+    # Requests decoding and preprocessing at once; None: one per CPU core.
+    decode_threads: int | None = None
     # Optional bearer token, checked before the body is read.
     auth_token: str | None = None
     # "auto" picks cuda when a GPU is visible, else cpu.
