@@ -75,8 +75,8 @@ class RetryPolicy:
         return None
 
 
-class ScorerClient:
-    """Blocking client: ``scores(images, prompts)`` returns one float per image."""
+class _Client:
+    """What both clients hold: where to send, in which format, with which token and retries."""
 
     def __init__(
         self,
@@ -91,9 +91,16 @@ class ScorerClient:
         self.fmt = fmt
         self.timeout = timeout
         self.policy = RetryPolicy(retries, backoff)
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class ScorerClient(_Client):
+    """Blocking client: ``scores(images, prompts)`` returns one float per image."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
         self.session = requests.Session()
-        if token:
-            self.session.headers["Authorization"] = f"Bearer {token}"
+        self.session.headers.update(self.auth)
 
     def score(
         self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
@@ -118,30 +125,19 @@ class ScorerClient:
         return self.score(images, prompts, metadata)["scores"]
 
 
-class AsyncScorerClient:
+class AsyncScorerClient(_Client):
     """asyncio client, shaped like VeRL-Omni's: one request per image, gathered."""
 
-    def __init__(
-        self,
-        url: str,
-        fmt: WireFormat = "pickle",
-        token: str | None = None,
-        timeout: float = 120.0,
-        retries: int = 2,
-        backoff: float = 0.5,
-        connections: int = 256,
-    ) -> None:
-        self.url = url.rstrip("/") + "/"
-        self.fmt = fmt
-        self.policy = RetryPolicy(retries, backoff)
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+    def __init__(self, url: str, connections: int = 256, **options: Any) -> None:
+        super().__init__(url, **options)
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AsyncScorerClient:
         self._session = aiohttp.ClientSession(
-            timeout=self._timeout, headers=self._headers, connector=aiohttp.TCPConnector(limit=self._connections)
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            headers=self.auth,
+            connector=aiohttp.TCPConnector(limit=self._connections),
         )
         return self
 
