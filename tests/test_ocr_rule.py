@@ -110,5 +110,7 @@ def test_per_request_overrides() -> None:
         FLOW.override({"target": "some"})
     with pytest.raises(Unprocessable, match="not a valid value"):
         FLOW.override({"case_sensitive": "yes"})
+    with pytest.raises(Unprocessable, match="not a valid value"):
+        FLOW.override({"min_confidence": float("nan")})
     with pytest.raises(Unprocessable):
         FLOW.override(["case_sensitive"])

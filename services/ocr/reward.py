@@ -10,6 +10,7 @@ Options (deepgen_rl's newer rule) change one step each; all off by default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import reprlib
 import string
@@ -64,7 +65,7 @@ class RuleOptions:
             if isinstance(current, bool):
                 ok = isinstance(value, bool)
             elif isinstance(current, float):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             else:
                 ok = value in _CHOICES[key]
             if not ok:
