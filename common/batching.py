@@ -60,10 +60,6 @@ class DynamicBatcher:
             _, future, _ = self._queue.popleft()
             future.set_exception(Overloaded("scorer is shutting down"))
 
-    @property
-    def depth(self) -> int:
-        return len(self._queue)
-
     def submit(self, items: Sequence[Any]) -> list[Future]:
         """Queue all ``items`` or none; one future per item, in order."""
         futures = [Future() for _ in items]

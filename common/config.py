@@ -68,7 +68,7 @@ def from_env(cls: type[T], section: str = "", environ: Mapping[str, str] | None 
     return cls(**values)
 
 
-def describe(settings: Any, section: str = "") -> dict[str, Any]:
+def describe(settings: Any) -> dict[str, Any]:
     """Settings as a plain dict for ``/info`` (secrets masked)."""
     out = {}
     for field in dataclasses.fields(settings):

@@ -33,10 +33,6 @@ class PayloadTooLarge(ScorerError):
     status = 413
 
 
-class UnsupportedMediaType(ScorerError):
-    status = 415
-
-
 class Unprocessable(ScorerError):
     """The body decodes but its content is wrong: missing keys, wrong types, bad images."""
 
