@@ -9,7 +9,7 @@ its model calls through batched stages, so per-image Python work runs in paralle
 
 from __future__ import annotations
 
-import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,8 +21,8 @@ from PIL import Image
 from common.config import ConfigError
 from services.ocr.reward import Line
 
-log = logging.getLogger(__name__)
-
+# Recognizer input widths are rounded up to this many pixels (see ``recognition_input``).
+REC_WIDTH_STEP = 32
 
 # Wraps a model call so that concurrent request threads share its invocations
 # (``Scorer.batched_stage``): (fn, stage name, max_batch) -> batched callable.
@@ -55,9 +55,9 @@ class DetInput:
 class RapidOCREngine:
     """RapidOCR's pipeline with its two model calls batched across requests.
 
-    Request thread: decode, resize, normalise (``prepare``); box post-processing and line
-    crops between the calls. Batched: the detector over same-size images, the recognizer over
-    all text lines of all waiting images.
+    Request thread: decode, resize, normalise (``prepare``); box post-processing, line crops
+    and their normalisation between the calls. Batched: the detector over same-size images,
+    the recognizer over the same-width lines of all waiting images.
     """
 
     name = "rapidocr"
@@ -88,7 +88,7 @@ class RapidOCREngine:
         self._det_pre = DetPreProcess(det.limit_side_len, det.limit_type, det.mean, det.std)
         self.providers = det.infer.session.get_providers()
         self._detect: Callable[[Sequence[np.ndarray]], list[np.ndarray]] = self.detect_maps
-        self._recognize: Callable[[Sequence[np.ndarray]], list[Line]] = self.recognize_crops
+        self._recognize: Callable[[Sequence[np.ndarray]], list[Line]] = self.recognize_lines
 
     def _tune_for_concurrency(self, threads: int | None) -> None:
         """Rebuild RapidOCR's ONNX sessions for a server, where request threads pre- and
@@ -115,7 +115,7 @@ class RapidOCREngine:
 
     def start(self, stage: StageFactory) -> None:
         self._detect = stage(self.detect_maps, "detect", max_batch=self.det_batch)
-        self._recognize = stage(self.recognize_crops, "recognize", max_batch=self.rec_batch)
+        self._recognize = stage(self.recognize_lines, "recognize", max_batch=self.rec_batch)
 
     def prepare(self, image: Image.Image) -> DetInput | None:
         """RapidOCR's own steps up to the detector input; None for an image too small to read."""
@@ -137,25 +137,50 @@ class RapidOCREngine:
                 maps[index] = out[row : row + 1]
         return maps
 
-    def recognize_crops(self, crops: Sequence[np.ndarray]) -> list[Line]:
-        """Model call: (text, confidence) of each text-line crop."""
-        found = self.engine.text_rec(list(crops))[0]
-        return [(text, float(confidence)) for text, confidence, *_ in found]
+    def recognition_input(self, crop: np.ndarray) -> np.ndarray:
+        """A line crop resized and normalised for the recognizer, padded to a width that depends
+        on the crop alone (its own width, at least the model's 320, rounded up to 32 pixels).
 
-    def _line_crops(self, item: DetInput, probability_map: np.ndarray) -> list[np.ndarray]:
+        RapidOCR pads every line of a batch to the batch's widest, so a line's text would depend
+        on the other lines it was batched with: across requests, on other users' images. With a
+        width of its own, a line reads the same in any batch, and lines of equal width batch.
+        """
+        _, height, min_width = self.engine.text_rec.rec_image_shape
+        wanted = max(min_width, math.ceil(height * crop.shape[1] / crop.shape[0]))
+        width = -(-wanted // REC_WIDTH_STEP) * REC_WIDTH_STEP
+        return self.engine.text_rec.resize_norm_img(crop, width / height)
+
+    def recognize_lines(self, inputs: Sequence[np.ndarray]) -> list[Line]:
+        """Model call: (text, confidence) of each prepared line, one run per input width."""
+        found: list[Line] = [("", 0.0)] * len(inputs)
+        by_width: dict[int, list[int]] = defaultdict(list)
+        for index, line in enumerate(inputs):
+            by_width[line.shape[-1]].append(index)
+        rec = self.engine.text_rec
+        for indices in by_width.values():
+            probabilities = rec.session(np.stack([inputs[i] for i in indices]))[0]
+            for index, (text, confidence, *_) in zip(indices, rec.postprocess_op(probabilities)):
+                found[index] = (text, float(confidence))
+        return found
+
+    def _lines(self, item: DetInput, probability_map: np.ndarray) -> list[np.ndarray]:
+        """Recognizer inputs of the text lines found in one image, top to bottom."""
         det = self.engine.text_det
         shape = item.image.shape[:2]
         boxes, _ = det.postprocess_op(probability_map, shape)
         boxes = det.filter_tag_det_res(boxes, shape)
-        return self.engine.get_crop_img_list(item.image, self.engine.sorted_boxes(boxes)) if len(boxes) else []
+        if not len(boxes):
+            return []
+        crops = self.engine.get_crop_img_list(item.image, self.engine.sorted_boxes(boxes))
+        return [self.recognition_input(crop) for crop in crops]
 
     def read(self, prepared: Sequence[DetInput | None]) -> list[list[Line]]:
         readable = [item for item in prepared if item is not None]
         maps = iter(self._detect([item.tensor for item in readable]))
-        crops_of = [self._line_crops(item, next(maps)) if item is not None else [] for item in prepared]
-        lines = iter(self._recognize([crop for crops in crops_of for crop in crops]))
+        lines_of = [self._lines(item, next(maps)) if item is not None else [] for item in prepared]
+        found = iter(self._recognize([line for lines in lines_of for line in lines]))
         threshold = self.engine.text_score
-        return [[line for line in (next(lines) for _ in crops) if line[1] >= threshold] for crops in crops_of]
+        return [[line for line in (next(found) for _ in lines) if line[1] >= threshold] for lines in lines_of]
 
     def info(self) -> dict[str, Any]:
         return {
