@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import sys
 import time
@@ -54,13 +55,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--batches", default="1,4,8,16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (needs onnxruntime-gpu)")
+    parser.add_argument("--det-batch", type=int, default=None, help="the service's detection batch (its default)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ocr.json")
     args = parser.parse_args()
 
     prompts = ocr_prompts(args.requests)
     images = [render_text(quoted(prompt)) for prompt in prompts]
     bodies = one_image_bodies(images, prompts)
-    engine = RapidOCREngine("cpu", text_score=0.5, det_batch=1, rec_batch=64, threads=None)
+    engine = RapidOCREngine(args.device, text_score=0.5, det_batch=1, rec_batch=64, threads=None)
     in_process(engine, images[:2], prompts[:2], 2)  # warm up
 
     rounds: list[dict[str, float]] = []
@@ -79,7 +82,14 @@ def main() -> None:
         f"127.0.0.1:{port}",
         "bench.ocr.simple_server:app",
     ]
-    with gunicorn_server("ocr", threads=128) as ours, ProcessServer(simple_cmd, f"http://127.0.0.1:{port}") as simple:
+    service_env = {"SCORER_DEVICE": args.device}
+    if args.det_batch:
+        service_env["SCORER_OCR_DET_BATCH"] = str(args.det_batch)
+    simple_env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    with (
+        gunicorn_server("ocr", service_env, threads=128) as ours,
+        ProcessServer(simple_cmd, f"http://127.0.0.1:{port}", env=simple_env) as simple,
+    ):
         burst(ours.url + "/", bodies[:4])
         burst(simple.url + "/", bodies[:4])
         for round_no in range(args.rounds):

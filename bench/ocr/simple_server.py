@@ -8,16 +8,20 @@ request, flow_grpo's rule. Not for production: ``pickle.loads`` on a network bod
 from __future__ import annotations
 
 import io
+import os
 import pickle
 
 import numpy as np
+import onnxruntime as ort
 from flask import Flask, request
 from PIL import Image
 from rapidfuzz.distance import Levenshtein
 from rapidocr_onnxruntime import RapidOCR
 
 app = Flask(__name__)
-ocr = RapidOCR(use_cls=False)
+# The CUDA provider where onnxruntime-gpu is installed and a GPU is visible, as a user would.
+_cuda = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and "CUDAExecutionProvider" in ort.get_available_providers()
+ocr = RapidOCR(use_cls=False, det_use_cuda=_cuda, rec_use_cuda=_cuda)
 
 
 @app.post("/")

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The OCR bench on a GPU node: RapidOCR's PP-OCRv4 models on ONNX Runtime's CUDA provider, the
+# same three-way comparison as on CPU (in-process at its best batch size, the one-sync-worker
+# simple server, this service), 64 concurrent one-image requests, the service's detection
+# batch swept. One command, under 5 minutes:
+#
+#   PYTHON=/path/to/venv/bin/python bash bench/ocr/gpu.sh
+#
+# PYTHON needs requirements-ocr.txt with onnxruntime-gpu instead of onnxruntime, and
+# rapidocr-onnxruntime (--no-deps): `bash run.sh ocr` builds such a venv, .venv-ocr, on a GPU node.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys, onnxruntime as o; sys.exit(0 if "CUDAExecutionProvider" in o.get_available_providers() else "onnxruntime has no CUDA provider")'
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+for det_batch in 1 16; do
+  timeout 140 "$PYTHON" -m bench.ocr.run --device cuda --det-batch "$det_batch" --rounds 2 \
+    --batches 1,8,16,32 --out "bench/results/ocr-gpu-det$det_batch.json"
+done
