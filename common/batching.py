@@ -120,18 +120,8 @@ class BatchedCall:
     A caller waits at most ``timeout_s``, then gets a retryable 503 and its items are dropped.
     """
 
-    def __init__(
-        self,
-        fn: BatchFn,
-        *,
-        max_batch: int,
-        max_wait_ms: float,
-        max_queue: int,
-        timeout_s: float,
-        on_batch: Callable[[int, float], None] | None = None,
-        name: str = "batched",
-    ) -> None:
-        self.batcher = DynamicBatcher(fn, max_batch, max_wait_ms, max(max_queue, max_batch), on_batch, name)
+    def __init__(self, batcher: DynamicBatcher, timeout_s: float) -> None:
+        self.batcher = batcher
         self.timeout_s = timeout_s
         self.batcher.start()
 

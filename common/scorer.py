@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from common import metrics
-from common.batching import BatchedCall
+from common.batching import BatchedCall, DynamicBatcher
 from common.settings import CoreSettings
 
 
@@ -101,15 +101,8 @@ class Scorer(ABC):
             metrics.BATCH_SIZE.labels(self.name, stage).observe(count)
             metrics.BATCH_SECONDS.labels(self.name, stage).observe(seconds)
 
-        return BatchedCall(
-            fn,
-            max_batch=size,
-            max_wait_ms=wait,
-            max_queue=self.core.max_queue,
-            timeout_s=self.core.request_timeout_s,
-            on_batch=record,
-            name=f"{self.name}-{stage}",
-        )
+        batcher = DynamicBatcher(fn, size, wait, max(self.core.max_queue, size), record, f"{self.name}-{stage}")
+        return BatchedCall(batcher, self.core.request_timeout_s)
 
     def preflight(self) -> str | None:
         """Why this scorer cannot start here (e.g. weights not found), without loading; None if
