@@ -18,16 +18,15 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+service = os.environ.setdefault("SCORER_SERVICE", "ocr")
+
 # Before anything imports prometheus_client: its metrics pick their storage at import time.
-_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
-    prefix=f"scorer-{os.environ.get('SCORER_SERVICE', 'ocr')}-metrics-"
-)
+_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"scorer-{service}-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 
 from common.devices import GPU_ENV, visible_gpus  # noqa: E402
 from common.registry import DEFAULT_PORTS, load_scorer_class  # noqa: E402
 
-service = os.environ.setdefault("SCORER_SERVICE", "ocr")
 uses_gpu = load_scorer_class(service).uses_gpu and os.environ.get("SCORER_DEVICE", "auto") != "cpu"
 gpus = visible_gpus() if uses_gpu else []
 

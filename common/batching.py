@@ -136,6 +136,3 @@ class BatchedCall:
             for future in futures:
                 future.cancel()
             raise Overloaded(f"no result within {self.timeout_s:.0f}s; the model is saturated, retry later") from None
-
-    def stop(self) -> None:
-        self.batcher.stop()

@@ -27,7 +27,7 @@ class ScorerRuntime:
     def __init__(self, scorer: Scorer) -> None:
         self.scorer = scorer
         self.device = choose_device(scorer.core.device)
-        self.max_batch, self.max_wait_ms = scorer.batch_settings(scorer.max_batch, scorer.max_wait_ms)
+        self.max_batch, self.max_wait_ms = scorer.batch_settings()
         self._score = scorer.score
         # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
         # and holds back the first items the model could already be working on.

@@ -71,12 +71,12 @@ class Scorer(ABC):
     def score(self, batch: Sequence[Any]) -> Sequence[float | Scored]:
         """Score a batch of items (from one or many requests), one result per item, in order."""
 
-    def batch_settings(self, max_batch: int, max_wait_ms: float) -> tuple[int, float]:
+    def batch_settings(self) -> tuple[int, float]:
         """The batch size and wait of a batched call: ``SCORER_MAX_BATCH`` / ``SCORER_MAX_WAIT_MS``
-        when set, else the given defaults."""
+        when set, else the class's defaults."""
         return (
-            self.core.max_batch or max_batch,
-            self.core.max_wait_ms if self.core.max_wait_ms is not None else max_wait_ms,
+            self.core.max_batch or self.max_batch,
+            self.core.max_wait_ms if self.core.max_wait_ms is not None else self.max_wait_ms,
         )
 
     def batched_stage(
@@ -84,7 +84,6 @@ class Scorer(ABC):
         fn: Callable[[Sequence[Any]], Sequence[Any]],
         stage: str,
         max_batch: int | None = None,
-        max_wait_ms: float | None = None,
     ) -> BatchedCall:
         """Wrap a model call so that concurrent request threads share its invocations; at most
         ``max_batch`` items per call (default: ``SCORER_MAX_BATCH``, else the class's).
@@ -94,7 +93,7 @@ class Scorer(ABC):
         sets ``batched = False`` and wraps each model call instead, so the work between them runs
         on the request threads, in parallel. Call from ``setup``.
         """
-        default_size, wait = self.batch_settings(self.max_batch, max_wait_ms or self.max_wait_ms)
+        default_size, wait = self.batch_settings()
         size = max_batch or default_size  # a stage's own size (its own setting) comes first
 
         def record(count: int, seconds: float) -> None:

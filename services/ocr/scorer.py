@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -80,10 +79,7 @@ class OCRScorer(Scorer):
         """One real pass, so the first request does not pay for lazy initialisation."""
         image = Image.new("RGB", (512, 512), "white")
         ImageDraw.Draw(image).text((40, 230), "warm up", fill="black", font=ImageFont.load_default(size=48))
-        started = time.perf_counter()
-        lines = self.engine.read([self.engine.prepare(image)])
-        self.warmup_seconds = time.perf_counter() - started
-        self.warmup_text = "".join(text for text, _ in lines[0])
+        self.engine.read([self.engine.prepare(image)])
 
     def decode(self, payload: dict[str, Any]) -> list[OcrItem]:
         request = parse_image_request(payload, self.core)
