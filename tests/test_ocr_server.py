@@ -186,25 +186,19 @@ def test_health_ready_info_and_unknown_routes(ocr_server) -> None:
     assert "scorer_requests_total" in text and "scorer_ready" in text
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "common.client", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_cli_smoke(ocr_server, tmp_path) -> None:
     image = tmp_path / "sign.jpg"
     image.write_bytes(render_text("Grand Opening"))
-    out = subprocess.run(
-        [sys.executable, "-m", "common.client", ocr_server.url, str(image), 'a banner reading "Grand Opening"'],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert float(out.stdout) >= 0.9
-    bad = subprocess.run(
-        [sys.executable, "-m", "common.client", ocr_server.url, str(image), 'empty ""'],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    good = run_cli(ocr_server.url, str(image), 'a banner reading "Grand Opening"')
+    assert good.returncode == 0, good.stderr
+    assert float(good.stdout) >= 0.9
+    bad = run_cli(ocr_server.url, str(image), 'empty ""')
     assert bad.returncode == 1 and "HTTP 422" in bad.stderr
 
 
