@@ -7,11 +7,14 @@
   per worker batches across them. SIGTERM (or SIGHUP's reload) lets in-flight requests finish
   within ``graceful_timeout`` and refuses new connections at once (``common.worker``).
 - Prometheus multiprocess mode: each worker writes to a fresh directory, merged on /metrics.
+- No control socket: gunicorn's default is one path per user (``~/.gunicorn/gunicorn.ctl``), so
+  the services of one node would take it from each other and remove it when one stops.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -45,6 +48,14 @@ wsgi_app = "common.app:create_app()"
 proc_name = f"scorer-{service}"
 accesslog = os.environ.get("SCORER_ACCESS_LOG") or None
 loglevel = os.environ.get("SCORER_LOG_LEVEL", "info")
+control_socket_disable = True
+
+# Every connection is a descriptor, and a worker holds up to ``worker_connections`` of them
+# (slow and idle ones included): the soft limit (often 1024) goes up to the hard one.
+_soft_files, _hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)
+_wanted_files = 65536 if _hard_files == resource.RLIM_INFINITY else _hard_files
+if _soft_files != resource.RLIM_INFINITY and _soft_files < _wanted_files:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_wanted_files, _hard_files))
 
 
 # GPU slot -> the worker holding it (master-side bookkeeping).

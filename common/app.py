@@ -70,8 +70,9 @@ def create_app(service: str | None = None, core: CoreSettings | None = None) -> 
     def check_token() -> None:
         g.started = time.perf_counter()
         if core.auth_token and request.method == "POST":
-            header = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(header.encode(), f"Bearer {core.auth_token}".encode()):
+            # RFC 9110 11.1: the scheme name is case-insensitive ("bearer" is "Bearer").
+            scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), core.auth_token.encode()):
                 raise Unauthorized("missing or wrong bearer token")
 
     @app.errorhandler(ScorerError)

@@ -210,6 +210,16 @@ def test_bearer_token_is_checked_before_the_body(tmp_path) -> None:
         status, _ = post_pickle(server.url, b"x" * 1000, headers={"Authorization": "Bearer wrong"})
         assert status == 401
         assert ScorerClient(server.url, token="s3cret").scores([GOOD], ['"Hello"']) == [1.0]
+        # the scheme is case-insensitive (RFC 9110 11.1); the token is not
+        for header in ("bearer s3cret", "BEARER s3cret"):
+            status, answer = post_pickle(
+                server.url, {"images": [GOOD], "prompts": ['"Hello"']}, headers={"Authorization": header}
+            )
+            assert (status, answer["scores"]) == (200, [1.0]), header
+        status, _ = post_pickle(
+            server.url, {"images": [GOOD], "prompts": ['"Hello"']}, headers={"Authorization": "bearer S3CRET"}
+        )
+        assert status == 401
         assert requests.get(server.url + "/ready").status_code == 200  # probes need no token
 
 
