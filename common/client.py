@@ -56,6 +56,15 @@ def parse_answer(body: bytes, content_type: str) -> dict[str, Any]:
     return SafeUnpickler(io.BytesIO(body)).load()
 
 
+def error_message(body: bytes, content_type: str) -> str:
+    """The message of an error answer: ours carry ``{"error": ...}``, a proxy's may be any page."""
+    try:
+        answer = parse_answer(body, content_type)
+    except Exception:  # a balancer's HTML page, a truncated body: quote its start
+        return body[:200].decode(errors="replace").strip() or "(empty body)"
+    return str(answer.get("error", answer)) if isinstance(answer, dict) else str(answer)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """What both clients retry, and how long they wait: ``backoff`` seconds, doubling."""
@@ -66,12 +75,16 @@ class RetryPolicy:
     def delay(self, attempt: int) -> float:
         return self.backoff * 2**attempt
 
-    def settle(self, status: int, answer: dict[str, Any], attempt: int) -> dict[str, Any] | None:
-        """The answer of a 200; None when this status should be retried; else raise."""
+    def settle(self, status: int, body: bytes, content_type: str, attempt: int) -> dict[str, Any] | None:
+        """The answer of a 200; None when this status should be retried; else raise.
+
+        The status decides, before the body is looked at: a balancer in front of a node that
+        is down answers 502/503/504 with its own HTML page, which is retried like ours.
+        """
         if status == 200:
-            return answer
+            return parse_answer(body, content_type)
         if status not in RETRY_STATUSES or attempt == self.retries:
-            raise ScorerRequestError(status, str(answer.get("error", answer)))
+            raise ScorerRequestError(status, error_message(body, content_type))
         return None
 
 
@@ -113,8 +126,10 @@ class ScorerClient(_Client):
                 if attempt == self.policy.retries:
                     raise
             else:
-                answer = parse_answer(response.content, response.headers.get("Content-Type", ""))
-                if (done := self.policy.settle(response.status_code, answer, attempt)) is not None:
+                content_type = response.headers.get("Content-Type", "")
+                if (
+                    done := self.policy.settle(response.status_code, response.content, content_type, attempt)
+                ) is not None:
                     return done
             time.sleep(self.policy.delay(attempt))
         raise AssertionError("unreachable")
@@ -153,8 +168,8 @@ class AsyncScorerClient(_Client):
         for attempt in range(self.policy.retries + 1):
             try:
                 async with self._session.post(self.url, data=body, headers=headers) as response:
-                    answer = parse_answer(await response.read(), response.headers.get("Content-Type", ""))
-                    if (done := self.policy.settle(response.status, answer, attempt)) is not None:
+                    body, content_type = await response.read(), response.headers.get("Content-Type", "")
+                    if (done := self.policy.settle(response.status, body, content_type, attempt)) is not None:
                         return done
             except aiohttp.ClientConnectionError:
                 if attempt == self.policy.retries:
