@@ -14,6 +14,12 @@ class CoreSettings:
     max_body_bytes: int = 256 * 1024 * 1024
     max_items: int = 1024
     max_pixels: int = 4096 * 4096
+    # Pixels of all images of one request, summed from their headers before any is decoded; an
+    # image sent once and referenced many times through the pickle memo counts each time.
+    max_request_pixels: int = 100_000_000
+    # Longest side over shortest side (422): OCR upscales a thin image's short side, so a 200x1
+    # strip would become a 6016x1504 detector input.
+    max_aspect_ratio: float = 50.0
     max_prompt_chars: int = 8192
     # Dynamic batcher; None means "the scorer's own default".
     max_batch: int | None = None

@@ -30,6 +30,11 @@ class OcrSettings(RuleOptions):
     det_batch: int | None = None
     rec_batch: int = 64
     onnx_threads: int | None = None
+    # Pixels of the detector's input after the engine's own resizing, computed from the image
+    # header before any resizing (413). Every image within SCORER_MAX_PIXELS and
+    # SCORER_MAX_ASPECT_RATIO stays under it: RapidOCR's largest such input, of an 8:1 image,
+    # is 5888x736 = 4.3 Mpx.
+    max_input_pixels: int = 6_000_000
     # PaddleOCR model locations for offline nodes (directories, or .onnx files).
     paddle_det_dir: str | None = None
     paddle_rec_dir: str | None = None
