@@ -21,33 +21,37 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-service = os.environ.setdefault("SCORER_SERVICE", "ocr")
+from common import registry
+from common.config import from_env
+from common.settings import CoreSettings
+
+settings = from_env(CoreSettings)
+service = registry.get(settings.service)
+os.environ["SCORER_SERVICE"] = service.name
 
 # Before anything imports prometheus_client: its metrics pick their storage at import time.
-_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"scorer-{service}-metrics-")
+_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"scorer-{service.name}-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 
 from common.devices import GPU_ENV, visible_gpus  # noqa: E402
-from common.registry import DEFAULT_PORTS, load_scorer_class  # noqa: E402
 
-uses_gpu = load_scorer_class(service).uses_gpu and os.environ.get("SCORER_DEVICE", "auto") != "cpu"
-gpus = visible_gpus() if uses_gpu else []
+gpus = visible_gpus() if service.uses_gpu and settings.device != "cpu" else []
 
-bind = os.environ.get("SCORER_BIND", f"0.0.0.0:{os.environ.get('SCORER_PORT', DEFAULT_PORTS.get(service, 18082))}")
-workers = int(os.environ.get("SCORER_WORKERS") or max(1, len(gpus)))
+bind = settings.bind or f"0.0.0.0:{settings.port or service.port}"
+workers = settings.workers or max(1, len(gpus))
 worker_class = "common.worker.ScorerWorker"
-threads = int(os.environ.get("SCORER_THREADS", "128"))
-worker_connections = int(os.environ.get("SCORER_WORKER_CONNECTIONS", "4096"))
+threads = settings.threads
+worker_connections = settings.worker_connections
 backlog = 4096
 # The gthread heartbeat comes from the worker's main loop, not the request threads, so a long
 # batch does not get a worker killed; a stuck main loop does.
-timeout = int(os.environ.get("SCORER_WORKER_TIMEOUT", "120"))
-graceful_timeout = int(os.environ.get("SCORER_GRACEFUL_TIMEOUT", "30"))
+timeout = settings.worker_timeout
+graceful_timeout = settings.graceful_timeout
 keepalive = 75
 wsgi_app = "common.app:create_app()"
-proc_name = f"scorer-{service}"
-accesslog = os.environ.get("SCORER_ACCESS_LOG") or None
-loglevel = os.environ.get("SCORER_LOG_LEVEL", "info")
+proc_name = f"scorer-{service.name}"
+accesslog = settings.access_log
+loglevel = settings.log_level
 control_socket_disable = True
 
 # Every connection is a descriptor, and a worker holds up to ``worker_connections`` of them
@@ -57,7 +61,6 @@ _wanted_files = 65536 if _hard_files == resource.RLIM_INFINITY else _hard_files
 if _soft_files != resource.RLIM_INFINITY and _soft_files < _wanted_files:
     resource.setrlimit(resource.RLIMIT_NOFILE, (_wanted_files, _hard_files))
 
-
 # GPU slot -> the worker holding it (master-side bookkeeping).
 _gpu_holders: dict[int, object | None] = {slot: None for slot in range(len(gpus))}
 
@@ -66,7 +69,7 @@ def on_starting(server) -> None:
     for name in os.listdir(_metrics_dir):
         os.remove(os.path.join(_metrics_dir, name))
     where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
-    server.log.info("scorer service %s: %d worker(s) on %s, %d threads each", service, workers, where, threads)
+    server.log.info("scorer service %s: %d worker(s) on %s, %d threads each", service.name, workers, where, threads)
 
 
 def pre_fork(server, worker) -> None:

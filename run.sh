@@ -6,9 +6,12 @@
 #   bash run.sh aesthetic [--port N] [--workers N] [--clip DIR_OR_HUB_ID] [--head PATH]
 #   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
 #   bash run.sh test [pytest args]    install everything, run the test suite
+#   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #
-# Every flag is also a setting (SCORER_PORT, SCORER_WORKERS, SCORER_AESTHETIC_CLIP, ...);
-# see the README's configuration table.
+# Services, ports and requirements come from common/registry.py. Missing system packages
+# (bubblewrap for code, nginx for the tests) are installed with apt-get, dnf or apk as root or
+# through passwordless sudo; otherwise run.sh stops with the command to run. Every flag is also
+# a setting (SCORER_PORT, SCORER_WORKERS, SCORER_AESTHETIC_CLIP, ...): see the README.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$PWD
@@ -16,50 +19,92 @@ PYTHON=${PYTHON:-python3}
 
 log() { printf '[run.sh] %s\n' "$*" >&2; }
 
-default_port() { case $1 in ocr) echo 18082 ;; aesthetic) echo 18080 ;; code) echo 18090 ;; esac; }
-
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
-# requirement files of a service, core first
-requirements_of() {
-  case $1 in
-    ocr) if [ "${SCORER_OCR_ENGINE:-rapidocr}" = paddleocr ]; then echo requirements-ocr-paddle.txt
-         else echo requirements.txt requirements-ocr.txt; fi ;;
-    aesthetic) echo requirements.txt requirements-aesthetic.txt ;;
-    code) echo requirements.txt requirements-code.txt ;;
-    test) echo requirements.txt requirements-ocr.txt requirements-aesthetic.txt requirements-code.txt requirements-dev.txt ;;
-  esac
+# plan COMMAND: what COMMAND sets up, from common/registry.py (VENV, PORT, REQUIREMENTS,
+# NO_DEPS, GPU_REPLACES, GPU_REQUIREMENTS, SYSTEM_PACKAGES, SYSTEM_COMMANDS).
+plan() {
+  local assignments
+  assignments=$("$PYTHON" -m common.registry shell "$1") || exit 2
+  eval "$assignments"
 }
 
-# ensure_venv NAME: a virtual environment .venv-NAME (.venv for the tests) with NAME's packages.
+# has_command NAME: an executable NAME on PATH or in the sbin directories (where Debian puts
+# nginx, outside a normal user's PATH).
+has_command() {
+  local dir IFS=:
+  for dir in $PATH /usr/sbin /sbin; do
+    [ -f "$dir/$1" ] && [ -x "$dir/$1" ] && return 0
+  done
+  return 1
+}
+
+# ensure_system_packages COMMAND: installs the distribution packages COMMAND needs when their
+# commands are missing: with apt-get, dnf or apk, as root or through passwordless sudo. Else
+# stops with the exact command to run.
+ensure_system_packages() {
+  plan "$1"
+  local missing=() i
+  for i in "${!SYSTEM_PACKAGES[@]}"; do
+    has_command "${SYSTEM_COMMANDS[$i]}" || missing+=("${SYSTEM_PACKAGES[$i]}")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  local install update=()
+  if has_command apt-get; then
+    update=(apt-get update -qq)
+    install=(apt-get install -y -qq --no-install-recommends "${missing[@]}")
+  elif has_command dnf; then
+    install=(dnf install -y -q "${missing[@]}")
+  elif has_command apk; then
+    install=(apk add --no-cache "${missing[@]}")
+  else
+    log "'$1' needs the system packages ${missing[*]}, and no apt-get, dnf or apk was found: install them, then run this again"
+    exit 1
+  fi
+  local sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    if has_command sudo && sudo -n true 2>/dev/null; then
+      sudo=(sudo)
+    else
+      local shown="sudo ${install[*]}"
+      [ ${#update[@]} -eq 0 ] || shown="sudo ${update[*]} && $shown"
+      log "'$1' needs the system packages ${missing[*]}; install them, then run this again:"
+      printf '%s\n' "$shown" >&2
+      exit 1
+    fi
+  fi
+  log "installing system packages: ${missing[*]}"
+  if [ ${#update[@]} -gt 0 ]; then DEBIAN_FRONTEND=noninteractive "${sudo[@]}" "${update[@]}"; fi
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" "${install[@]}"
+  for i in "${!SYSTEM_PACKAGES[@]}"; do
+    has_command "${SYSTEM_COMMANDS[$i]}" || { log "${SYSTEM_PACKAGES[$i]} installed but ${SYSTEM_COMMANDS[$i]} not found"; exit 1; }
+  done
+}
+
+# ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages.
 # Installs only when the requirement files changed since the last install.
 ensure_venv() {
-  local name=$1 dir files stamp
-  dir=$ROOT/.venv
-  [ "$name" = test ] || dir+="-$name"
-  if [ "$name" = ocr ] && [ "${SCORER_OCR_ENGINE:-}" = paddleocr ]; then dir+=-paddle; fi
-  files=$(requirements_of "$name")
+  plan "$1"
+  local dir=$ROOT/$VENV stamp
   if [ ! -x "$dir/bin/python" ]; then
     log "creating $dir"
     "$PYTHON" -m venv "$dir"
   fi
-  # shellcheck disable=SC2086
-  stamp=$(cat $files | sha256sum | cut -d' ' -f1)
+  stamp=$(cat "${REQUIREMENTS[@]}" | sha256sum | cut -d' ' -f1)
   if has_gpu; then stamp+=-gpu; fi
   if [ "$(cat "$dir/.installed" 2>/dev/null)" != "$stamp" ]; then
-    log "installing $name requirements into $dir"
+    log "installing $1 requirements into $dir"
     "$dir/bin/python" -m pip install -q --upgrade pip
-    local args=()
-    for f in $files; do args+=(-r "$f"); done
+    local args=() f
+    for f in "${REQUIREMENTS[@]}"; do args+=(-r "$f"); done
     "$dir/bin/python" -m pip install -q "${args[@]}"
-    if [[ " $files " == *" requirements-ocr.txt "* ]]; then
-      # RapidOCR without its opencv-python dependency (the headless build is installed instead).
-      "$dir/bin/python" -m pip install -q --no-deps rapidocr-onnxruntime==1.4.4
-      if has_gpu && [ "$name" != test ]; then
-        log "GPU found: installing onnxruntime-gpu for the OCR service"
-        "$dir/bin/python" -m pip uninstall -q -y onnxruntime
-        "$dir/bin/python" -m pip install -q -r requirements-ocr-gpu.txt
-      fi
+    if [ ${#NO_DEPS[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q --no-deps "${NO_DEPS[@]}"; fi
+    if [ ${#GPU_REQUIREMENTS[@]} -gt 0 ] && has_gpu; then
+      log "GPU found: replacing ${GPU_REPLACES[*]} with ${GPU_REQUIREMENTS[*]}"
+      if [ ${#GPU_REPLACES[@]} -gt 0 ]; then "$dir/bin/python" -m pip uninstall -q -y "${GPU_REPLACES[@]}"; fi
+      args=()
+      for f in "${GPU_REQUIREMENTS[@]}"; do args+=(-r "$f"); done
+      "$dir/bin/python" -m pip install -q "${args[@]}"
     fi
     echo "$stamp" >"$dir/.installed"
   fi
@@ -70,7 +115,7 @@ ensure_venv() {
 start() {
   local service=$1
   ensure_venv "$service"
-  log "starting $service on port ${SCORER_PORT:-$(default_port "$service")}"
+  log "starting $service on port ${SCORER_PORT:-$PORT}"
   SCORER_SERVICE=$service exec "$VENV/bin/python" -m gunicorn -c "$ROOT/gunicorn.conf.py"
 }
 
@@ -89,7 +134,7 @@ parse_flags() {
       --head) export SCORER_AESTHETIC_HEAD=$2; shift 2 ;;
       --infra-failure-score) export SCORER_CODE_INFRA_FAILURE_SCORE=$2; shift 2 ;;
       --env) export SCORER_CODE_ENV=$2; shift 2 ;;
-      -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
       *) log "unknown flag $1 (see bash run.sh --help)"; exit 2 ;;
     esac
   done
@@ -97,7 +142,7 @@ parse_flags() {
 
 start_all() {
   local pids=() service
-  for service in ocr aesthetic code; do
+  for service in $("$PYTHON" -m common.registry names); do
     if ! (preflight "$service"); then
       log "skipping $service (see the reason above)"
       continue
@@ -116,6 +161,7 @@ command=${1:-all}
 [ $# -gt 0 ] && shift
 case $command in
   test)
+    ensure_system_packages test
     ensure_venv test
     tests_venv=$VENV
     if [ -z "${SCORER_TEST_SKIP_PADDLE:-}" ]; then
@@ -126,14 +172,19 @@ case $command in
     fi
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
-  ocr|aesthetic|code)
-    parse_flags "$@"
-    start "$command"
-    ;;
   all)
     parse_flags "$@"
+    ensure_system_packages all
     start_all
     ;;
-  -h|--help) sed -n '2,12p' "$0" ;;
-  *) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
+  system-packages)
+    ensure_system_packages "${1:-all}"
+    ;;
+  -h|--help) sed -n '2,15p' "$0" ;;
+  -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
+  *)
+    parse_flags "$@"
+    ensure_system_packages "$command"
+    start "$command"
+    ;;
 esac

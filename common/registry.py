@@ -1,25 +1,183 @@
-"""Which scorer class serves which service name. A new scorer is one module and one line here."""
+"""The services: one entry each, read by ``run.sh``, ``gunicorn.conf.py`` and the app.
+
+Adding a scorer is one module (``services/<name>/scorer.py``) and one ``Service`` entry in
+``SERVICES``. ``run.sh`` reads this module before any virtual environment exists, so it uses
+the standard library only: ``python3 -m common.registry shell <command>`` prints what
+``run.sh`` needs as shell assignments.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-from common.scorer import Scorer
+if TYPE_CHECKING:
+    from common.scorer import Scorer
 
-SCORERS: dict[str, str] = {
-    "ocr": "services.ocr.scorer:OCRScorer",
-    "aesthetic": "services.aesthetic.scorer:AestheticScorer",
-    "code": "services.code.scorer:CodeScorer",
+
+@dataclass(frozen=True)
+class Service:
+    """One scorer service and what it needs on a node."""
+
+    name: str
+    port: int
+    # "module:Class" of its ``Scorer``, imported only in the worker.
+    scorer: str
+    # False: one worker whatever the GPUs (the code verifier runs sandboxes on the CPU).
+    uses_gpu: bool
+    # pip requirement files, core first; installed into ``.venv-<name>``.
+    requirements: tuple[str, ...]
+    # Packages installed after them with ``pip install --no-deps`` (a dependency they would pull is wrong).
+    no_deps: tuple[str, ...] = ()
+    # On a GPU node: these pip packages are uninstalled and these requirement files installed.
+    gpu_replaces: tuple[str, ...] = ()
+    gpu_requirements: tuple[str, ...] = ()
+    # Distribution packages (the same name in apt-get, dnf and apk) it cannot run without.
+    system_packages: tuple[str, ...] = ()
+    # ``SCORER_<NAME>_ENGINE`` values that need other requirement files, in their own environment.
+    engine_requirements: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+SERVICES: dict[str, Service] = {
+    service.name: service
+    for service in (
+        Service(
+            name="ocr",
+            port=18082,
+            scorer="services.ocr.scorer:OCRScorer",
+            uses_gpu=True,
+            requirements=("requirements.txt", "requirements-ocr.txt"),
+            # RapidOCR asks for opencv-python, which needs libGL; requirements-ocr.txt has the headless build.
+            no_deps=("rapidocr-onnxruntime==1.4.4",),
+            gpu_replaces=("onnxruntime",),
+            gpu_requirements=("requirements-ocr-gpu.txt",),
+            # PaddleOCR's OpenCV builds clash with RapidOCR's.
+            engine_requirements={"paddleocr": ("requirements-ocr-paddle.txt",)},
+        ),
+        Service(
+            name="aesthetic",
+            port=18080,
+            scorer="services.aesthetic.scorer:AestheticScorer",
+            uses_gpu=True,
+            requirements=("requirements.txt", "requirements-aesthetic.txt"),
+        ),
+        Service(
+            name="code",
+            port=18090,
+            scorer="services.code.scorer:CodeScorer",
+            uses_gpu=False,
+            requirements=("requirements.txt", "requirements-code.txt"),
+            system_packages=("bubblewrap",),
+        ),
+    )
 }
 
-DEFAULT_PORTS: dict[str, int] = {"ocr": 18082, "aesthetic": 18080, "code": 18090}
+# The command that shows a system package is installed.
+SYSTEM_COMMANDS: dict[str, str] = {"bubblewrap": "bwrap", "nginx": "nginx"}
+# What the test suite needs beyond every service's own: pytest and ruff; nginx for the scale-out tests.
+TEST_REQUIREMENTS = ("requirements-dev.txt",)
+TEST_SYSTEM_PACKAGES = ("nginx",)
 
 
-def load_scorer_class(service: str) -> type[Scorer]:
-    """Import the scorer class of ``service``; a clear error for an unknown name."""
+def get(name: str) -> Service:
+    """The entry of service ``name``; a clear error for an unknown name."""
     try:
-        target = SCORERS[service]
+        return SERVICES[name]
     except KeyError:
-        raise ValueError(f"unknown service {service!r}; choose one of {', '.join(SCORERS)}") from None
-    module_name, class_name = target.split(":")
+        raise ValueError(f"unknown service {name!r}; choose one of {', '.join(SERVICES)}") from None
+
+
+def load_scorer_class(name: str) -> type[Scorer]:
+    """Import the scorer class of service ``name``."""
+    module_name, class_name = get(name).scorer.split(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one ``run.sh`` command sets up: a virtual environment and the system packages."""
+
+    venv: str = ""
+    port: int = 0
+    requirements: tuple[str, ...] = ()
+    no_deps: tuple[str, ...] = ()
+    gpu_replaces: tuple[str, ...] = ()
+    gpu_requirements: tuple[str, ...] = ()
+    system_packages: tuple[str, ...] = ()
+
+
+def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
+    """The set-up of ``run.sh <command>``: a service, ``test`` (every service's packages in one
+    ``.venv``, plus the test tools) or ``all`` (system packages only: each service has its own)."""
+    services = SERVICES.values()
+    if command == "test":
+        return Setup(
+            venv=".venv",
+            requirements=_unique([*(f for s in services for f in s.requirements), *TEST_REQUIREMENTS]),
+            no_deps=_unique(p for s in services for p in s.no_deps),
+            system_packages=_unique([*(p for s in services for p in s.system_packages), *TEST_SYSTEM_PACKAGES]),
+        )
+    if command == "all":
+        return Setup(system_packages=_unique(p for s in services for p in s.system_packages))
+    service = get(command)
+    engine = environ.get(f"SCORER_{service.name.upper()}_ENGINE", "")
+    if engine in service.engine_requirements:
+        return Setup(
+            venv=f".venv-{service.name}-{engine}",
+            port=service.port,
+            requirements=service.engine_requirements[engine],
+            system_packages=service.system_packages,
+        )
+    return Setup(
+        venv=f".venv-{service.name}",
+        port=service.port,
+        requirements=service.requirements,
+        no_deps=service.no_deps,
+        gpu_replaces=service.gpu_replaces,
+        gpu_requirements=service.gpu_requirements,
+        system_packages=service.system_packages,
+    )
+
+
+def shell(command: str) -> str:
+    """``setup_of(command)`` as shell assignments for ``eval`` (tuples become bash arrays), plus
+    ``SYSTEM_COMMANDS``: the command that shows each system package installed."""
+    setup = setup_of(command)
+    lines = []
+    for item in fields(setup):
+        value = getattr(setup, item.name)
+        if isinstance(value, tuple):
+            lines.append(f"{item.name.upper()}=({' '.join(shlex.quote(v) for v in value)})")
+        else:
+            lines.append(f"{item.name.upper()}={shlex.quote(str(value))}")
+    lines.append(f"SYSTEM_COMMANDS=({' '.join(SYSTEM_COMMANDS[p] for p in setup.system_packages)})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """``names``: the services, one a line; ``shell <command>``: what run.sh sets up for it."""
+    if argv == ["names"]:
+        print("\n".join(SERVICES))
+        return 0
+    if len(argv) == 2 and argv[0] == "shell":
+        try:
+            print(shell(argv[1]))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return 0
+    print("usage: python3 -m common.registry names | shell <service|test|all>", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

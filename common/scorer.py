@@ -42,8 +42,6 @@ class Scorer(ABC):
     # False: ``score`` runs on the request thread itself, for scorers whose work is not a
     # batched model call (the code verifier runs sandboxes under its own slot limit).
     batched: ClassVar[bool] = True
-    # False: one worker whatever the GPUs (the code verifier runs sandboxes on the CPU).
-    uses_gpu: ClassVar[bool] = True
 
     def __init__(self, core: CoreSettings) -> None:
         """Read the scorer's own settings; raise ``ConfigError`` here for a bad setting, so

@@ -1,4 +1,5 @@
-"""Core settings shared by every service (``SCORER_*``)."""
+"""Core settings shared by every service (``SCORER_*``): the one typed path from the environment
+to the app and to ``gunicorn.conf.py`` (standard library only, since the gunicorn master reads it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 class CoreSettings:
     """Limits, batching and serving settings; each is ``SCORER_<FIELD>`` in the environment."""
 
+    # Which entry of ``common.registry.SERVICES`` to serve.
     service: str = "ocr"
     # Request limits (DESIGN 5): each breach is a clear 4xx.
     max_body_bytes: int = 256 * 1024 * 1024
@@ -35,3 +37,17 @@ class CoreSettings:
     auth_token: str | None = None
     # "auto" picks cuda when a GPU is visible, else cpu.
     device: str = "auto"
+    # gunicorn (gunicorn.conf.py). Port: the service's own (common/registry.py) unless set; bind
+    # overrides both. Workers: one per visible GPU for a GPU service, else 1.
+    port: int | None = None
+    bind: str | None = None
+    workers: int | None = None
+    # Request threads per worker: they wait for batches, and decoding runs on them.
+    threads: int = 128
+    worker_connections: int = 4096
+    # gunicorn's heartbeat timeout; seconds in-flight requests get to finish on SIGTERM.
+    worker_timeout: int = 120
+    graceful_timeout: int = 30
+    log_level: str = "info"
+    # An access log path ("-" for stdout); none by default.
+    access_log: str | None = None

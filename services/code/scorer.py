@@ -40,7 +40,6 @@ INFRA_HELP = (
 class CodeScorer(Scorer):
     name = "code"
     batched = False
-    uses_gpu = False
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)

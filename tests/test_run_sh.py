@@ -1,0 +1,174 @@
+"""``run.sh`` installs the system packages a command needs, or stops with the exact command.
+
+Each test runs ``run.sh`` from a copy of the repository's set-up files in a private mount
+namespace where the real ``bwrap``/``nginx`` (and, for some, ``apt-get``) are hidden behind
+empty non-executable files, so the machine's own packages stay untouched. The package
+managers are stand-ins on ``PATH`` that record their arguments and "install" a package by
+putting its command on ``PATH``; ``sudo`` is a stand-in too, to test both a user with
+passwordless sudo and one without.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.registry import SYSTEM_COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+NOBODY = 65534
+SEARCHED = [*os.environ["PATH"].split(":"), "/usr/sbin", "/sbin"]
+
+# A package manager stand-in: records "<name> <args>", and on install puts each package's
+# command (SYSTEM_COMMANDS) on PATH.
+MANAGER = """#!/bin/bash
+echo "$(basename "$0") $*" >>"$FAKE/calls"
+case $1 in install|add)
+  for arg in "$@"; do
+    cmd=
+    case $arg in {arms} esac
+    if [ -n "$cmd" ]; then printf '#!/bin/sh\\n' >"$FAKE/bin/$cmd"; chmod 755 "$FAKE/bin/$cmd"; fi
+  done ;;
+esac
+"""
+# sudo that lets this user run anything without a password, and one that asks for a password.
+SUDO_ALLOWED = '#!/bin/bash\n[ "$1" = -n ] && exit 0\necho "sudo $*" >>"$FAKE/calls"\nexec "$@"\n'
+SUDO_REFUSED = '#!/bin/bash\n[ "$1" = -n ] && exit 1\necho "sudo $*" >>"$FAKE/calls"\nexit 1\n'
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def fake() -> Iterator[Path]:
+    """A world-readable copy of run.sh and the registry (a fresh clone's set-up files), and a
+    writable ``bin`` for the stand-ins."""
+    top = Path(tempfile.mkdtemp(prefix="run-sh-"))
+    try:
+        top.chmod(0o755)
+        repo = top / "repo"
+        (repo / "common").mkdir(parents=True)
+        shutil.copy(ROOT / "run.sh", repo)
+        for name in ("__init__.py", "registry.py"):
+            shutil.copy(ROOT / "common" / name, repo / "common")
+        for requirements in ROOT.glob("requirements*.txt"):
+            shutil.copy(requirements, repo)
+        (top / "bin").mkdir(mode=0o777)
+        (top / "bin").chmod(0o777)
+        (top / "calls").touch()
+        (top / "calls").chmod(0o666)
+        yield top
+    finally:
+        shutil.rmtree(top)
+
+
+def manager(fake: Path, name: str) -> None:
+    """A package manager stand-in called ``name`` on the fake PATH."""
+    arms = " ".join(f"{package}) cmd={command} ;;" for package, command in SYSTEM_COMMANDS.items())
+    _write(fake / "bin" / name, MANAGER.format(arms=arms))
+
+
+def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subprocess.CompletedProcess[str]:
+    """``bash run.sh ARGS`` with the commands ``hide`` gone from this mount namespace."""
+    hidden = fake / "hidden"
+    hidden.touch()
+    hidden.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    mounts = [
+        f"mount --bind {hidden} {directory}/{command}"
+        for command in hide
+        for directory in dict.fromkeys(SEARCHED)
+        if directory and os.path.isfile(f"{directory}/{command}")
+    ]
+    drop = f"setpriv --reuid={user} --regid={user} --clear-groups " if user else ""
+    script = " && ".join([*mounts, f"cd {fake}/repo && exec {drop}bash run.sh {' '.join(args)}"])
+    env = {"PATH": f"{fake}/bin:{os.environ['PATH']}", "FAKE": str(fake), "HOME": str(fake)}
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def calls(fake: Path) -> list[str]:
+    return (fake / "calls").read_text().splitlines()
+
+
+def test_root_installs_the_missing_packages_with_apt_get(fake: Path) -> None:
+    manager(fake, "apt-get")
+    result = run_sh(fake, ["system-packages", "test"], hide=["bwrap", "nginx"])
+    assert result.returncode == 0, result.stderr
+    assert calls(fake) == ["apt-get update -qq", "apt-get install -y -qq --no-install-recommends bubblewrap nginx"]
+
+
+def test_only_what_the_command_needs(fake: Path) -> None:
+    manager(fake, "apt-get")
+    assert run_sh(fake, ["system-packages", "ocr"], hide=["bwrap", "nginx"]).returncode == 0
+    assert calls(fake) == []
+    assert run_sh(fake, ["system-packages", "code"], hide=["bwrap", "nginx"]).returncode == 0
+    assert calls(fake)[-1] == "apt-get install -y -qq --no-install-recommends bubblewrap"
+
+
+def test_nothing_is_installed_when_present(fake: Path) -> None:
+    manager(fake, "apt-get")
+    for command in SYSTEM_COMMANDS.values():
+        _write(fake / "bin" / command, "#!/bin/sh\n")
+    assert run_sh(fake, ["system-packages", "test"], hide=["bwrap", "nginx"]).returncode == 0
+    assert calls(fake) == []
+
+
+def test_dnf_and_apk(fake: Path) -> None:
+    manager(fake, "dnf")
+    result = run_sh(fake, ["system-packages", "test"], hide=["bwrap", "nginx", "apt-get"])
+    assert result.returncode == 0, result.stderr
+    assert calls(fake) == ["dnf install -y -q bubblewrap nginx"]
+    (fake / "bin" / "dnf").unlink()
+    for command in SYSTEM_COMMANDS.values():
+        (fake / "bin" / command).unlink()
+    manager(fake, "apk")
+    result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "nginx", "apt-get", "dnf"])
+    assert result.returncode == 0, result.stderr
+    assert calls(fake)[-1] == "apk add --no-cache bubblewrap"
+
+
+def test_a_user_with_passwordless_sudo_installs_through_it(fake: Path) -> None:
+    manager(fake, "apt-get")
+    _write(fake / "bin" / "sudo", SUDO_ALLOWED)
+    result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "nginx", "sudo"], user=NOBODY)
+    assert result.returncode == 0, result.stderr
+    assert calls(fake) == [
+        "sudo apt-get update -qq",
+        "apt-get update -qq",
+        "sudo apt-get install -y -qq --no-install-recommends bubblewrap",
+        "apt-get install -y -qq --no-install-recommends bubblewrap",
+    ]
+
+
+def test_a_user_without_sudo_gets_the_exact_command_and_nothing_else_runs(fake: Path) -> None:
+    """``bash run.sh test`` stops before creating any virtual environment."""
+    manager(fake, "apt-get")
+    _write(fake / "bin" / "sudo", SUDO_REFUSED)
+    result = run_sh(fake, ["test"], hide=["bwrap", "nginx", "sudo"], user=NOBODY)
+    assert result.returncode == 1
+    command = "sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends bubblewrap nginx"
+    assert result.stderr.splitlines()[-1] == command
+    assert "needs the system packages bubblewrap nginx" in result.stderr
+    assert calls(fake) == []
+    assert not (fake / "repo" / ".venv").exists()
+
+
+def test_no_package_manager(fake: Path) -> None:
+    result = run_sh(fake, ["code"], hide=["bwrap", "apt-get", "dnf", "apk"])
+    assert result.returncode == 1
+    assert "needs the system packages bubblewrap, and no apt-get, dnf or apk was found" in result.stderr
+    assert not (fake / "repo" / ".venv-code").exists()
