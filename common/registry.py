@@ -54,10 +54,13 @@ SERVICES: dict[str, Service] = {
             requirements=("requirements.txt", "requirements-ocr.txt"),
             # RapidOCR asks for opencv-python, which needs libGL; requirements-ocr.txt has the headless build.
             no_deps=("rapidocr-onnxruntime==1.4.4",),
-            gpu_replaces=("onnxruntime",),
-            gpu_requirements=("requirements-ocr-gpu.txt",),
-            # PaddleOCR's OpenCV builds clash with RapidOCR's.
-            engine_requirements={"paddleocr": ("requirements-ocr-paddle.txt",)},
+            # The torch engine, the default on a GPU node.
+            gpu_requirements=("requirements-ocr-torch.txt",),
+            # PaddleOCR's OpenCV builds clash with RapidOCR's; torch on a CPU node is asked for by name.
+            engine_requirements={
+                "paddleocr": ("requirements-ocr-paddle.txt",),
+                "torch": ("requirements.txt", "requirements-ocr.txt", "requirements-ocr-torch.txt"),
+            },
         ),
         Service(
             name="aesthetic",
@@ -79,8 +82,9 @@ SERVICES: dict[str, Service] = {
 
 # The command that shows a system package is installed.
 SYSTEM_COMMANDS: dict[str, str] = {"bubblewrap": "bwrap", "nginx": "nginx"}
-# What the test suite needs beyond every service's own: pytest and ruff; nginx for the scale-out tests.
-TEST_REQUIREMENTS = ("requirements-dev.txt",)
+# What the test suite needs beyond every service's own: the torch OCR engine, pytest and ruff;
+# nginx for the scale-out tests.
+TEST_REQUIREMENTS = ("requirements-ocr-torch.txt", "requirements-dev.txt")
 TEST_SYSTEM_PACKAGES = ("nginx",)
 
 
@@ -131,10 +135,13 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
     service = get(command)
     engine = environ.get(f"SCORER_{service.name.upper()}_ENGINE", "")
     if engine in service.engine_requirements:
+        requirements = service.engine_requirements[engine]
         return Setup(
             venv=f".venv-{service.name}-{engine}",
             port=service.port,
-            requirements=service.engine_requirements[engine],
+            requirements=requirements,
+            # An engine on top of the service's own requirements needs its no-deps packages too.
+            no_deps=service.no_deps if set(service.requirements) <= set(requirements) else (),
             system_packages=service.system_packages,
         )
     return Setup(

@@ -1,7 +1,8 @@
 """One worker per visible GPU, each pinned, and a replacement worker gets the dead one's GPU.
 
 No GPU here: the pinning logic runs all the same from ``CUDA_VISIBLE_DEVICES``; the workers then
-fail to get ONNX Runtime's CUDA provider, which must show as a clear reason on /ready.
+find no CUDA GPU for the OCR engine (torch, the default on a GPU), which must show as a clear
+reason on /ready.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def test_workers_are_pinned_one_per_gpu_and_replacements_reuse_it(tmp_path) -> N
             if "loading" not in ready["reason"]:
                 break
             time.sleep(0.3)
-        assert ready["ready"] is False and "CUDA provider" in ready["reason"]
+        assert ready["ready"] is False and "sees no CUDA GPU" in ready["reason"]
 
         victim = next(pid for pid, gpu in seen.items() if gpu == "5")
         os.kill(victim, signal.SIGKILL)

@@ -190,6 +190,8 @@ class AestheticScorer(Scorer):
         return {
             "clip": self.settings.clip,
             "head": self.settings.head,
+            # Where the weights actually are, not the setting.
+            "device": str(next(self.model.clip.parameters()).device) if self.model else None,
             "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
             "micro_batch": self.model.micro_batch if self.model else self.settings.micro_batch,
             "scale": self.settings.scale,

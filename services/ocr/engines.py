@@ -2,7 +2,9 @@
 its model calls through batched stages, so per-image Python work runs in parallel.
 
 - ``RapidOCREngine`` (default): PP-OCRv4 ONNX models shipped in the ``rapidocr-onnxruntime``
-  wheel, so it works offline; the CUDA provider when onnxruntime-gpu is installed.
+  wheel, so it works offline; the CPU default. The CUDA provider when onnxruntime-gpu is
+  installed; ``TorchOCREngine`` (services/ocr/torch_engine.py) runs the same pipeline on torch,
+  the GPU default.
 - ``PaddleOCREngine``: PaddleOCR configured as flow_grpo does (``use_angle_cls=False``,
   ``lang="en"``), one image at a time; local model directories for offline nodes.
 """
@@ -64,16 +66,24 @@ class RapidOCREngine:
 
     def __init__(self, device: str, text_score: float, det_batch: int, rec_batch: int, threads: int | None) -> None:
         import onnxruntime as ort
-        from rapidocr_onnxruntime import RapidOCR
-        from rapidocr_onnxruntime.ch_ppocr_det.utils import DetPreProcess
 
         use_cuda = device.startswith("cuda")
         if use_cuda and "CUDAExecutionProvider" not in ort.get_available_providers():
             raise ConfigError(
                 "SCORER_DEVICE asks for cuda but onnxruntime has no CUDA provider; "
-                "install onnxruntime-gpu (requirements-ocr-gpu.txt) or set SCORER_DEVICE=cpu"
+                "install onnxruntime-gpu instead of onnxruntime, use SCORER_OCR_ENGINE=torch, or set SCORER_DEVICE=cpu"
             )
-        kwargs: dict[str, Any] = dict(
+        self._load_pipeline(use_cuda, text_score, det_batch, rec_batch)
+        self._tune_for_concurrency(threads)
+        self.providers = self.engine.text_det.infer.session.get_providers()
+        check_providers(device, self.providers, self.engine.text_rec.session.session.get_providers())
+
+    def _load_pipeline(self, use_cuda: bool, text_score: float, det_batch: int, rec_batch: int) -> None:
+        """RapidOCR itself: its pre- and post-processing, and its ONNX sessions."""
+        from rapidocr_onnxruntime import RapidOCR
+        from rapidocr_onnxruntime.ch_ppocr_det.utils import DetPreProcess
+
+        self.engine = RapidOCR(
             det_use_cuda=use_cuda,
             rec_use_cuda=use_cuda,
             cls_use_cuda=use_cuda,
@@ -81,12 +91,9 @@ class RapidOCREngine:
             text_score=text_score,
             use_cls=False,
         )
-        self.engine = RapidOCR(**kwargs)
-        self._tune_for_concurrency(threads)
         self.det_batch, self.rec_batch = det_batch, rec_batch
         det = self.engine.text_det
         self._det_pre = DetPreProcess(det.limit_side_len, det.limit_type, det.mean, det.std)
-        self.providers = det.infer.session.get_providers()
         self._detect: Callable[[Sequence[np.ndarray]], list[np.ndarray]] = self.detect_maps
         self._recognize: Callable[[Sequence[np.ndarray]], list[Line]] = self.recognize_lines
 
@@ -132,10 +139,18 @@ class RapidOCREngine:
         for index, tensor in enumerate(tensors):
             by_shape[tensor.shape].append(index)
         for indices in by_shape.values():
-            out = self.engine.text_det.infer(np.concatenate([tensors[i] for i in indices]))[0]
+            out = self.run_detector(np.concatenate([tensors[i] for i in indices]))
             for row, index in enumerate(indices):
                 maps[index] = out[row : row + 1]
         return maps
+
+    def run_detector(self, batch: np.ndarray) -> np.ndarray:
+        """The detector on a batch of equal-size inputs (N, 3, H, W) -> maps (N, 1, H, W)."""
+        return self.engine.text_det.infer(batch)[0]
+
+    def run_recognizer(self, batch: np.ndarray) -> np.ndarray:
+        """The recognizer on a batch of equal-width lines (N, 3, 48, W) -> character probabilities."""
+        return self.engine.text_rec.session(batch)[0]
 
     def recognition_input(self, crop: np.ndarray) -> np.ndarray:
         """A line crop resized and normalised for the recognizer, padded to a width that depends
@@ -156,10 +171,9 @@ class RapidOCREngine:
         by_width: dict[int, list[int]] = defaultdict(list)
         for index, line in enumerate(inputs):
             by_width[line.shape[-1]].append(index)
-        rec = self.engine.text_rec
         for indices in by_width.values():
-            probabilities = rec.session(np.stack([inputs[i] for i in indices]))[0]
-            for index, (text, confidence, *_) in zip(indices, rec.postprocess_op(probabilities)):
+            probabilities = self.run_recognizer(np.stack([inputs[i] for i in indices]))
+            for index, (text, confidence, *_) in zip(indices, self.engine.text_rec.postprocess_op(probabilities)):
                 found[index] = (text, float(confidence))
         return found
 
@@ -186,10 +200,23 @@ class RapidOCREngine:
         return {
             "engine": self.name,
             "models": "PP-OCRv4 det/rec (rapidocr-onnxruntime wheel)",
+            "device": "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu",
             "providers": self.providers,
             "det_batch": self.det_batch,
             "rec_batch": self.rec_batch,
         }
+
+
+def check_providers(device: str, *in_use: list[str]) -> None:
+    """No silent CPU: ONNX Runtime falls back to its CPU provider, with only a log line, when the
+    node's CUDA or cuDNN libraries do not match onnxruntime-gpu's build; a service asked for a GPU
+    then refuses to start rather than serve on the CPU while saying cuda."""
+    if device.startswith("cuda") and any(providers[0] != "CUDAExecutionProvider" for providers in in_use):
+        raise ConfigError(
+            f"SCORER_DEVICE={device} but ONNX Runtime runs on {in_use[0][0]} (providers {in_use}): the CUDA "
+            "provider failed to load (CUDA 12 / cuDNN 9 libraries of onnxruntime-gpu's build missing?); use "
+            "SCORER_OCR_ENGINE=torch or set SCORER_DEVICE=cpu"
+        )
 
 
 class PaddleOCREngine:

@@ -21,7 +21,10 @@ from services.ocr.reward import RuleOptions, check_targets, reward
 class OcrSettings(RuleOptions):
     """``SCORER_OCR_*``: the engine, and the server-wide matching options."""
 
-    engine: Literal["rapidocr", "paddleocr"] = "rapidocr"
+    # auto: torch on a GPU, rapidocr (ONNX Runtime) on the CPU.
+    engine: Literal["auto", "rapidocr", "torch", "paddleocr"] = "auto"
+    # The torch engine's precision on CUDA (float32 everywhere else).
+    torch_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     # Lines the engine reports below this confidence are dropped (RapidOCR's and PaddleOCR's 0.5).
     text_score: float = 0.5
     # Images per detector call and text lines per recognizer call, gathered across requests.
@@ -66,7 +69,9 @@ class OCRScorer(Scorer):
 
     def setup(self, device: str) -> None:
         s = self.settings
-        if s.engine == "paddleocr":
+        engine = s.engine if s.engine != "auto" else ("torch" if device.startswith("cuda") else "rapidocr")
+        det_batch = s.det_batch or (16 if device.startswith("cuda") else 1)
+        if engine == "paddleocr":
             paths = {
                 "det_model_dir": s.paddle_det_dir,
                 "rec_model_dir": s.paddle_rec_dir,
@@ -74,8 +79,11 @@ class OCRScorer(Scorer):
                 "rec_char_dict_path": s.paddle_rec_dict,
             }
             self.engine = PaddleOCREngine(device, {key: path for key, path in paths.items() if path})
+        elif engine == "torch":
+            from services.ocr.torch_engine import TorchOCREngine
+
+            self.engine = TorchOCREngine(device, s.text_score, det_batch, s.rec_batch, s.onnx_threads, s.torch_dtype)
         else:
-            det_batch = s.det_batch or (16 if device.startswith("cuda") else 1)
             self.engine = RapidOCREngine(device, s.text_score, det_batch, s.rec_batch, s.onnx_threads)
         self.engine.start(self.batched_stage)
         self._warm_up()
