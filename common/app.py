@@ -18,7 +18,7 @@ from common.errors import PayloadTooLarge, ScorerError, Unauthorized
 from common.protocol import decode_body, encode_body, wire_format
 from common.registry import load_scorer_class
 from common.runtime import ScorerRuntime
-from common.scorer import Scored
+from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 
 log = logging.getLogger(__name__)
@@ -54,13 +54,17 @@ def collate(results: list[float | Scored]) -> dict[str, Any]:
     return out
 
 
-def create_app(service: str | None = None, core: CoreSettings | None = None) -> Flask:
-    """Build the app of ``service`` (default ``SCORER_SERVICE``) and start loading its model."""
+def create_app(scorer: Scorer | None = None) -> Flask:
+    """Build the app of ``scorer`` and start loading its model in the background. Default: the
+    scorer of the service ``SCORER_SERVICE`` names (``common.registry``), with the ``SCORER_*``
+    settings; tests pass their own."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    core = core or from_env(CoreSettings)
-    service = service or core.service
-    scorer = load_scorer_class(service)(core)
+    if scorer is None:
+        core = from_env(CoreSettings)
+        scorer = load_scorer_class(core.service)(core)
+    core = scorer.core
+    service = scorer.name
     runtime = ScorerRuntime(scorer)
 
     app = Flask(f"scorer.{service}")
@@ -130,9 +134,9 @@ def create_app(service: str | None = None, core: CoreSettings | None = None) -> 
             gpu=os.environ.get(GPU_ENV),
             ready=runtime.ready,
             setup_error=runtime.setup_error,
-            # A scorer that is not batched as a whole batches its own stages (see its model info).
+            # A scorer that scores requests itself batches its own stages (see its model info).
             batching={"max_batch": runtime.max_batch, "max_wait_ms": runtime.max_wait_ms, "max_queue": core.max_queue}
-            if scorer.batched
+            if not scorer.scores_requests()
             else {"stages": True, "max_queue": core.max_queue},
             settings=describe(core),
             model=scorer.info(),

@@ -28,7 +28,7 @@ class ScorerRuntime:
         self.scorer = scorer
         self.device = choose_device(scorer.core.device)
         self.max_batch, self.max_wait_ms = scorer.batch_settings()
-        self._score = scorer.score
+        self._score = scorer.score_request
         # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
         # and holds back the first items the model could already be working on.
         self._decoding = threading.BoundedSemaphore(scorer.core.decode_threads or os.cpu_count() or 1)
@@ -43,7 +43,7 @@ class ScorerRuntime:
         started = time.perf_counter()
         try:
             self.scorer.setup(self.device)
-            if self.scorer.batched:
+            if not self.scorer.scores_requests():
                 self._score = self.scorer.batched_stage(self.scorer.score, "score")
         except Exception as exc:
             self.setup_error = f"{type(exc).__name__}: {exc}"
@@ -71,7 +71,7 @@ class ScorerRuntime:
             return self.scorer.decode(payload)
 
     def run(self, items: Sequence[Any]) -> list[Any]:
-        """Score ``items``: through the batcher for a batched scorer, else on this thread."""
+        """Score one request's ``items``: through the batcher to ``score``, or ``score_request``."""
         results = list(self._score(items)) if items else []
         metrics.ITEMS.labels(self.scorer.name).inc(len(results))
         return results

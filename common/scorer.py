@@ -30,22 +30,24 @@ class Scored:
 
 
 class Scorer(ABC):
-    """Base class of every scorer.
+    """Base class of every scorer: ``setup``, ``decode``, and one of ``score`` / ``score_request``.
 
-    Class attributes give the batching defaults beside the model, as LitServe does; the
-    ``SCORER_MAX_BATCH`` / ``SCORER_MAX_WAIT_MS`` settings override them.
+    ``score(batch)`` is the model call over items gathered from concurrent requests; the
+    runtime batches it. A scorer whose pipeline has several model calls with per-item work
+    between them implements ``score_request(items)`` instead and batches each model call itself
+    (``batched_stage``). Class attributes give the batching defaults beside the model, as LitServe
+    does; the ``SCORER_MAX_BATCH`` / ``SCORER_MAX_WAIT_MS`` settings override them.
     """
 
     name: ClassVar[str]
     max_batch: ClassVar[int] = 16
     max_wait_ms: ClassVar[float] = 5.0
-    # False: ``score`` runs on the request thread itself, for scorers whose work is not a
-    # batched model call (the code verifier runs sandboxes under its own slot limit).
-    batched: ClassVar[bool] = True
 
     def __init__(self, core: CoreSettings) -> None:
         """Read the scorer's own settings; raise ``ConfigError`` here for a bad setting, so
         the service refuses to start. Keep it cheap: loading belongs in ``setup``."""
+        if (type(self).score is not Scorer.score) == self.scores_requests():
+            raise TypeError(f"{type(self).__name__}: implement exactly one of score(batch) and score_request(items)")
         self.core = core
 
     @abstractmethod
@@ -65,9 +67,21 @@ class Scorer(ABC):
         ``common.errors.Unprocessable`` / ``PayloadTooLarge`` for bad input.
         """
 
-    @abstractmethod
     def score(self, batch: Sequence[Any]) -> Sequence[float | Scored]:
-        """Score a batch of items (from one or many requests), one result per item, in order."""
+        """Score a batch of items gathered from one or many requests, one result per item, in
+        order. Runs on the worker's inference thread, one batch at a time."""
+        raise NotImplementedError
+
+    def score_request(self, items: Sequence[Any]) -> Sequence[float | Scored]:
+        """Score one request's items on its request thread, one result per item, in order; for
+        scorers that batch their model calls stage by stage (``batched_stage``) rather than as
+        one ``score`` call."""
+        raise NotImplementedError
+
+    @classmethod
+    def scores_requests(cls) -> bool:
+        """True when the scorer implements ``score_request`` (and batches its own stages)."""
+        return cls.score_request is not Scorer.score_request
 
     def batch_settings(self) -> tuple[int, float]:
         """The batch size and wait of a batched call: ``SCORER_MAX_BATCH`` / ``SCORER_MAX_WAIT_MS``
@@ -88,8 +102,8 @@ class Scorer(ABC):
 
         The runtime wraps ``score`` this way. A scorer whose pipeline has several model calls
         with per-item work between them (OCR: detection, box post-processing, recognition)
-        sets ``batched = False`` and wraps each model call instead, so the work between them runs
-        on the request threads, in parallel. Call from ``setup``.
+        implements ``score_request`` and wraps each model call instead, so the work between them
+        runs on the request threads, in parallel. Call from ``setup``.
         """
         default_size, wait = self.batch_settings()
         size = max_batch or default_size  # a stage's own size (its own setting) comes first

@@ -23,8 +23,8 @@ from transformers import CLIPModel, CLIPProcessor
 
 from common.config import ConfigError
 from common.settings import CoreSettings
-from services.aesthetic.random_clip import save_random_clip
 from services.aesthetic.scorer import DEFAULT_HEAD, AestheticScorer
+from tests.random_clip import save_random_clip
 from tests.server import ROOT, gunicorn_server, running_server
 
 pytestmark = pytest.mark.skipif(not DEFAULT_HEAD.is_file(), reason=f"LAION head not at {DEFAULT_HEAD}")

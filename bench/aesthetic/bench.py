@@ -36,8 +36,8 @@ import requests
 from PIL import Image
 
 from common.images import decode_image
-from services.aesthetic.random_clip import save_random_clip
 from services.aesthetic.scorer import DEFAULT_HEAD
+from tests.random_clip import save_random_clip
 
 ROOT = Path(__file__).resolve().parents[2]
 

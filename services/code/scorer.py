@@ -39,7 +39,6 @@ INFRA_HELP = (
 
 class CodeScorer(Scorer):
     name = "code"
-    batched = False
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
@@ -158,10 +157,11 @@ class CodeScorer(Scorer):
             return verdict.score
         return math.nan if self.settings.infra_failure_score == "nan" else 0.0
 
-    def score(self, batch: Sequence[Sample]) -> list[Scored]:
+    def score_request(self, items: Sequence[Sample]) -> list[Scored]:
+        """Sandboxed runs, under the grader's own slot limit rather than a batcher."""
         return [
             Scored(self.reward(v), {"error_types": None if v.status == "passed" else v.status})
-            for v in self.grade(batch)
+            for v in self.grade(items)
         ]
 
     def info(self) -> dict[str, Any]:

@@ -58,8 +58,6 @@ class OcrItem:
 class OCRScorer(Scorer):
     name = "ocr"
     max_wait_ms = 10.0
-    # The engine batches its model calls stage by stage (see ``OcrEngine``).
-    batched = False
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
@@ -104,9 +102,10 @@ class OCRScorer(Scorer):
             items.append(OcrItem(self.engine.prepare(image), targets, options))
         return items
 
-    def score(self, batch: Sequence[OcrItem]) -> list[float]:
-        lines = self.engine.read([item.prepared for item in batch])
-        return [reward(item.targets, found, item.options) for item, found in zip(batch, lines)]
+    def score_request(self, items: Sequence[OcrItem]) -> list[float]:
+        """The engine batches its model calls stage by stage across requests (see ``OcrEngine``)."""
+        lines = self.engine.read([item.prepared for item in items])
+        return [reward(item.targets, found, item.options) for item, found in zip(items, lines)]
 
     def info(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,202 @@
+"""The core's request path, in process: ``create_app`` with a fake scorer and Flask's test client.
+
+These cover what every scorer gets from ``common`` (wire formats, limits, readiness, errors,
+batching across requests, metrics) in milliseconds; the real-gunicorn tests cover the same
+path end to end for the shipped scorers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from common.app import create_app
+from common.errors import Unprocessable
+from common.scorer import Scored, Scorer
+from common.settings import CoreSettings
+
+
+class LengthScorer(Scorer):
+    """Scores each prompt by its length and keeps every batch it was given."""
+
+    name = "length"
+    max_batch = 8
+    max_wait_ms = 1.0
+
+    def __init__(self, core: CoreSettings, loaded: threading.Event | None = None, fail: str = "") -> None:
+        super().__init__(core)
+        self.loaded = loaded
+        self.fail = fail
+        self.batches: list[list[str]] = []
+
+    def setup(self, device: str) -> None:
+        if self.loaded is not None:
+            self.loaded.wait()
+        if self.fail:
+            raise RuntimeError(self.fail)
+
+    def decode(self, payload: dict[str, Any]) -> list[str]:
+        prompts = payload.get("prompts")
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise Unprocessable("'prompts' must be a list of strings")
+        return prompts
+
+    def score(self, batch: Sequence[str]) -> list[Scored]:
+        self.batches.append(list(batch))
+        return [Scored(float(len(prompt)), {"echo": prompt}) for prompt in batch]
+
+
+class RequestScorer(LengthScorer):
+    """The same rule, scored on the request thread (``score_request``)."""
+
+    name = "length-request"
+    score = Scorer.score  # type: ignore[assignment]
+
+    def score_request(self, items: Sequence[str]) -> list[float]:
+        self.batches.append(list(items))
+        return [float(len(prompt)) for prompt in items]
+
+
+def client_of(scorer: Scorer) -> FlaskClient:
+    app: Flask = create_app(scorer)
+    return app.test_client()
+
+
+def post_pickle(client: FlaskClient, payload: Any, path: str = "/", **kwargs: Any) -> tuple[int, Any]:
+    response = client.post(path, data=pickle.dumps(payload), content_type="application/octet-stream", **kwargs)
+    return response.status_code, pickle.loads(response.data)
+
+
+def test_pickle_and_json_give_the_same_answer() -> None:
+    client = client_of(LengthScorer(CoreSettings()))
+    status, answer = post_pickle(client, {"prompts": ["ab", "abcd"]})
+    assert status == 200
+    assert answer == {"scores": [2.0, 4.0], "outputs": [2.0, 4.0], "echo": ["ab", "abcd"]}
+    response = client.post("/score", json={"prompts": ["ab", "abcd"]})
+    assert response.status_code == 200 and response.get_json() == answer
+
+
+def test_a_pickle_naming_a_function_is_400_and_nothing_runs(tmp_path) -> None:
+    target = tmp_path / "pwned"
+
+    class Touch:
+        def __reduce__(self):
+            return (os.system, (f"touch {target}",))
+
+    status, answer = post_pickle(client_of(LengthScorer(CoreSettings())), {"prompts": [Touch()]})
+    assert status == 400 and "system" in answer["error"]
+    assert not target.exists()
+
+
+def test_bad_content_is_422_in_the_request_format() -> None:
+    client = client_of(LengthScorer(CoreSettings()))
+    response = client.post("/", json={"prompts": [1]})
+    assert response.status_code == 422
+    assert response.get_json() == {"error": "'prompts' must be a list of strings"}
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read() -> None:
+    client = client_of(LengthScorer(CoreSettings(max_body_bytes=64)))
+    status, answer = post_pickle(client, {"prompts": ["x" * 100]})
+    assert status == 413 and "limit is 64" in answer["error"]
+
+
+def test_a_bearer_token_is_checked_before_anything_else() -> None:
+    client = client_of(LengthScorer(CoreSettings(auth_token="s3cret")))
+    assert post_pickle(client, {"prompts": ["a"]})[0] == 401
+    assert post_pickle(client, {"prompts": ["a"]}, headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert post_pickle(client, {"prompts": ["a"]}, headers={"Authorization": "bearer s3cret"})[0] == 200
+    assert client.get("/health").status_code == 200  # GETs need no token
+
+
+def test_a_request_waits_for_the_model_then_gets_503() -> None:
+    loaded = threading.Event()
+    client = client_of(LengthScorer(CoreSettings(ready_wait_s=0.05), loaded=loaded))
+    try:
+        assert client.get("/health").status_code == 200
+        assert client.get("/ready").status_code == 503
+        status, answer = post_pickle(client, {"prompts": ["a"]})
+        assert status == 503 and "loading" in answer["error"]
+    finally:
+        loaded.set()
+
+
+def test_a_request_arriving_while_loading_is_answered_once_loaded() -> None:
+    loaded = threading.Event()
+    client = client_of(LengthScorer(CoreSettings(ready_wait_s=30), loaded=loaded))
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post_pickle, client, {"prompts": ["abc"]})
+        loaded.set()
+        assert pending.result(timeout=30) == (200, {"scores": [3.0], "outputs": [3.0], "echo": ["abc"]})
+
+
+def test_a_failed_setup_shows_its_reason_on_ready_and_on_requests() -> None:
+    client = client_of(LengthScorer(CoreSettings(), fail="weights not found: set SCORER_X"))
+    status, answer = post_pickle(client, {"prompts": ["a"]})
+    assert status == 503 and "weights not found: set SCORER_X" in answer["error"]
+    ready = client.get("/ready")
+    assert ready.status_code == 503 and "weights not found" in ready.get_json()["reason"]
+
+
+def test_concurrent_requests_share_one_batch() -> None:
+    scorer = LengthScorer(CoreSettings(max_wait_ms=500, max_batch=4))
+    client = client_of(scorer)
+    assert post_pickle(client, {"prompts": ["warm"]})[0] == 200
+    scorer.batches.clear()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: post_pickle(client, {"prompts": [p]}), ["a", "bb", "ccc", "dddd"]))
+    assert [a["scores"] for _, a in answers] == [[1.0], [2.0], [3.0], [4.0]]
+    assert sorted(map(sorted, scorer.batches)) == [["a", "bb", "ccc", "dddd"]]
+
+
+def test_a_request_scorer_scores_each_request_on_its_own() -> None:
+    scorer = RequestScorer(CoreSettings())
+    client = client_of(scorer)
+    assert post_pickle(client, {"prompts": ["ab", "c"]}) == (200, {"scores": [2.0, 1.0], "outputs": [2.0, 1.0]})
+    assert scorer.batches == [["ab", "c"]]
+    info = client.get("/info").get_json()
+    assert info["batching"]["stages"] is True and info["service"] == "length-request"
+
+
+def test_a_scorer_implements_exactly_one_scoring_method() -> None:
+    class Neither(LengthScorer):
+        score = Scorer.score  # type: ignore[assignment]
+
+    class Both(RequestScorer):
+        score = LengthScorer.score
+
+    for cls in (Neither, Both):
+        with pytest.raises(TypeError, match="exactly one of score"):
+            cls(CoreSettings())
+
+
+def test_metrics_count_requests_and_items() -> None:
+    client = client_of(LengthScorer(CoreSettings()))
+
+    def items_scored() -> float:
+        text = client.get("/metrics").get_data(as_text=True)
+        line = next((row for row in text.splitlines() if row.startswith('scorer_items_total{service="length"}')), "")
+        return float(line.split()[-1]) if line else 0.0
+
+    before = items_scored()
+    assert post_pickle(client, {"prompts": ["a", "b", "c"]})[0] == 200
+    assert post_pickle(client, {"prompts": "not a list"})[0] == 422
+    assert items_scored() == before + 3
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'scorer_requests_total{route="/",service="length",status="422"}' in text
+
+
+def test_info_describes_the_scorer_and_masks_the_token() -> None:
+    info = client_of(LengthScorer(CoreSettings(auth_token="s3cret"))).get("/info").get_json()
+    assert info["scorer"] == "LengthScorer" and info["batching"]["max_batch"] == 8
+    assert info["settings"]["auth_token"] == "***"
+    assert "s3cret" not in json.dumps(info)
