@@ -1,4 +1,5 @@
-"""The app factory: any ``Scorer`` becomes a Flask app with the endpoints of DESIGN 3."""
+"""The app factory: any ``Scorer`` becomes a Flask app: its protocols' routes (``common.protocols``)
+on one request path, and ``/health``, ``/ready``, ``/info``, ``/metrics``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
@@ -15,21 +17,13 @@ from common import __version__, metrics
 from common.config import describe, from_env
 from common.devices import GPU_ENV
 from common.errors import PayloadTooLarge, ScorerError, Unauthorized
-from common.protocol import decode_body, encode_body, wire_format
+from common.protocols import Protocol, core_protocol
 from common.registry import load_scorer_class
 from common.runtime import ScorerRuntime
-from common.scorer import Scored, Scorer
+from common.scorer import Scorer
 from common.settings import CoreSettings
 
 log = logging.getLogger(__name__)
-
-SCORE_ROUTES = ("/", "/score")
-
-
-def answer(obj: dict[str, Any], status: int = 200) -> Response:
-    """Encode ``obj`` in the format the client spoke (pickle unless it sent JSON)."""
-    body, mimetype = encode_body(obj, wire_format(request.content_type))
-    return Response(body, status=status, mimetype=mimetype)
 
 
 def read_body(limit: int) -> bytes:
@@ -41,17 +35,6 @@ def read_body(limit: int) -> bytes:
     if len(body) > limit:
         raise PayloadTooLarge(f"body over the limit of {limit} bytes")
     return body
-
-
-def collate(results: list[float | Scored]) -> dict[str, Any]:
-    """Results to the answer: ``scores`` and ``outputs`` (flow_grpo reads ``outputs``), plus one
-    per-sample list for each extras key of ``Scored`` results."""
-    scores = [float(r.score if isinstance(r, Scored) else r) for r in results]
-    out: dict[str, Any] = {"scores": scores, "outputs": scores}
-    keys = {key for r in results if isinstance(r, Scored) for key in r.extras}
-    for key in sorted(keys):
-        out[key] = [r.extras.get(key) if isinstance(r, Scored) else None for r in results]
-    return out
 
 
 def create_app(scorer: Scorer | None = None) -> Flask:
@@ -68,7 +51,16 @@ def create_app(scorer: Scorer | None = None) -> Flask:
     runtime = ScorerRuntime(scorer)
 
     app = Flask(f"scorer.{service}")
-    app.extensions["scorer_runtime"] = runtime
+    protocols = [core_protocol(scorer), *scorer.protocols()]
+    protocol_of: dict[str, Protocol] = {}  # endpoint -> its protocol
+
+    def current_protocol() -> Protocol:
+        """The protocol of the route requested; the core's on any other path."""
+        return protocol_of.get(request.endpoint or "", protocols[0])
+
+    def answer(obj: dict[str, Any], status: int = 200) -> Response:
+        body, mimetype = current_protocol().encode(obj, request.content_type)
+        return Response(body, status=status, mimetype=mimetype)
 
     @app.before_request
     def check_token() -> None:
@@ -81,9 +73,10 @@ def create_app(scorer: Scorer | None = None) -> Flask:
 
     @app.errorhandler(ScorerError)
     def scorer_error(error: ScorerError) -> Response:
-        if error.status >= 500:
-            log.warning("%s %s -> %d: %s", request.method, request.path, error.status, error.message)
-        return answer({"error": error.message}, error.status)
+        status = current_protocol().status(error)
+        if status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.path, status, error.message)
+        return answer({"error": error.message}, status)
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> Response:
@@ -104,15 +97,22 @@ def create_app(scorer: Scorer | None = None) -> Flask:
                 metrics.ERRORS.labels(service, str(response.status_code)).inc()
         return response
 
-    def score_view() -> Response:
-        body = read_body(core.max_body_bytes)
-        payload = decode_body(body, wire_format(request.content_type))
-        runtime.wait_ready()
-        items = runtime.decode(payload)
-        return answer(collate(runtime.run(items)))
+    def serve(protocol: Protocol) -> Callable[[], Response]:
+        """The one request path, for every protocol: body, payload, readiness, items, results, answer."""
 
-    for rule in SCORE_ROUTES:
-        app.add_url_rule(rule, endpoint=f"score{rule}", view_func=score_view, methods=["POST"])
+        def view() -> Response:
+            payload = protocol.decode(read_body(core.max_body_bytes), request.content_type)
+            runtime.wait_ready()
+            items = runtime.decode(protocol.items, payload)
+            return answer(protocol.answer(runtime.run(items)))
+
+        return view
+
+    for protocol in protocols:
+        for rule in protocol.routes:
+            endpoint = f"{protocol.name}{rule}"
+            protocol_of[endpoint] = protocol
+            app.add_url_rule(rule, endpoint=endpoint, view_func=serve(protocol), methods=["POST"])
 
     @app.get("/health")
     def health() -> Response:
@@ -147,9 +147,6 @@ def create_app(scorer: Scorer | None = None) -> Flask:
     def prometheus() -> Response:
         body, content_type = metrics.render()
         return Response(body, content_type=content_type)
-
-    for blueprint in scorer.blueprints():
-        app.register_blueprint(blueprint)
 
     runtime.start()
     return app

@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import metrics
@@ -65,10 +65,11 @@ class ScorerRuntime:
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
 
-    def decode(self, payload: dict[str, Any]) -> list[Any]:
-        """The scorer's ``decode``, at most ``decode_threads`` requests at a time."""
+    def decode(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
+        """``to_items(payload)`` (a protocol's, e.g. the scorer's ``decode``), at most
+        ``decode_threads`` requests at a time."""
         with self._decoding:
-            return self.scorer.decode(payload)
+            return to_items(payload)
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         """Score one request's ``items``: through the batcher to ``score``, or ``score_request``."""

@@ -11,11 +11,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from common import metrics
 from common.batching import BatchedCall, DynamicBatcher
 from common.settings import CoreSettings
+
+if TYPE_CHECKING:
+    from common.protocols import Protocol
 
 
 @dataclass
@@ -124,6 +127,6 @@ class Scorer(ABC):
         """Model description for ``GET /info``."""
         return {}
 
-    def blueprints(self) -> list[Any]:
-        """Extra Flask blueprints for protocols beyond the core ``POST /`` (e.g. OpenRLHF)."""
+    def protocols(self) -> list[Protocol]:
+        """Protocols spoken beyond the core's ``POST /`` (e.g. OpenRLHF's), on the same request path."""
         return []

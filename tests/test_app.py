@@ -20,7 +20,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from common.app import create_app
-from common.errors import Unprocessable
+from common.errors import PayloadTooLarge, Unprocessable
+from common.protocols import Protocol
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 
@@ -64,6 +65,25 @@ class RequestScorer(LengthScorer):
     def score_request(self, items: Sequence[str]) -> list[float]:
         self.batches.append(list(items))
         return [float(len(prompt)) for prompt in items]
+
+
+class TwoProtocolScorer(LengthScorer):
+    """Also speaks a JSON-only protocol on ``/alt`` whose clients see 413 as 422."""
+
+    name = "length-alt"
+
+    def protocols(self) -> list[Protocol]:
+        return [
+            Protocol(
+                name="alt",
+                routes=("/alt",),
+                decode=lambda body, _type: {"prompts": json.loads(body)["texts"]},
+                items=self.decode,
+                answer=lambda results: {"rewards": [r.score for r in results]},
+                encode=lambda obj, _type: (json.dumps(obj).encode(), "application/json"),
+                status=lambda error: 422 if isinstance(error, PayloadTooLarge) else error.status,
+            )
+        ]
 
 
 def client_of(scorer: Scorer) -> FlaskClient:
@@ -200,3 +220,25 @@ def test_info_describes_the_scorer_and_masks_the_token() -> None:
     assert info["scorer"] == "LengthScorer" and info["batching"]["max_batch"] == 8
     assert info["settings"]["auth_token"] == "***"
     assert "s3cret" not in json.dumps(info)
+
+
+def test_every_protocol_takes_the_same_path() -> None:
+    """Body limit, readiness before validation, item metrics, error encoding: the same on a
+    scorer's own protocol as on the core's."""
+    loaded = threading.Event()
+    client = client_of(TwoProtocolScorer(CoreSettings(max_body_bytes=64, ready_wait_s=0.05), loaded=loaded))
+    try:
+        not_ready = client.post("/alt", data=json.dumps({"texts": [1]}))  # invalid, but the model is not loaded
+        assert not_ready.status_code == 503 and "loading" in not_ready.get_json()["error"]
+    finally:
+        loaded.set()
+    ok = client.post("/alt", data=json.dumps({"texts": ["ab", "c"]}))
+    assert ok.status_code == 200 and ok.get_json() == {"rewards": [2.0, 1.0]}
+    too_large = client.post("/alt", data=json.dumps({"texts": ["x" * 100]}))
+    assert too_large.status_code == 422 and "limit is 64" in too_large.get_json()["error"]
+    invalid = client.post("/alt", data=json.dumps({"texts": [1]}))
+    assert invalid.status_code == 422 and invalid.is_json
+    assert post_pickle(client, {"prompts": ["x" * 100]})[0] == 413  # the core protocol keeps its 413
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'scorer_items_total{service="length-alt"} 2.0' in text
+    assert 'scorer_requests_total{route="/alt",service="length-alt",status="422"} 2.0' in text

@@ -1,32 +1,32 @@
-"""OpenRLHF's remote reward protocol (DESIGN 2.2): ``POST /reward/score`` and ``/get_reward``.
+"""OpenRLHF's remote reward protocol: ``POST /reward/score`` and ``/get_reward``
+(docs/ARCHITECTURE.md, "Wire contracts").
 
 Request JSON ``{"query" | "outputs": [str], "prompts": [str], "labels": [any]}``; answer
 ``{"rewards", "scores", "extra_logs", "error_types"}``, one entry per sample in each list
 (every ``extra_logs`` value too: OpenRLHF logs each list's mean). NaN is written as the JSON
-constant, which Flask's own JSON provider refuses.
+constant, which Flask's own JSON provider refuses. OpenRLHF retries any failure, so a body it
+cannot decode or that is too large is a 422, which it does not retry.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-from flask import Blueprint, Response, current_app
-
-from common.app import read_body
-from common.errors import BadRequest, PayloadTooLarge, Unprocessable
+from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
 from common.protocol import decode_body
-from services.code.grader import STATUSES, Verdict
-
-if TYPE_CHECKING:
-    from services.code.scorer import CodeScorer
+from common.protocols import Protocol
+from services.code.grader import STATUSES
+from services.code.scorer import CodeScorer, Graded
 
 ROUTES = ("/reward/score", "/get_reward")
 
 
-def answer(scorer: CodeScorer, verdicts: list[Verdict]) -> dict[str, Any]:
+def answer(results: Sequence[Graded]) -> dict[str, Any]:
     """The OpenRLHF answer: rewards, and per-sample indicators whose means are rates."""
-    rewards = [scorer.reward(v) for v in verdicts]
+    rewards = [r.score for r in results]
+    verdicts = [r.verdict for r in results]
     extra_logs: dict[str, list[float]] = {
         "pass_fraction": [v.passed / v.total if v.total else 0.0 for v in verdicts],
         "no_verdict": [float(v.score is None) for v in verdicts],
@@ -41,23 +41,27 @@ def answer(scorer: CodeScorer, verdicts: list[Verdict]) -> dict[str, Any]:
     }
 
 
-def blueprint(scorer: CodeScorer) -> Blueprint:
-    bp = Blueprint("openrlhf", __name__)
+def encode(obj: dict[str, Any], _content_type: str | None) -> tuple[bytes, str]:
+    return json.dumps(obj, allow_nan=True).encode(), "application/json"
 
-    def reward_view() -> Response:
-        try:
-            payload = decode_body(read_body(scorer.core.max_body_bytes), "json")
-        except (BadRequest, PayloadTooLarge) as exc:
-            # OpenRLHF retries any failure; DESIGN 2.2 answers every malformed or oversized body 422.
-            raise Unprocessable(exc.message) from None
+
+def status(error: ScorerError) -> int:
+    return Unprocessable.status if isinstance(error, BadRequest | PayloadTooLarge) else error.status
+
+
+def protocol(scorer: CodeScorer) -> Protocol:
+    def items(payload: dict[str, Any]) -> list[Any]:
         key = "query" if "query" in payload else "outputs"
         if key not in payload:
             raise Unprocessable("body needs 'query' (prompt + response) or 'outputs' (responses), and 'prompts'")
-        samples = scorer.samples(payload[key], payload.get("prompts"), payload.get("labels"), from_query=key == "query")
-        current_app.extensions["scorer_runtime"].wait_ready()
-        body = json.dumps(answer(scorer, scorer.grade(samples)), allow_nan=True)
-        return Response(body, mimetype="application/json")
+        return scorer.samples(payload[key], payload.get("prompts"), payload.get("labels"), from_query=key == "query")
 
-    for rule in ROUTES:
-        bp.add_url_rule(rule, endpoint=rule.strip("/").replace("/", "_"), view_func=reward_view, methods=["POST"])
-    return bp
+    return Protocol(
+        name="openrlhf",
+        routes=ROUTES,
+        decode=lambda body, _content_type: decode_body(body, "json"),
+        items=items,
+        answer=answer,  # type: ignore[arg-type]  # the code scorer's results are Graded
+        encode=encode,
+        status=status,
+    )

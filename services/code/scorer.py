@@ -17,6 +17,7 @@ from typing import Any
 
 from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable
+from common.protocols import Protocol
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 from services.code import environments, sandbox
@@ -35,6 +36,14 @@ INFRA_HELP = (
     "scores it as if the code had failed, which biases training against correct code when the "
     "infrastructure is at fault. There is no default because the right choice depends on the trainer."
 )
+
+
+class Graded(Scored):
+    """A sample's reward with the verdict behind it (the OpenRLHF answer reports its rates)."""
+
+    def __init__(self, score: float, verdict: Verdict) -> None:
+        super().__init__(score, {"error_types": None if verdict.status == "passed" else verdict.status})
+        self.verdict = verdict
 
 
 class CodeScorer(Scorer):
@@ -157,12 +166,9 @@ class CodeScorer(Scorer):
             return verdict.score
         return math.nan if self.settings.infra_failure_score == "nan" else 0.0
 
-    def score_request(self, items: Sequence[Sample]) -> list[Scored]:
+    def score_request(self, items: Sequence[Sample]) -> list[Graded]:
         """Sandboxed runs, under the grader's own slot limit rather than a batcher."""
-        return [
-            Scored(self.reward(v), {"error_types": None if v.status == "passed" else v.status})
-            for v in self.grade(items)
-        ]
+        return [Graded(self.reward(v), v) for v in self.grade(items)]
 
     def info(self) -> dict[str, Any]:
         return {
@@ -172,7 +178,7 @@ class CodeScorer(Scorer):
             "settings": asdict(self.settings),
         }
 
-    def blueprints(self) -> list[Any]:
-        from services.code.openrlhf import blueprint
+    def protocols(self) -> list[Protocol]:
+        from services.code.openrlhf import protocol
 
-        return [blueprint(self)]
+        return [protocol(self)]

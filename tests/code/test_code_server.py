@@ -317,3 +317,21 @@ def test_call_tests_share_a_process_but_fail_one_by_one(server: Server) -> None:
     # Writing to the result pipe itself only spoils the program's own first test: never NaN.
     assert out["rewards"] == [0.75] * 5, out
     assert out["error_types"] == ["runtime_error", "timeout", "runtime_error", "runtime_error", "memory_limit"]
+
+
+def test_openrlhf_requests_take_the_core_path(server: Server) -> None:
+    """The OpenRLHF route counts its samples and requests in /metrics like the core route, and
+    answers a malformed body with 422 in JSON."""
+
+    def items_scored() -> float:
+        text = requests.get(server.url + "/metrics", timeout=10).text
+        line = next(row for row in text.splitlines() if row.startswith('scorer_items_total{service="code"}'))
+        return float(line.split()[-1])
+
+    before = items_scored()
+    grade(server.url, [REFERENCE, REFERENCE], {})
+    assert items_scored() == before + 2
+    response = requests.post(server.url + "/get_reward", data=b"\x80not json", timeout=10)
+    assert response.status_code == 422 and "error" in response.json()
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    assert 'route="/get_reward",service="code",status="422"' in text
