@@ -48,8 +48,19 @@ ensure_system_packages() {
   for i in "${!SYSTEM_PACKAGES[@]}"; do
     has_command "${SYSTEM_COMMANDS[$i]}" || missing+=("${SYSTEM_PACKAGES[$i]}")
   done
-  [ ${#missing[@]} -gt 0 ] || return 0
+  # Debian and Ubuntu ship Python's venv module (and ensurepip) in a package of their own.
+  local no_venv=
+  if [ -n "$VENV" ] && ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then no_venv=1; fi
+  [ ${#missing[@]} -gt 0 ] || [ -n "$no_venv" ] || return 0
   local install update=()
+  if [ -n "$no_venv" ]; then
+    if has_command apt-get; then
+      missing+=(python3-venv)
+    else
+      log "$PYTHON cannot create virtual environments (no venv/ensurepip module): install them for it, then run this again"
+      exit 1
+    fi
+  fi
   if has_command apt-get; then
     update=(apt-get update -qq)
     install=(apt-get install -y -qq --no-install-recommends "${missing[@]}")
@@ -74,11 +85,17 @@ ensure_system_packages() {
     fi
   fi
   log "installing system packages: ${missing[*]}"
-  if [ ${#update[@]} -gt 0 ]; then DEBIAN_FRONTEND=noninteractive "${sudo[@]}" "${update[@]}"; fi
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" "${install[@]}"
+  # sudo resets the environment: the variable goes on its command line.
+  if [ ${#sudo[@]} -gt 0 ]; then sudo+=(DEBIAN_FRONTEND=noninteractive); else export DEBIAN_FRONTEND=noninteractive; fi
+  if [ ${#update[@]} -gt 0 ]; then "${sudo[@]}" "${update[@]}"; fi
+  "${sudo[@]}" "${install[@]}"
   for i in "${!SYSTEM_PACKAGES[@]}"; do
     has_command "${SYSTEM_COMMANDS[$i]}" || { log "${SYSTEM_PACKAGES[$i]} installed but ${SYSTEM_COMMANDS[$i]} not found"; exit 1; }
   done
+  if [ -n "$no_venv" ] && ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    log "python3-venv installed but $PYTHON still has no venv module"
+    exit 1
+  fi
 }
 
 # ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages.

@@ -33,13 +33,18 @@ echo "$(basename "$0") $*" >>"$FAKE/calls"
 case $1 in install|add)
   for arg in "$@"; do
     cmd=
-    case $arg in {arms} esac
+    case $arg in {arms} python3-venv) touch "$FAKE/venv-installed" ;; esac
     if [ -n "$cmd" ]; then printf '#!/bin/sh\\n' >"$FAKE/bin/$cmd"; chmod 755 "$FAKE/bin/$cmd"; fi
   done ;;
 esac
 """
+# A python3 without the venv module until the package manager installs python3-venv, as on Debian.
+PYTHON_WITHOUT_VENV = """#!/bin/bash
+if [ "$1" = -c ] && [[ "$2" == *ensurepip* ]] && [ ! -e "$FAKE/venv-installed" ]; then exit 1; fi
+exec {python} "$@"
+"""
 # sudo that lets this user run anything without a password, and one that asks for a password.
-SUDO_ALLOWED = '#!/bin/bash\n[ "$1" = -n ] && exit 0\necho "sudo $*" >>"$FAKE/calls"\nexec "$@"\n'
+SUDO_ALLOWED = '#!/bin/bash\n[ "$1" = -n ] && exit 0\necho "sudo $*" >>"$FAKE/calls"\nexec env "$@"\n'
 SUDO_REFUSED = '#!/bin/bash\n[ "$1" = -n ] && exit 1\necho "sudo $*" >>"$FAKE/calls"\nexit 1\n'
 
 
@@ -147,9 +152,9 @@ def test_a_user_with_passwordless_sudo_installs_through_it(fake: Path) -> None:
     result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "nginx", "sudo"], user=NOBODY)
     assert result.returncode == 0, result.stderr
     assert calls(fake) == [
-        "sudo apt-get update -qq",
+        "sudo DEBIAN_FRONTEND=noninteractive apt-get update -qq",
         "apt-get update -qq",
-        "sudo apt-get install -y -qq --no-install-recommends bubblewrap",
+        "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap",
         "apt-get install -y -qq --no-install-recommends bubblewrap",
     ]
 
@@ -165,6 +170,16 @@ def test_a_user_without_sudo_gets_the_exact_command_and_nothing_else_runs(fake: 
     assert "needs the system packages bubblewrap nginx" in result.stderr
     assert calls(fake) == []
     assert not (fake / "repo" / ".venv").exists()
+
+
+def test_debian_without_the_venv_module_gets_python3_venv(fake: Path) -> None:
+    manager(fake, "apt-get")
+    _write(fake / "bin" / "python3", PYTHON_WITHOUT_VENV.format(python=shutil.which("python3")))
+    result = run_sh(fake, ["system-packages", "code"], hide=["bwrap"])
+    assert result.returncode == 0, result.stderr
+    assert calls(fake)[-1] == "apt-get install -y -qq --no-install-recommends bubblewrap python3-venv"
+    assert run_sh(fake, ["system-packages", "ocr"], hide=["bwrap"]).returncode == 0
+    assert len(calls(fake)) == 2  # installed once
 
 
 def test_no_package_manager(fake: Path) -> None:
