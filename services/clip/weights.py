@@ -1,0 +1,79 @@
+"""Where CLIP weights come from: a local directory, a local file or a hub id, judged from the
+disk and the hub cache only, so that ``run.sh`` with no argument never waits on a download.
+
+Torch-free on purpose: the scorers call this from ``preflight`` and ``__init__``, before (or
+instead of) loading the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+# The weight files of a ``save_pretrained`` (transformers) checkpoint.
+PRETRAINED_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+T = TypeVar("T")
+
+
+def looks_like_path(value: str) -> bool:
+    """A hub id is ``name`` or ``org/name``; anything else must be a local path."""
+    return value.startswith(("/", ".", "~")) or value.count("/") > 1 or "\\" in value
+
+
+def missing_weights(
+    source: str,
+    setting: str,
+    hint: str,
+    allow_download: bool,
+    weight_files: tuple[str, ...] = PRETRAINED_WEIGHTS,
+    config_file: str | None = "config.json",
+    what: str = "weights",
+) -> str | None:
+    """Why ``source`` (the value of ``setting``) holds no usable weights; None when it does.
+
+    A directory needs ``config_file`` (when given) and one of ``weight_files``; a single-file
+    checkpoint (``config_file`` None) may also be named directly; a hub id counts as missing
+    unless one of ``weight_files`` is in the local hub cache or ``allow_download``.
+    """
+    local = Path(source).expanduser()
+    if config_file is None and local.is_file():
+        return None
+    if local.is_dir():
+        has_config = config_file is None or (local / config_file).is_file()
+        if has_config and any((local / name).is_file() for name in weight_files):
+            return None
+        wanted = f"{config_file} and " if config_file else ""
+        return f"{what} not found: {setting}={source!r} has no {wanted}{' or '.join(weight_files)}. {hint}"
+    if looks_like_path(source):
+        kind = "a directory or a checkpoint file" if config_file is None else "a directory"
+        return f"{what} not found: {setting}={source!r} is not {kind}. {hint}"
+    if allow_download:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = any(isinstance(try_to_load_from_cache(source, name), str) for name in weight_files)
+    except ValueError as exc:  # not a valid hub id
+        return f"{setting}={source!r}: {exc}. {hint}"
+    if cached:
+        return None
+    return (
+        f"{what} not found: {setting}={source!r} is not in the local hub cache. {hint} "
+        "(Starting the service by name downloads a hub id where the hub can be reached.)"
+    )
+
+
+def local_first(load: Callable[[bool], T]) -> T:
+    """``load(local_files_only)``: the hub cache (or a directory) first, so that a cached model
+    loads without network round trips; the hub only when that fails."""
+    try:
+        return load(True)
+    except OSError:
+        return load(False)
