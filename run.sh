@@ -5,6 +5,7 @@
 #   bash run.sh ocr [--port N] [--workers N]
 #   bash run.sh aesthetic [--port N] [--workers N] [--clip DIR_OR_HUB_ID] [--head PATH]
 #   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
+#   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
 #   bash run.sh test [pytest args]    install everything, run the test suite
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #
@@ -151,7 +152,8 @@ parse_flags() {
       --head) export SCORER_AESTHETIC_HEAD=$2; shift 2 ;;
       --infra-failure-score) export SCORER_CODE_INFRA_FAILURE_SCORE=$2; shift 2 ;;
       --env) export SCORER_CODE_ENV=$2; shift 2 ;;
-      -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+      --model|--processor) flag=${1#--}; export "SCORER_${command^^}_${flag^^}=$2"; shift 2 ;;
+      -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
       *) log "unknown flag $1 (see bash run.sh --help)"; exit 2 ;;
     esac
   done
@@ -187,6 +189,11 @@ case $command in
       SCORER_OCR_ENGINE=paddleocr ensure_venv ocr
       export SCORER_TEST_PADDLE_PYTHON=$VENV/bin/python
     fi
+    if [ -z "${SCORER_TEST_SKIP_REFERENCE:-}" ]; then
+      # open_clip and torchvision, the CLIP reward tests' reference libraries (tests/clip_reference.py).
+      ensure_venv reference
+      export SCORER_TEST_REFERENCE_PYTHON=$VENV/bin/python
+    fi
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
   all)
@@ -197,7 +204,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
-  -h|--help) sed -n '2,15p' "$0" ;;
+  -h|--help) sed -n '2,16p' "$0" ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
     parse_flags "$@"

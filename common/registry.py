@@ -69,6 +69,20 @@ SERVICES: dict[str, Service] = {
             uses_gpu=True,
             requirements=("requirements.txt", "requirements-aesthetic.txt"),
         ),
+        *(
+            Service(
+                name=name,
+                port=port,
+                scorer=f"services.clip.scorer:{scorer}",
+                uses_gpu=True,
+                requirements=("requirements.txt", "requirements-aesthetic.txt", "requirements-clip.txt"),
+            )
+            for name, port, scorer in (
+                ("pickscore", 18081, "PickScoreScorer"),
+                ("clipscore", 18083, "ClipScoreScorer"),
+                ("hpsv2", 18084, "HPSv2Scorer"),
+            )
+        ),
         Service(
             name="code",
             port=18090,
@@ -85,6 +99,12 @@ SYSTEM_COMMANDS: dict[str, str] = {"bubblewrap": "bwrap", "nginx": "nginx"}
 # What the test suite needs beyond every service's own: the torch OCR engine, pytest and ruff;
 # nginx for the scale-out tests.
 TEST_REQUIREMENTS = ("requirements-ocr-torch.txt", "requirements-dev.txt")
+# open_clip's wheel for CLIP's BPE vocabulary (tests/clip_models.py); its dependencies would
+# bring torchvision, which does not import beside the CPU torch.
+TEST_NO_DEPS = ("open_clip_torch==3.3.0",)
+# The reference libraries of the CLIP reward tests (open_clip, torchvision), in their own
+# environment: torchvision needs a torch of its own build.
+REFERENCE_REQUIREMENTS = ("requirements-reference.txt",)
 TEST_SYSTEM_PACKAGES = ("nginx",)
 
 
@@ -121,17 +141,20 @@ class Setup:
 
 def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
     """The set-up of ``run.sh <command>``: a service, ``test`` (every service's packages in one
-    ``.venv``, plus the test tools) or ``all`` (system packages only: each service has its own)."""
+    ``.venv``, plus the test tools), ``reference`` (the tests' reference libraries) or ``all``
+    (system packages only: each service has its own)."""
     services = SERVICES.values()
     if command == "test":
         return Setup(
             venv=".venv",
             requirements=_unique([*(f for s in services for f in s.requirements), *TEST_REQUIREMENTS]),
-            no_deps=_unique(p for s in services for p in s.no_deps),
+            no_deps=_unique([*(p for s in services for p in s.no_deps), *TEST_NO_DEPS]),
             system_packages=_unique([*(p for s in services for p in s.system_packages), *TEST_SYSTEM_PACKAGES]),
         )
     if command == "all":
         return Setup(system_packages=_unique(p for s in services for p in s.system_packages))
+    if command == "reference":
+        return Setup(venv=".venv-reference", requirements=REFERENCE_REQUIREMENTS)
     service = get(command)
     engine = environ.get(f"SCORER_{service.name.upper()}_ENGINE", "")
     if engine in service.engine_requirements:
