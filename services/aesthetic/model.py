@@ -15,7 +15,8 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+from services.clip.towers import DTYPES, image_features, normalised
+from services.clip.weights import local_first
 
 
 class AestheticHead(nn.Module):
@@ -38,12 +39,6 @@ class AestheticHead(nn.Module):
         return self.layers(embeddings)
 
 
-def image_features(model: CLIPModel, pixels: torch.Tensor) -> torch.Tensor:
-    """``get_image_features``: a tensor before transformers 5, the output's ``pooler_output`` since."""
-    out = model.get_image_features(pixel_values=pixels)
-    return out if isinstance(out, torch.Tensor) else out.pooler_output
-
-
 class AestheticModel:
     """CLIP, its image processor and the head on one device; raw scores in micro-batches."""
 
@@ -59,10 +54,7 @@ class AestheticModel:
         self.shortest_edge: int | None = size.get("shortest_edge")
 
     def _load_clip(self, source: str) -> tuple[CLIPModel, Any]:
-        try:  # the hub cache (or a directory) first: no network round trips when it is there
-            return self._from_pretrained(source, local_files_only=True)
-        except OSError:
-            return self._from_pretrained(source, local_files_only=False)
+        return local_first(lambda offline: self._from_pretrained(source, local_files_only=offline))
 
     def _from_pretrained(self, source: str, local_files_only: bool) -> tuple[CLIPModel, Any]:
         clip = CLIPModel.from_pretrained(source, dtype=self.dtype, local_files_only=local_files_only)
@@ -94,8 +86,7 @@ class AestheticModel:
         for start in range(0, len(batch), self.micro_batch):
             pixels = torch.stack(list(batch[start : start + self.micro_batch])).to(self.device).to(self.dtype)
             # The head runs in float32 on the normalised embedding, whatever CLIP's precision.
-            embeddings = image_features(self.clip, pixels).float()
-            embeddings = embeddings / embeddings.norm(dim=-1, keepdim=True)
+            embeddings = normalised(image_features(self.clip, pixels))
             scores.extend(self.head(embeddings).squeeze(-1).tolist())
         return scores
 

@@ -23,6 +23,7 @@ from common.errors import Unprocessable
 from common.images import decode_image, parse_image_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
+from services.clip.weights import missing_weights
 
 if TYPE_CHECKING:
     from services.aesthetic.model import AestheticModel
@@ -34,12 +35,6 @@ HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
 # The sibling ``shared/`` of the checkout (the repo root is two levels above this package).
 DEFAULT_HEAD = Path(__file__).resolve().parents[2].parent / "shared" / "models" / HEAD_FILE
 GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 @dataclass(frozen=True)
@@ -65,11 +60,6 @@ CLIP_HINT = (
     "preprocessor_config.json (`hf download openai/clip-vit-large-patch14 --local-dir DIR` on a "
     "machine with internet), or to a hub id this node can download."
 )
-
-
-def _looks_like_path(value: str) -> bool:
-    """A hub id is ``name`` or ``org/name``; anything else must be a local directory."""
-    return value.startswith(("/", ".", "~")) or value.count("/") > 1 or "\\" in value
 
 
 class AestheticScorer(Scorer):
@@ -131,31 +121,9 @@ class AestheticScorer(Scorer):
         )
 
     def _missing_clip(self, allow_download: bool) -> str | None:
-        """Why the CLIP weights can't be loaded, judged from the disk and the hub cache only."""
-        source = self.settings.clip
         setting = env_name(SECTION, "clip")
         hint = CLIP_HINT.format(setting=setting)
-        local = Path(source).expanduser()
-        if local.is_dir():
-            if (local / "config.json").is_file() and any((local / name).is_file() for name in WEIGHT_FILES):
-                return None
-            return f"CLIP weights not found: {setting}={source!r} has no config.json and model weights. {hint}"
-        if _looks_like_path(source):
-            return f"CLIP weights not found: {setting}={source!r} is not a directory. {hint}"
-        if allow_download:
-            return None
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = any(isinstance(try_to_load_from_cache(source, name), str) for name in WEIGHT_FILES)
-        except ValueError as exc:  # not a valid hub id
-            return f"{setting}={source!r}: {exc}. {hint}"
-        if cached:
-            return None
-        return (
-            f"CLIP weights not found: {setting}={source!r} is not in the local hub cache. {hint} "
-            "(`bash run.sh aesthetic` downloads a hub id at start where the hub can be reached.)"
-        )
+        return missing_weights(self.settings.clip, setting, hint, allow_download, what="CLIP weights")
 
     def _check_resize(self, image: Image.Image, index: int) -> None:
         """CLIP resizes the shortest edge up to its input size: a 1 x 300,000 PNG would grow to

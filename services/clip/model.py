@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -19,28 +19,8 @@ from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from services.clip.open_clip_checkpoint import load_open_clip_checkpoint, read_config
 from services.clip.preprocess import FloatTransform, open_clip_text
+from services.clip.towers import DTYPES, image_features, normalised, text_features
 from services.clip.weights import local_first
-
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def _pooled(out: Any) -> torch.Tensor:
-    """``get_*_features`` return a tensor before transformers 5, the output's ``pooler_output`` since."""
-    return out if isinstance(out, torch.Tensor) else out.pooler_output
-
-
-def image_features(model: CLIPModel, pixels: torch.Tensor) -> torch.Tensor:
-    return _pooled(model.get_image_features(pixel_values=pixels))
-
-
-def text_features(model: CLIPModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    return _pooled(model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
-
-
-def normalised(features: torch.Tensor) -> torch.Tensor:
-    """float32 unit vectors, whatever the towers' precision."""
-    features = features.float()
-    return features / features.norm(p=2, dim=-1, keepdim=True)
 
 
 @dataclass(frozen=True)
