@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from typing import Any
 from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.sandbox import Sandbox, SandboxFailure
 from services.code.settings import CodeSettings
+from services.code.zygote import from_plain
 
 log = logging.getLogger(__name__)
 
@@ -47,37 +47,49 @@ class Verdict:
     score: float | None
 
 
-def judge(suite: Suite, index: int, run: dict[str, Any], nonce: str, tolerance: float) -> str:
+def judge(suite: Suite, index: int, run: dict[str, Any], tolerance: float) -> str:
     """The status of test ``index`` from what the sandbox reported."""
     if run.get("skipped"):
         return "timeout"
+    if suite.kind != "stdin":
+        return _judge_call(suite, index, run, tolerance)
     try:
         reported = json.loads(run["result"]) if run["result"] else {}
     except ValueError:
         reported = {}
-    if not isinstance(reported, dict):
-        reported = {}
-    if "compile_error" in reported:
+    if isinstance(reported, dict) and "compile_error" in reported:
         return "compile_error"
-    if "error" in reported:  # a call that raised
-        return "memory_limit" if str(reported["error"]).startswith("MemoryError") else "runtime_error"
     if run["timed_out"]:
         return "timeout"
     if run["output_exceeded"]:
         return "runtime_error"
     if run["exit"] != 0:
-        if "MemoryError" in run["stderr"]:
-            return "memory_limit"
-        if suite.kind == "assert" and "AssertionError" in run["stderr"]:
-            return "wrong_answer"
-        return "runtime_error"
-    if suite.kind == "stdin":
-        return "passed" if stdout_matches(run["stdout"], suite.expected[index], tolerance) else "wrong_answer"
-    if "result" not in reported:  # left before returning (sys.exit, os._exit) or forged
-        return "runtime_error"
+        return "memory_limit" if "MemoryError" in run["stderr"] else "runtime_error"
+    return "passed" if stdout_matches(run["stdout"], suite.expected[index], tolerance) else "wrong_answer"
+
+
+# What a call-based or assert test that failed before an answer or a report gets.
+FAILURES = {"compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "runtime_error"}
+# An assert test's report names the exception that ended it.
+ASSERT_ERRORS = {"AssertionError": "wrong_answer", "MemoryError": "memory_limit"}
+
+
+def _judge_call(suite: Suite, index: int, run: dict[str, Any], tolerance: float) -> str:
+    """A call-based test from the candidate's answer (plain data), compared here; an assert
+    test from the tests' process's report, never from anything the candidate sent."""
+    failure = run["failure"]
+    if failure is not None:
+        return FAILURES.get(failure) or ("memory_limit" if "MemoryError" in run["stderr"] else "runtime_error")
     if suite.kind == "assert":
-        return "passed" if reported["result"] == nonce else "runtime_error"
-    return "passed" if result_matches(reported["result"], suite.expected[index], tolerance) else "wrong_answer"
+        report = run.get("report") or {}
+        return "passed" if report.get("passed") is True else ASSERT_ERRORS.get(report.get("error"), "runtime_error")
+    try:
+        answer = from_plain(run.get("answer", ""))
+    except (ValueError, TypeError, RecursionError):
+        return "runtime_error"
+    if isinstance(answer, list) and len(answer) == 2 and answer[0] == "result":
+        return "passed" if result_matches(answer[1], suite.expected[index], tolerance) else "wrong_answer"
+    return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 
 class Grader:
@@ -122,20 +134,22 @@ class Grader:
         with self.sandbox.slot(deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
-            nonce = secrets.token_hex(16)
             job = {
-                "kind": suite.kind, "code": code, "tests": suite.tests, "fn_name": suite.fn_name,
-                "entry_point": suite.entry_point, "nonce": nonce,
+                "kind": suite.kind, "code": code, "fn_name": suite.fn_name,
+                # Assert tests hold the expected values: they go to the tests' process only.
+                "tests": [None] * len(suite.tests) if suite.kind == "assert" else suite.tests,
                 "cpu_s": s.test_cpu_s, "wall_s": s.test_wall_s,
                 "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
                 "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
                 "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes,
             }  # fmt: skip
+            if suite.kind == "assert":
+                job["trusted"] = {"tests": suite.tests, "setup": suite.setup, "entry_point": suite.entry_point}
             statuses = ["timeout"] * len(suite.tests)
             runs = self.sandbox.run(job, uid)
             try:
                 for run in runs:
-                    statuses[run["index"]] = judge(suite, run["index"], run, nonce, s.float_tolerance)
+                    statuses[run["index"]] = judge(suite, run["index"], run, s.float_tolerance)
                     if s.scoring == "all" and statuses[run["index"]] != "passed":
                         break  # the rest cannot change the verdict
             finally:

@@ -2,12 +2,14 @@
 
 A ``Suite`` splits a label into what enters the sandbox (``tests``: stdin texts, call
 arguments or assert code) and what never does (``expected``). Comparison runs here, in the
-service, on plain data: the sandbox reports stdout text or a JSON result, so an object with a
-forged ``__eq__`` cannot pass.
+service, on plain data: the sandbox reports stdout text or a call's answer as plain data, so
+an object with a forged ``__eq__`` cannot pass. Assert code runs in the sandbox's tests'
+process, apart from the candidate's (see ``zygote.CallRun``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -25,6 +27,9 @@ class Suite:
     expected: list[Any]
     fn_name: str = ""
     entry_point: str = ""
+    # Assert tests: trusted code run before them in the tests' process (HumanEval's prompt,
+    # MBPP's test_setup_code), so helpers the tests call are not the candidate's.
+    setup: str = ""
 
 
 def _text(value: Any, what: str) -> str:
@@ -42,6 +47,15 @@ def _pairs(inputs: Any, outputs: Any) -> tuple[list[Any], list[Any]]:
     if not inputs:
         raise Unprocessable("labels: the sample has no tests")
     return inputs, outputs
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_python(code: str) -> None:
+    """A label's test or setup code must compile (labels repeat across a prompt's samples)."""
+    try:
+        compile(code, "<label>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        raise Unprocessable(f"labels: test code does not compile: {exc}") from None
 
 
 def parse_label(label: Any) -> Suite | str:
@@ -69,9 +83,12 @@ def parse_label(label: Any) -> Suite | str:
         if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
             raise Unprocessable("labels: 'test' must be code with asserts (or a list of such)")
         entry = label.get("entry_point") or ""
-        if not isinstance(entry, str):
-            raise Unprocessable("labels: 'entry_point' must be a string")
-        return Suite("assert", tests, [None] * len(tests), entry_point=entry)
+        setup = label.get("setup") or ""
+        if not isinstance(entry, str) or not isinstance(setup, str):
+            raise Unprocessable("labels: 'entry_point' and 'setup' must be strings")
+        for code in (setup, *tests):
+            _check_python(code)
+        return Suite("assert", tests, [None] * len(tests), entry_point=entry, setup=setup)
     if "tests" in label:
         cases = label["tests"]
         if not isinstance(cases, list) or not all(
@@ -130,6 +147,11 @@ def stdout_matches(got: str, want: str, tolerance: float = 0.0) -> bool:
     return True
 
 
+def _json_key(key: Any) -> Any:
+    """A result's dict key as JSON (the labels' format) writes it: ``1`` -> ``"1"``."""
+    return json.dumps(key) if key is None or isinstance(key, (bool, int, float)) else key
+
+
 def _data_equal(got: Any, want: Any, tolerance: float) -> bool:
     """Structural equality of JSON data (tuples arrive as lists); bools are not numbers."""
     if isinstance(want, bool) or isinstance(got, bool):
@@ -139,6 +161,7 @@ def _data_equal(got: Any, want: Any, tolerance: float) -> bool:
     if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
         return len(got) == len(want) and all(_data_equal(g, w, tolerance) for g, w in zip(got, want, strict=True))
     if isinstance(want, dict) and isinstance(got, dict):
+        got = {_json_key(k): v for k, v in got.items()}
         return got.keys() == want.keys() and all(_data_equal(got[k], want[k], tolerance) for k in want)
     return type(got) is type(want) and got == want
 

@@ -119,7 +119,8 @@ class Sandbox:
 
     def __init__(self, isolation: str, slots: int, uid_base: int) -> None:
         self.isolation = isolation
-        first_uid, self._uid_lock = claim_uids(uid_base, slots)
+        # Each slot has two uids: its candidates' (``uids``) and, ``slots`` above it, its tests'.
+        first_uid, self._uid_lock = claim_uids(uid_base, 2 * slots)
         self.uids = range(first_uid, first_uid + slots)
         self._slots: queue.LifoQueue[int] = queue.LifoQueue()
         for uid in self.uids:
@@ -205,7 +206,10 @@ class Sandbox:
             self._slots.put(uid)
 
     def run(self, job: dict[str, Any], uid: int) -> Iterator[dict[str, Any]]:
-        """Run ``job`` as ``uid``; yields one result per test. Raises ``SandboxFailure``."""
+        """Run ``job`` as ``uid``; yields one result per test. Raises ``SandboxFailure``.
+
+        ``job["trusted"]`` (assert tests: the label's code) is sent apart, after the rest.
+        """
         if not self.alive():
             log.warning("code sandbox zygote is gone; restarting it")
             self.start()
@@ -214,7 +218,13 @@ class Sandbox:
         try:
             try:
                 sock.connect(self._socket_path)
-                _send(sock, {**job, "uid": uid, "gid": uid, "tmp_root": self._runs})
+                trusted = job.get("trusted")
+                header = {key: value for key, value in job.items() if key != "trusted"}
+                _send(
+                    sock, {**header, "uid": uid, "gid": uid, "test_uid": uid + len(self.uids), "tmp_root": self._runs}
+                )
+                if trusted is not None:  # read by the tests' process alone, never by the candidate's
+                    _send(sock, trusted)
                 while True:
                     message = _recv(sock)
                     if message.get("done"):

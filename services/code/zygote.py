@@ -13,9 +13,13 @@ killed with everything it started (every process of its uid) at its deadline.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
 import ctypes
+import fcntl
 import gc
+import importlib
 import io
 import json
 import os
@@ -27,6 +31,7 @@ import socket
 import struct
 import sys
 import time
+import types
 import typing
 
 # Imported once in the zygote so each forked solution finds them warm.
@@ -34,8 +39,20 @@ WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "mat
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 RESULT_FD = 3
 STDERR_TAIL = 4096
+# The candidate's process reads calls on fd 3 and answers on fd 4; the tests' process sends
+# calls and reports on fd 3, reads answers on fd 4, and its tests once from fd 5.
+CALLS_FD, ANSWERS_FD = 3, 4
+TESTER_OUT_FD, TESTER_IN_FD, TRUSTED_FD = 3, 4, 5
+LOADED = b'["loaded"]\n'
+# How often the candidate's CPU time is read while a test runs; a tests' process gets this
+# much more wall time than a test to report after its candidate was stopped.
+CPU_TICK_S = 0.05
+TESTER_GRACE_S = 1.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def send_msg(sock: socket.socket, obj: object) -> None:
@@ -68,31 +85,278 @@ def _line(out: typing.TextIO, obj: dict) -> None:
     out.flush()
 
 
-def _call_tests(job: dict, namespace: dict, start: int, out: typing.TextIO) -> None:
-    """Call-based tests from ``start`` on, in this one process, a result line each.
+# -- plain data: what crosses between the candidate's process and the tests ----------------
+# JSON, with the containers JSON lacks tagged as one-key objects: {"t": [...]} a tuple,
+# {"s": [...]} a set, {"f": [...]} a frozenset, {"d": [[key, value], ...]} a dict, {"b": hex}
+# bytes. Decoding builds fresh builtin objects, so nothing the candidate defined survives it.
+SCALARS = (type(None), bool, int, float, str)
+UNTAG = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes.fromhex}
 
-    ``ITIMER_PROF`` is re-armed per call, so a call past its CPU time is killed by SIGPROF.
+
+def to_plain(value: object) -> object:
+    """``value`` as JSON-ready plain data; a ``TypeError`` for anything else (exact types only)."""
+    kind = type(value)
+    if kind in SCALARS:
+        return value
+    if kind is list:
+        return [to_plain(item) for item in value]
+    if kind is tuple:
+        return {"t": [to_plain(item) for item in value]}
+    if kind is dict:
+        return {"d": [[to_plain(k), to_plain(v)] for k, v in value.items()]}
+    if kind is set or kind is frozenset:
+        return {"s" if kind is set else "f": [to_plain(item) for item in value]}
+    if kind is bytes:
+        return {"b": value.hex()}
+    raise TypeError(f"a {kind.__name__} is not plain data")
+
+
+def _untag(obj: dict) -> object:
+    if len(obj) != 1:
+        raise ValueError("not plain data")
+    ((tag, items),) = obj.items()
+    if tag not in UNTAG or not isinstance(items, str if tag == "b" else list):
+        raise ValueError("not plain data")
+    return UNTAG[tag](items)
+
+
+def from_plain(text: str | bytes) -> object:
+    """Plain data back from its JSON text (a ``ValueError`` or ``TypeError`` if it is not)."""
+    return json.loads(text, object_hook=_untag)
+
+
+# -- the candidate's process: the graded code, answering calls as plain data ---------------
+# x86-64 and arm64 syscall numbers; new processes are refused, threads are not.
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 56, 57, 58), "aarch64": (0xC00000B7, 220, 0xFFFFFFFF, 0xFFFFFFFF)}
+CLONE3, CLONE_THREAD, EPERM, ENOSYS = 435, 0x10000, 1, 38
+
+
+def _forbid_new_processes() -> None:
+    """A seccomp filter: no fork, vfork or clone without ``CLONE_THREAD`` (``clone3`` answers
+    ENOSYS, so threads fall back to ``clone``). The candidate's process is then the only one
+    its code runs in, and its CPU time, threads included, is all in ``/proc/<pid>/stat``."""
+    arch, clone, fork, vfork = SECCOMP_ARCH[os.uname().machine]
+    allow, kill = 0x7FFF0000, 0x80000000
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    program = [
+        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill),  # another ABI (i386) is killed
+        (ld, 0, 0, 0), (jge, 9, 0, 0x40000000),  # x32 numbers: killed
+        (jeq, 7, 0, CLONE3), (jeq, 5, 0, fork), (jeq, 4, 0, vfork), (jeq, 0, 2, clone),
+        (ld, 0, 0, 16), (jset, 0, 1, CLONE_THREAD),
+        (ret, 0, 0, allow), (ret, 0, 0, 0x50000 | EPERM), (ret, 0, 0, 0x50000 | ENOSYS), (ret, 0, 0, kill),
+    ]  # fmt: skip
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(program))(*(Filter(*insn) for insn in program))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), filters)), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
+def _describe(namespace: dict, names: list) -> dict:
+    """What the candidate's namespace holds under ``names``: callables, modules, plain values."""
+    found: dict = {}
+    for name in names:
+        if not isinstance(name, str) or name not in namespace:
+            continue
+        value = namespace[name]
+        if isinstance(value, types.ModuleType):
+            found[name] = ["module", value.__name__]
+        elif callable(value):
+            found[name] = ["callable"]
+        else:
+            with contextlib.suppress(Exception):
+                to_plain(value)
+                found[name] = ["value", value]
+    return found
+
+
+def _resolve(namespace: dict, name: str, instances: dict) -> typing.Callable:
+    """The candidate's function ``name``, or that method of a LeetCode-style ``Solution``."""
+    if callable(namespace.get(name)):
+        return namespace[name]
+    if "Solution" in namespace:
+        if "Solution" not in instances:
+            instances["Solution"] = namespace["Solution"]()
+        method = getattr(instances["Solution"], name, None)
+        if callable(method):
+            return method
+    raise NameError(f"function {name!r} is not defined")
+
+
+def _serve_calls(job: dict) -> None:
+    """Body of the candidate's process: run the code, then answer each call from fd 3 on fd 4.
+
+    A call is a line ``["call", name, args, kwargs]`` or ``["describe", names]`` in plain data.
+    First line out: ``["loaded"]`` or ``["compile_error", message]``; then one per call:
+    ``["result", value]`` or ``["error", exception type, message]``. Everything here is the
+    candidate's to tamper with: it decides only what it answers.
     """
-    fn = namespace.get(job["fn_name"])
-    if fn is None and "Solution" in namespace:  # LeetCode style
-        fn = getattr(namespace["Solution"](), job["fn_name"], None)
-    if fn is None:
-        raise NameError(f"function {job['fn_name']!r} is not defined")
-    _line(out, {"loaded": True})
-    for index in range(start, len(job["tests"])):
-        signal.setitimer(signal.ITIMER_PROF, job["cpu_s"])
-        try:
-            line = {"index": index, "result": fn(*job["tests"][index])}
-            text = json.dumps(line)
-        except BaseException as exc:  # the model's error is this test's verdict
-            text = json.dumps({"index": index, "error": f"{type(exc).__name__}: {exc}"[:STDERR_TAIL]})
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        out.write(text + "\n")
+    calls = os.fdopen(CALLS_FD, "rb", buffering=1 << 16)
+    out = os.fdopen(ANSWERS_FD, "w", closefd=True)
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)))
+    try:
+        code = compile(job["code"], "<solution>", "exec")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        _line(out, ["compile_error", f"{type(exc).__name__}: {exc}"])
+        os._exit(0)
+    namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        exec(code, namespace)
+        out.write(LOADED.decode())
         out.flush()
+        instances: dict = {}
+        for request in calls:
+            try:
+                verb, *call = from_plain(request)
+                if verb == "describe":
+                    result = _describe(namespace, call[0])
+                else:
+                    name, args, kwargs = call
+                    result = _resolve(namespace, name, instances)(*args, **kwargs)
+                text = json.dumps(["result", to_plain(result)])
+            except BaseException as exc:  # the candidate's error is this call's answer
+                text = json.dumps(["error", type(exc).__name__, str(exc)[:STDERR_TAIL]])
+            out.write(text + "\n")
+            out.flush()
+    except BaseException as exc:  # its code failed to load (or left): every later call fails
+        with contextlib.suppress(BaseException):
+            sys.stderr.write(f"\n{type(exc).__name__}: {exc}"[:STDERR_TAIL])
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(1)
 
 
-def _harness(job: dict, start: int) -> None:
-    """Body of a test process: compile, run test ``start`` (call-based: all from it), report."""
+# -- the tests' process: the label's trusted code, calling the candidate through proxies -----
+# Exceptions a candidate's error may be re-raised as in the tests (by name); any other is a
+# CandidateError. StopIteration and its kin never are: raised into a test's loop they would
+# end it early, unchecked.
+RAISABLE = (
+    "ArithmeticError", "AssertionError", "AttributeError", "IndexError", "KeyError", "LookupError", "MemoryError",
+    "NameError", "NotImplementedError", "OverflowError", "RecursionError", "RuntimeError", "TypeError",
+    "UnboundLocalError", "ValueError", "ZeroDivisionError",
+)  # fmt: skip
+
+
+class CandidateError(Exception):
+    """A call of the candidate failed: it raised, died, ran out of time or returned non-data."""
+
+
+def _bound_names(tree: ast.AST) -> set:
+    """Every name the trusted code binds anywhere (assigned, defined, imported, a parameter)."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return bound
+
+
+class Candidate:
+    """The tests' side of the calls: a request line out on fd 3, its answer in on fd 4."""
+
+    def __init__(self) -> None:
+        self.out = os.fdopen(TESTER_OUT_FD, "wb", buffering=0)
+        self.answers = os.fdopen(TESTER_IN_FD, "rb", buffering=1 << 16)
+
+    def ask(self, request: list) -> object:
+        """Send a call, wait for its answer: the value, rebuilt here; or an exception raised."""
+        self.out.write(b"C" + json.dumps(to_plain(request)).encode() + b"\n")
+        line = self.answers.readline()
+        try:
+            answer = from_plain(line)
+        except (ValueError, TypeError, RecursionError, MemoryError):
+            answer = None
+        if not isinstance(answer, list) or not answer:
+            raise CandidateError("the candidate answered something that is not plain data")
+        if answer[0] == "result" and len(answer) == 2:
+            return answer[1]
+        error = str(answer[1]) if answer[0] == "error" and len(answer) > 1 else "CandidateError"
+        exception = getattr(builtins, error) if error in RAISABLE else CandidateError
+        raise exception(f"{error} in the candidate: {answer[2:]}"[:STDERR_TAIL])
+
+    def proxy(self, name: str) -> typing.Callable:
+        def call(*args: object, **kwargs: object) -> object:
+            return self.ask(["call", name, list(args), kwargs])
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    def report(self, index: int, error: str | None) -> None:
+        report = {"index": index, "passed": True} if error is None else {"index": index, "error": error}
+        self.out.write(b"R" + json.dumps(report).encode() + b"\n")
+
+
+def _candidate_names(candidate: Candidate, namespace: dict, free: set) -> None:
+    """Bind the names the tests take from the candidate: its callables as proxies, its stdlib
+    modules imported here, its plain values as copies. Nothing the trusted code binds itself."""
+    found = candidate.ask(["describe", sorted(free)])
+    if not isinstance(found, dict):
+        raise CandidateError("the candidate described its names in something that is not plain data")
+    for name, (kind, *value) in ((n, v) for n, v in found.items() if n in free and isinstance(v, list) and v):
+        if kind == "callable":
+            namespace[name] = candidate.proxy(name)
+        elif kind == "module" and value == [name] and name in sys.stdlib_module_names:  # its own `import name`
+            namespace[name] = importlib.import_module(name)
+        elif kind == "value" and value:
+            namespace[name] = value[0]
+
+
+def _run_tests(trusted: dict) -> None:
+    """Body of the tests' process: the label's setup and tests, a report line per test.
+
+    Runs as a uid of its own, so the candidate's process can neither signal, trace nor read
+    it; its reports go to the supervisor on a pipe only it holds.
+    """
+    candidate = Candidate()
+    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    entry = trusted["entry_point"]
+    try:
+        setup = ast.parse(trusted["setup"], "<setup>")
+        tests = [ast.parse(test, "<tests>") for test in trusted["tests"]]
+        exec(compile(setup, "<setup>", "exec"), namespace)
+        loads = {node.id for tree in (setup, *tests) for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        bound = set().union(*map(_bound_names, (setup, *tests)), dir(builtins), namespace)
+        free = (loads - bound) | ({entry} if entry else set())
+        _candidate_names(candidate, namespace, free)
+        if entry:  # always the candidate's, never a stub the setup (a prompt) defined
+            namespace[entry] = candidate.proxy(entry)
+    except BaseException as exc:  # the candidate failed to load, or the label's setup failed
+        for index in range(len(trusted["tests"])):
+            candidate.report(index, type(exc).__name__)
+        return
+    for index in range(len(tests)):
+        error = None
+        try:
+            namespace.pop("check", None)
+            exec(compile(tests[index], "<tests>", "exec"), namespace)
+            if entry and callable(namespace.get("check")):
+                namespace["check"](namespace[entry])
+        except BaseException as exc:  # the test's verdict
+            error = type(exc).__name__
+        candidate.report(index, error)
+
+
+def _harness(job: dict) -> None:
+    """Body of a stdin test process: compile (a compile error is the one thing reported on
+    fd 3, which is closed before the program runs: nothing it writes counts but its stdout), run."""
     out = os.fdopen(RESULT_FD, "w", closefd=True)
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
@@ -102,25 +366,18 @@ def _harness(job: dict, start: int) -> None:
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         _line(out, {"compile_error": f"{type(exc).__name__}: {exc}"})
         os._exit(0)
+    out.close()
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     status = 0
     try:
         exec(code, namespace)
-        if job["kind"] == "call":
-            _call_tests(job, namespace, start, out)
-        elif job["kind"] == "assert":
-            exec(compile(job["tests"][start], "<tests>", "exec"), namespace)
-            entry = job.get("entry_point")
-            if entry and callable(namespace.get("check")):
-                namespace["check"](namespace[entry])
-            _line(out, {"index": start, "result": job["nonce"]})
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # the model's error is its verdict
         status = 1
         with contextlib.suppress(BaseException):
             sys.stderr.write(f"\n{type(exc).__name__}: {exc}"[:STDERR_TAIL])
-    for stream in (sys.stdout, sys.stderr, out):
+    for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
     os._exit(status)
@@ -170,13 +427,335 @@ def _start_test(job: dict, start: int, workdir: str) -> tuple[int, dict[int, str
             os.environ.clear()
             os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            _harness(job, start)
+            _harness(job)
         finally:
             os._exit(70)
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
     return pid, {read_end: role for role, (read_end, _) in pipes.items()}
+
+
+def _spawn(job: dict, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None]) -> int:
+    """Fork a process that keeps only ``fds`` (its number: ours), drops to ``uid`` with the
+    sample's rlimits, no groups and no new privileges, and runs ``body``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            high = {target: fcntl.fcntl(source, fcntl.F_DUPFD, 256) for target, source in fds.items()}
+            for target, source in high.items():
+                os.dup2(source, target)
+            os.closerange(max(fds) + 1, 65536)
+            _limit(job, len(job["tests"]))
+            os.chdir(cwd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            os.environ.clear()
+            os.environ.update({"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"})
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            body()
+        finally:
+            os._exit(70)
+    return pid
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of process ``pid`` and all its threads so far, read from outside it."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        fields = stat.read().rpartition(b")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CallRun:
+    """One sample's call-based or assert tests, relayed and timed by this (trusted) supervisor.
+
+    The candidate's code runs in a process of its own (the slot's uid, no child processes)
+    that answers calls as plain data. Call-based: this supervisor sends each test's call and
+    streams the answer back, to be compared in the service. Assert: the label's tests run in
+    a *tests' process* under a second uid; each call of the candidate it makes passes through
+    here, and only its report says whether a test passed. Each test has ``cpu_s`` of the
+    candidate's CPU (measured here, from ``/proc``) and ``wall_s``; a candidate that dies or
+    overruns is killed, the test fails, and the next test gets a fresh candidate process.
+    """
+
+    def __init__(self, job: dict, conn: socket.socket, workdir: str, deadline: float) -> None:
+        self.job, self.conn, self.workdir, self.deadline = job, conn, workdir, deadline
+        self.total = len(job["tests"])
+        self.index = 0
+        self.sel = selectors.DefaultSelector()
+        self.outbox: dict[int, bytearray] = {}
+        self.candidate: dict | None = None
+        self.waiting: str | None = None  # who waits for the candidate's answer: "driver" or "tester"
+        self.tester: dict | None = None
+        self._new_window()
+
+    def _new_window(self) -> None:
+        self.started = time.monotonic()
+        self.cpu_before = self._candidate_cpu()
+        self.failure: str | None = None
+        self.stderr = bytearray()
+
+    # -- processes -------------------------------------------------------------------------
+    def _start_candidate(self) -> None:
+        job = self.job
+        calls, answers = os.pipe(), os.pipe()
+        out, err = os.pipe(), os.pipe()
+        null = os.open("/dev/null", os.O_RDONLY)
+
+        def body() -> None:
+            _forbid_new_processes()
+            _serve_calls(job)
+
+        fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls[0], ANSWERS_FD: answers[1]}
+        pid = _spawn(job, job["uid"], fds, self.workdir, body)
+        for fd in (null, calls[0], answers[1], out[1], err[1]):
+            os.close(fd)
+        os.set_blocking(calls[1], False)
+        self.candidate = {"pid": pid, "calls": calls[1], "answers": answers[0], "loaded": False, "pending": b"",
+                          "cpu": 0.0, "stdout_bytes": 0}  # fmt: skip
+        for fd, role in ((answers[0], "answers"), (out[0], "stdout"), (err[0], "stderr")):
+            os.set_blocking(fd, False)
+            self.candidate[role] = fd
+            self.sel.register(fd, selectors.EVENT_READ, role)
+
+    def _candidate_cpu(self) -> float:
+        if self.candidate is None:
+            return 0.0
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            self.candidate["cpu"] = _cpu_seconds(self.candidate["pid"])
+        return self.candidate["cpu"]
+
+    def _stop_candidate(self, failure: str | None) -> None:
+        """Kill and reap the candidate's process; a call it left unanswered fails."""
+        cand = self.candidate
+        if cand is None:
+            return
+        self.candidate = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cand["pid"], signal.SIGKILL)
+        _, _, usage = os.wait4(cand["pid"], 0)
+        self.cpu_before -= usage.ru_utime + usage.ru_stime  # its time stays in this window
+        for role in ("answers", "stdout", "stderr"):
+            with contextlib.suppress(KeyError):
+                self.sel.unregister(cand[role])
+            os.close(cand[role])
+        self._drop_outbox(cand["calls"])
+        os.close(cand["calls"])
+        self.failure = self.failure or failure
+        if not cand["loaded"]:  # it never got to answer: every test still to run fails alike
+            self._fail_rest()
+        elif self.waiting == "driver":
+            self._settle()
+        elif self.waiting == "tester":
+            self.waiting = None
+            self._send_tester(json.dumps(["failed", self.failure]).encode() + b"\n")
+
+    def _start_tester(self) -> None:
+        job, conn = self.job, self.conn
+        requests, answers = os.pipe(), os.pipe()
+        null = os.open("/dev/null", os.O_RDWR)
+
+        def body() -> None:
+            _prctl(PR_SET_DUMPABLE, 0)
+            with socket.socket(fileno=TRUSTED_FD) as source:
+                trusted = recv_msg(source)
+            _run_tests(trusted)
+
+        fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
+        fds[TRUSTED_FD] = conn.fileno()
+        pid = _spawn(job, job["test_uid"], fds, "/", body)
+        for fd in (null, requests[1], answers[0]):
+            os.close(fd)
+        os.set_blocking(answers[1], False)
+        os.set_blocking(requests[0], False)
+        self.tester = {"pid": pid, "out": requests[0], "in": answers[1], "pending": b""}
+        self.sel.register(requests[0], selectors.EVENT_READ, "tester")
+
+    def _stop_tester(self) -> None:
+        tester, self.tester = self.tester, None
+        if tester is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(tester["pid"], signal.SIGKILL)
+        os.waitpid(tester["pid"], 0)
+        self.sel.unregister(tester["out"])
+        os.close(tester["out"])
+        self._drop_outbox(tester["in"])
+        os.close(tester["in"])
+
+    # -- pipes -----------------------------------------------------------------------------
+    def _queue(self, fd: int, data: bytes) -> None:
+        if fd not in self.outbox:
+            self.outbox[fd] = bytearray()
+            self.sel.register(fd, selectors.EVENT_WRITE, "write")
+        self.outbox[fd] += data
+
+    def _drop_outbox(self, fd: int) -> None:
+        if self.outbox.pop(fd, None) is not None:
+            self.sel.unregister(fd)
+
+    def _flush(self, fd: int) -> None:
+        try:
+            written = os.write(fd, self.outbox[fd][: 1 << 16])
+        except BlockingIOError:
+            return
+        except OSError:  # the reader is gone; its end is handled where it is read
+            written = len(self.outbox[fd])
+        del self.outbox[fd][:written]
+        if not self.outbox[fd]:
+            self._drop_outbox(fd)
+
+    def _send_tester(self, line: bytes) -> None:
+        if self.tester is not None:
+            self._queue(self.tester["in"], line)
+
+    def _call(self, request: bytes, who: str) -> None:
+        """Send a call to the candidate (started if none is running)."""
+        if self.failure is not None:  # this test already failed: its later calls fail at once
+            self._send_tester(json.dumps(["failed", self.failure]).encode() + b"\n")
+            return
+        if self.candidate is None:
+            self._start_candidate()
+        self.waiting = who
+        self._queue(self.candidate["calls"], request)
+
+    # -- tests -----------------------------------------------------------------------------
+    def _settle(self, **found: object) -> None:
+        """Send test ``index``'s outcome and open the next test's window."""
+        cpu = self._candidate_cpu() - self.cpu_before
+        message = {"index": self.index, "failure": self.failure, "cpu_s": round(cpu, 3),
+                   "stderr": self.stderr[-STDERR_TAIL:].decode(errors="replace"), **found}  # fmt: skip
+        send_msg(self.conn, message)
+        self.index += 1
+        self.waiting = None
+        self._new_window()
+
+    def _call_test(self) -> None:
+        """Call-based: send the call of test ``index``."""
+        args = to_plain(self.job["tests"][self.index])
+        self._call(json.dumps(["call", self.job["fn_name"], args, {"d": []}]).encode() + b"\n", "driver")
+
+    def _fail_rest(self) -> None:
+        """Every test still to run fails with this one's failure."""
+        failure = self.failure or "died"
+        while self.index < self.total:
+            self.failure = failure
+            self._settle()
+        self.waiting = None
+
+    def _on_answer(self, line: bytes) -> None:
+        cand = self.candidate
+        if not cand["loaded"]:
+            cand["loaded"] = line + b"\n" == LOADED
+            if not cand["loaded"]:
+                self._stop_candidate("compile_error" if line.startswith(b'["compile_error"') else "died")
+            return
+        if self.waiting is None:  # an answer nobody asked for
+            self._stop_candidate("died")
+        elif self.waiting == "driver":
+            self._settle(answer=line.decode(errors="replace"))
+        else:
+            self.waiting = None
+            self._send_tester(line + b"\n")
+
+    def _on_tester_line(self, line: bytes) -> None:
+        if line[:1] == b"C":
+            self._call(line[1:] + b"\n", "tester")
+        elif line[:1] == b"R":
+            report = json.loads(line[1:])
+            if report.get("index") == self.index:
+                self._settle(report=report)
+
+    def _read(self, fd: int, role: str) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        cand = self.candidate
+        if role == "tester":
+            if not data:  # the tests' process is gone: what it did not report failed
+                self._stop_tester()
+                self.failure = self.failure or "tester"
+                self._fail_rest()
+                return
+            *lines, self.tester["pending"] = (self.tester["pending"] + data).split(b"\n")
+            for line in lines:
+                if self.tester is not None:
+                    self._on_tester_line(line)
+        elif not data:
+            if role == "answers":
+                self._stop_candidate("died")
+            else:
+                self.sel.unregister(fd)
+        elif role == "stderr":
+            self.stderr = (self.stderr + data)[-STDERR_TAIL:]
+        elif role == "stdout":
+            cand["stdout_bytes"] += len(data)
+            if cand["stdout_bytes"] > self.job["output_bytes"]:
+                self._stop_candidate("output_exceeded")
+        else:
+            *lines, rest = (cand["pending"] + data).split(b"\n")
+            if len(rest) > self.job["output_bytes"]:
+                self._stop_candidate("output_exceeded")
+                return
+            cand["pending"] = rest
+            for line in lines:
+                if self.candidate is cand:
+                    self._on_answer(line)
+
+    def _check_budget(self) -> None:
+        """Kill a candidate past its test's CPU or wall time; a tests' process stuck past it too."""
+        wall = time.monotonic() - self.started
+        if self.candidate is not None and (
+            wall > self.job["wall_s"] or self._candidate_cpu() - self.cpu_before > self.job["cpu_s"]
+        ):
+            self._stop_candidate("timeout")
+        if self.tester is not None and wall > self.job["wall_s"] + TESTER_GRACE_S:
+            self._stop_tester()
+            self.failure = self.failure or "timeout"
+            self._fail_rest()
+
+    def run(self) -> None:
+        if self.job["kind"] == "assert":
+            self._start_tester()
+        while self.index < self.total:
+            if self.job["kind"] == "call" and self.waiting is None:
+                self._call_test()
+            if time.monotonic() >= self.deadline:
+                while self.index < self.total:
+                    send_msg(self.conn, {"index": self.index, "skipped": True})
+                    self.index += 1
+                return
+            for key, _ in self.sel.select(CPU_TICK_S):
+                if self.sel.get_map().get(key.fd) is not key:  # closed (its number maybe reused) meanwhile
+                    continue
+                if key.data == "write":
+                    self._flush(key.fd)
+                else:
+                    self._read(key.fd, key.data)
+                if self.index >= self.total:
+                    break
+            self._check_budget()
+
+    def close(self) -> None:
+        self._stop_tester()
+        self.waiting = None
+        self.index = self.total
+        self._stop_candidate(None)
+        self.sel.close()
+
+
+def _run_calls(job: dict, conn: socket.socket, workdir: str, deadline: float) -> None:
+    run = CallRun(job, conn, workdir, deadline)
+    try:
+        run.run()
+    finally:
+        run.close()
 
 
 def _kill_uid(uid: int) -> None:
@@ -310,13 +889,16 @@ def supervise(conn: socket.socket) -> None:
     os.mkdir(workdir, 0o700)
     os.chown(workdir, job["uid"], job["gid"])
     try:
-        index = 0
-        while index < len(job["tests"]):
-            if time.monotonic() >= deadline:
-                send_msg(conn, {"index": index, "skipped": True})
-                index += 1
-                continue
-            index = _run_process(job, index, workdir, deadline, conn)
+        if job["kind"] != "stdin":
+            _run_calls(job, conn, workdir, deadline)
+        else:
+            index = 0
+            while index < len(job["tests"]):
+                if time.monotonic() >= deadline:
+                    send_msg(conn, {"index": index, "skipped": True})
+                    index += 1
+                    continue
+                index = _run_process(job, index, workdir, deadline, conn)
     finally:
         _clean_up(job["uid"])
         shutil.rmtree(workdir, ignore_errors=True)

@@ -20,7 +20,7 @@ from services.code.environments import load
 from tests.server import Server, gunicorn_server
 
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
-UID_RANGE = range(61000, 61000 + 64 * 32)
+UID_RANGE = range(61000, 61000 + 64 * 64)  # per slot: a candidate uid and a tests uid
 ENV = {
     "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
     "SCORER_CODE_ENV": "coin_change",
@@ -310,12 +310,12 @@ def test_call_tests_share_a_process_but_fail_one_by_one(server: Server) -> None:
         "def f(x):\n    if x == 1:\n        raise ValueError(x)\n    return x",
         "def f(x):\n    while x == 2:\n        pass\n    return x",
         "import os\ndef f(x):\n    if x == 0:\n        os._exit(0)\n    return x",
-        "import os\nos.write(3, b'garbage\\n{\"index\": 0}\\n[1]\\n')\ndef f(x):\n    return x",
+        "import os\nos.write(4, b'garbage\\n[\"result\", 1]\\n')\ndef f(x):\n    return x",
         "def f(x):\n    return bytearray(1 << 40) if x == 3 else x",
     ]
     out = grade(server.url, codes, label)
-    # Writing to the result pipe itself only spoils the program's own first test: never NaN.
-    assert out["rewards"] == [0.75] * 5, out
+    # Writing into its own answer pipe spoils the program's own tests: never NaN.
+    assert out["rewards"] == [0.75, 0.75, 0.75, 0.0, 0.75], out
     assert out["error_types"] == ["runtime_error", "timeout", "runtime_error", "runtime_error", "memory_limit"]
 
 
