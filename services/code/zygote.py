@@ -5,10 +5,12 @@ where ``fd`` is a listening Unix socket made by the server. Forking a warm inter
 few milliseconds where a fresh ``python3`` costs over 100 ms (DESIGN 6).
 
 Per connection the zygote forks a *supervisor* (root, trusted): it reads one sample (the code
-and its test inputs, never the expected outputs), forks one *test process* per test and
-streams back what each produced. A test process drops to the slot's unprivileged uid, limits
-itself with rlimits, runs in the sample's private temp dir with a clean environment, and is
-killed with everything it started (every process of its uid) at its deadline.
+and its test inputs, never the expected outputs) and streams back what each test produced.
+Stdin tests: one *test process* per test. Call-based and assert tests: a *candidate process*
+runs the code and answers calls as plain data (``CallRun``); assert tests' code arrives after
+it was forked, to a *tests' process* alone. Processes that run the code drop to the slot's
+unprivileged uid, limit themselves with rlimits, run in the sample's private temp dir with a
+clean environment, and are killed with everything they started (every process of the uid).
 """
 
 from __future__ import annotations
