@@ -1,6 +1,6 @@
 """Errors as first-class objects: each carries the HTTP status its client must see.
 
-Statuses follow the retry rules of the trainers' clients (DESIGN 2.1): a malformed request is
+Statuses follow the retry rules of the trainers' clients (docs/ARCHITECTURE.md §5.3): a malformed request is
 a 4xx that is never retried, an overloaded server 503 (retried), an internal fault 500.
 """
 

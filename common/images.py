@@ -1,4 +1,4 @@
-"""The image request of DESIGN 2.1: validation of ``images``/``prompts``/``metadata`` and
+"""The image request (docs/ARCHITECTURE.md §5.1): validation of ``images``/``prompts``/``metadata`` and
 safe image decoding (format allow-list, pixel limit checked before pixels are decoded)."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ class CoreSettings:
 
     # Which entry of ``common.registry.SERVICES`` to serve.
     service: str = "ocr"
-    # Request limits (DESIGN 5): each breach is a clear 4xx.
+    # Request limits (docs/ARCHITECTURE.md §6): each breach is a clear 4xx.
     max_body_bytes: int = 256 * 1024 * 1024
     max_items: int = 1024
     max_pixels: int = 4096 * 4096

@@ -51,7 +51,7 @@ def sample_images(count: int) -> list[bytes]:
 
 
 def reference_head() -> nn.Sequential:
-    """The LAION MLP written out from its description (DESIGN 4.2), to check the service's head."""
+    """The LAION MLP written out from its description (docs/ARCHITECTURE.md §7), to check the service's head."""
     return nn.Sequential(
         nn.Linear(768, 1024),
         nn.Dropout(0.2),

@@ -1,4 +1,4 @@
-"""Test formats carried by ``labels`` (DESIGN 4.3) and the comparison of outputs.
+"""Test formats carried by ``labels`` (docs/ARCHITECTURE.md §5.2) and the comparison of outputs.
 
 A ``Suite`` splits a label into what enters the sandbox (``tests``: stdin texts, call
 arguments or assert code) and what never does (``expected``). Comparison runs here, in the

@@ -1,5 +1,5 @@
 """OpenRLHF's remote reward protocol: ``POST /reward/score`` and ``/get_reward``
-(docs/ARCHITECTURE.md, "Wire contracts").
+(docs/ARCHITECTURE.md §5.2).
 
 Request JSON ``{"query" | "outputs": [str], "prompts": [str], "labels": [any]}``; answer
 ``{"rewards", "scores", "extra_logs", "error_types"}``, one entry per sample in each list

@@ -1,6 +1,6 @@
 """The server's side of the sandbox: pick the isolation, keep the warm zygote, lend run slots.
 
-Isolation, strongest first (DESIGN 4.3):
+Isolation, strongest first (docs/ARCHITECTURE.md §8):
 
 - ``bwrap``: bubblewrap gives the zygote its own network, pid, ipc and uts namespaces, a
   read-only root, a fresh ``/tmp`` (root-owned, so each sample's private dir is the only

@@ -39,7 +39,7 @@ class CodeSettings:
     allow_weak_sandbox: str = ""
     # Test processes run as uids from here on, one per slot (and per worker).
     uid_base: int = 61000
-    # Request caps (DESIGN 2.2); above them the request is answered 422.
+    # Request caps (docs/ARCHITECTURE.md §5.2); above them the request is answered 422.
     max_samples: int = 1024
     max_text_chars: int = 2_000_000
     max_request_chars: int = 64_000_000

@@ -2,7 +2,7 @@
 
 Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <this source> <fd>``,
 where ``fd`` is a listening Unix socket made by the server. Forking a warm interpreter costs a
-few milliseconds where a fresh ``python3`` costs over 100 ms (DESIGN 6).
+few milliseconds where a fresh ``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8).
 
 Per connection the zygote forks a *supervisor* (root, trusted): it reads one sample (the code
 and its test inputs, never the expected outputs) and streams back what each test produced.

@@ -1,4 +1,4 @@
-"""OCR scorer: does the image show the text the prompt asked for (DESIGN 4.1)."""
+"""OCR scorer: does the image show the text the prompt asked for (docs/ARCHITECTURE.md §7)."""
 
 from __future__ import annotations
 
