@@ -23,7 +23,7 @@ log() { printf '[run.sh] %s\n' "$*" >&2; }
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 # plan COMMAND: what COMMAND sets up, from common/registry.py (VENV, PORT, REQUIREMENTS,
-# NO_DEPS, GPU_REPLACES, GPU_REQUIREMENTS, SYSTEM_PACKAGES, SYSTEM_COMMANDS).
+# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, SYSTEM_COMMANDS).
 plan() {
   local assignments
   assignments=$("$PYTHON" -m common.registry shell "$1") || exit 2
@@ -118,8 +118,7 @@ ensure_venv() {
     "$dir/bin/python" -m pip install -q "${args[@]}"
     if [ ${#NO_DEPS[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q --no-deps "${NO_DEPS[@]}"; fi
     if [ ${#GPU_REQUIREMENTS[@]} -gt 0 ] && has_gpu; then
-      log "GPU found: replacing ${GPU_REPLACES[*]} with ${GPU_REQUIREMENTS[*]}"
-      if [ ${#GPU_REPLACES[@]} -gt 0 ]; then "$dir/bin/python" -m pip uninstall -q -y "${GPU_REPLACES[@]}"; fi
+      log "GPU found: installing ${GPU_REQUIREMENTS[*]}"
       args=()
       for f in "${GPU_REQUIREMENTS[@]}"; do args+=(-r "$f"); done
       "$dir/bin/python" -m pip install -q "${args[@]}"
@@ -143,19 +142,25 @@ preflight() {
   SCORER_SERVICE=$1 "$VENV/bin/python" -m common.preflight
 }
 
+# parse_flags COMMAND ARGS...: --port and --workers, and the flags of COMMAND's services
+# (common/registry.py), each exported as its setting; `all` takes every service's flags.
 parse_flags() {
+  plan "$1"
+  shift
+  local entry matched
   while [ $# -gt 0 ]; do
     case $1 in
-      --port) export SCORER_PORT=$2; shift 2 ;;
-      --workers) export SCORER_WORKERS=$2; shift 2 ;;
-      --clip) export SCORER_AESTHETIC_CLIP=$2; shift 2 ;;
-      --head) export SCORER_AESTHETIC_HEAD=$2; shift 2 ;;
-      --infra-failure-score) export SCORER_CODE_INFRA_FAILURE_SCORE=$2; shift 2 ;;
-      --env) export SCORER_CODE_ENV=$2; shift 2 ;;
-      --model|--processor) flag=${1#--}; export "SCORER_${command^^}_${flag^^}=$2"; shift 2 ;;
+      --port) export SCORER_PORT=$2; shift 2; continue ;;
+      --workers) export SCORER_WORKERS=$2; shift 2; continue ;;
       -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-      *) log "unknown flag $1 (see bash run.sh --help)"; exit 2 ;;
     esac
+    [ $# -ge 2 ] || { log "$1 needs a value"; exit 2; }
+    matched=
+    for entry in "${FLAGS[@]}"; do
+      if [ "${entry%%=*}" = "$1" ]; then export "${entry#*=}=$2"; matched=1; fi
+    done
+    [ -n "$matched" ] || { log "unknown flag $1 (see bash run.sh --help)"; exit 2; }
+    shift 2
   done
 }
 
@@ -197,7 +202,7 @@ case $command in
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
   all)
-    parse_flags "$@"
+    parse_flags all "$@"
     ensure_system_packages all
     start_all
     ;;
@@ -207,7 +212,7 @@ case $command in
   -h|--help) sed -n '2,16p' "$0" ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
-    parse_flags "$@"
+    parse_flags "$command" "$@"
     ensure_system_packages "$command"
     start "$command"
     ;;

@@ -34,13 +34,19 @@ class Service:
     requirements: tuple[str, ...]
     # Packages installed after them with ``pip install --no-deps`` (a dependency they would pull is wrong).
     no_deps: tuple[str, ...] = ()
-    # On a GPU node: these pip packages are uninstalled and these requirement files installed.
-    gpu_replaces: tuple[str, ...] = ()
+    # Requirement files installed on top on a GPU node.
     gpu_requirements: tuple[str, ...] = ()
     # Distribution packages (the same name in apt-get, dnf and apk) it cannot run without.
     system_packages: tuple[str, ...] = ()
     # ``SCORER_<NAME>_ENGINE`` values that need other requirement files, in their own environment.
     engine_requirements: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Its own settings that ``run.sh`` takes as flags: "infra_failure_score" is
+    # ``--infra-failure-score V``, which sets ``SCORER_CODE_INFRA_FAILURE_SCORE=V``.
+    flags: tuple[str, ...] = ()
+
+    def flag_variables(self) -> tuple[str, ...]:
+        """``--flag=VARIABLE`` for each flag, as ``run.sh`` reads them."""
+        return tuple(f"--{flag.replace('_', '-')}=SCORER_{self.name.upper()}_{flag.upper()}" for flag in self.flags)
 
 
 SERVICES: dict[str, Service] = {
@@ -68,6 +74,7 @@ SERVICES: dict[str, Service] = {
             scorer="services.aesthetic.scorer:AestheticScorer",
             uses_gpu=True,
             requirements=("requirements.txt", "requirements-aesthetic.txt"),
+            flags=("clip", "head"),
         ),
         *(
             Service(
@@ -76,6 +83,7 @@ SERVICES: dict[str, Service] = {
                 scorer=f"services.clip.scorer:{scorer}",
                 uses_gpu=True,
                 requirements=("requirements.txt", "requirements-aesthetic.txt", "requirements-clip.txt"),
+                flags=("model", "processor"),
             )
             for name, port, scorer in (
                 ("pickscore", 18081, "PickScoreScorer"),
@@ -90,6 +98,7 @@ SERVICES: dict[str, Service] = {
             uses_gpu=False,
             requirements=("requirements.txt", "requirements-code.txt"),
             system_packages=("bubblewrap",),
+            flags=("infra_failure_score", "env"),
         ),
     )
 }
@@ -134,9 +143,10 @@ class Setup:
     port: int = 0
     requirements: tuple[str, ...] = ()
     no_deps: tuple[str, ...] = ()
-    gpu_replaces: tuple[str, ...] = ()
     gpu_requirements: tuple[str, ...] = ()
     system_packages: tuple[str, ...] = ()
+    # "--flag=VARIABLE" for the flags of the command's services (``Service.flags``).
+    flags: tuple[str, ...] = ()
 
 
 def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
@@ -152,7 +162,10 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             system_packages=_unique([*(p for s in services for p in s.system_packages), *TEST_SYSTEM_PACKAGES]),
         )
     if command == "all":
-        return Setup(system_packages=_unique(p for s in services for p in s.system_packages))
+        return Setup(
+            system_packages=_unique(p for s in services for p in s.system_packages),
+            flags=tuple(f for s in services for f in s.flag_variables()),
+        )
     if command == "reference":
         return Setup(venv=".venv-reference", requirements=REFERENCE_REQUIREMENTS)
     service = get(command)
@@ -166,15 +179,16 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             # An engine on top of the service's own requirements needs its no-deps packages too.
             no_deps=service.no_deps if set(service.requirements) <= set(requirements) else (),
             system_packages=service.system_packages,
+            flags=service.flag_variables(),
         )
     return Setup(
         venv=f".venv-{service.name}",
         port=service.port,
         requirements=service.requirements,
         no_deps=service.no_deps,
-        gpu_replaces=service.gpu_replaces,
         gpu_requirements=service.gpu_requirements,
         system_packages=service.system_packages,
+        flags=service.flag_variables(),
     )
 
 

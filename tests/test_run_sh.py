@@ -10,6 +10,7 @@ passwordless sudo and one without.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from common.registry import SYSTEM_COMMANDS
+from common.registry import SYSTEM_COMMANDS, setup_of
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -187,3 +188,22 @@ def test_no_package_manager(fake: Path) -> None:
     assert result.returncode == 1
     assert "needs the system packages bubblewrap, and no apt-get, dnf or apk was found" in result.stderr
     assert not (fake / "repo" / ".venv-code").exists()
+
+
+def test_flags_come_from_the_registry(fake: Path) -> None:
+    """Each flag sets its service's setting; another service's flag is refused. The service's
+    environment is a stand-in whose python prints the settings gunicorn would start with."""
+    setup = setup_of("code")
+    venv = fake / "repo" / setup.venv
+    (venv / "bin").mkdir(parents=True)
+    _write(venv / "bin" / "python", '#!/bin/sh\necho "$*"; env | grep ^SCORER_ | sort\n')
+    stamp = hashlib.sha256(b"".join((fake / "repo" / f).read_bytes() for f in setup.requirements)).hexdigest()
+    (venv / ".installed").write_text(stamp + "\n")
+    result = run_sh(fake, ["code", "--infra-failure-score", "nan", "--env", "coin_change", "--port", "9999"], hide=[])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("-m gunicorn -c ")
+    assert {"SCORER_CODE_ENV=coin_change", "SCORER_CODE_INFRA_FAILURE_SCORE=nan", "SCORER_PORT=9999"} <= set(lines)
+    assert "SCORER_SERVICE=code" in lines
+    refused = run_sh(fake, ["code", "--clip", "x"], hide=[])
+    assert refused.returncode == 2 and "unknown flag --clip" in refused.stderr
