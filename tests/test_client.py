@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import shutil
 
 import pytest
 import requests
@@ -43,7 +42,6 @@ def test_connection_refused_is_retried_then_raised() -> None:
         client.scores([b"x"], ["p"])
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (Debian: nginx)")
 def test_both_clients_retry_the_balancers_502_when_the_node_is_down(tmp_path) -> None:
     from tests.test_scaleout import nginx
 
