@@ -41,6 +41,7 @@ async def _burst(url: str, bodies: Sequence[bytes], headers: dict[str, str], con
         "per_s": len(bodies) / wall,
         "p50_s": percentile(latencies, 50),
         "p99_s": percentile(latencies, 99),
+        "latencies": latencies,
         "statuses": statuses,
     }
 

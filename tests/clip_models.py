@@ -22,12 +22,18 @@ OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 VOCAB_SIZE = 49408
 
 # Towers by name: the layout of ViT-H/14 (PickScore, HPSv2) and ViT-L/14 (CLIPScore) at tiny
-# widths for the tests; "h14" is the real ViT-H/14 for benchmarks.
+# widths for the tests; for benchmarks, "b14" (ViT-B widths, 14-pixel patches: a CPU can run
+# it) and "h14", the real ViT-H/14.
 TOWERS: dict[str, dict[str, Any]] = {
     "tiny": {
         "projection_dim": 32,
         "vision": {"hidden_size": 40, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 2},
         "text": {"hidden_size": 32, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4},
+    },
+    "b14": {
+        "projection_dim": 512,
+        "vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},
+        "text": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 8},
     },
     "h14": {
         "projection_dim": 1024,

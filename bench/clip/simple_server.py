@@ -1,0 +1,42 @@
+"""The baseline: PickScore served the simplest way, flow_grpo's scorer behind Flask.
+
+One sync gunicorn worker, one forward pass of both towers per request, everything on the
+request path: ``gunicorn -w 1 -k sync -b 127.0.0.1:PORT bench.clip.simple_server:app`` with
+``MODEL_DIR``, ``DEVICE`` and ``PRECISION`` in the environment. Same model, processor and
+formula as the service, so the difference measured is the serving alone.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import torch
+from flask import Flask, Response, request
+from PIL import Image
+from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
+
+from services.clip.towers import DTYPES, image_features, normalised, text_features
+
+device = os.environ.get("DEVICE", "cpu")
+dtype = DTYPES[os.environ.get("PRECISION", "float16")] if device.startswith("cuda") else torch.float32
+model = CLIPModel.from_pretrained(os.environ["MODEL_DIR"], dtype=dtype).to(device).eval()
+image_processor = CLIPImageProcessorPil.from_pretrained(os.environ["MODEL_DIR"])
+tokenizer = CLIPTokenizer.from_pretrained(os.environ["MODEL_DIR"])
+
+app = Flask(__name__)
+
+
+@app.post("/")
+def score() -> Response:
+    # Trusted benchmark traffic only: a real server must not unpickle network bodies.
+    payload = pickle.loads(request.get_data())
+    images = [Image.open(io.BytesIO(data)).convert("RGB") for data in payload["images"]]
+    with torch.no_grad():
+        pixels = image_processor(images=images, return_tensors="pt")["pixel_values"].to(device, dtype)
+        texts = tokenizer(payload["prompts"], padding=True, truncation=True, max_length=77, return_tensors="pt")
+        image_embs = normalised(image_features(model, pixels))
+        text_embs = normalised(text_features(model, texts["input_ids"].to(device), texts["attention_mask"].to(device)))
+        scores = (model.logit_scale.float().exp() * (text_embs @ image_embs.T).diag() / 26).tolist()
+    return Response(pickle.dumps({"scores": scores, "outputs": scores}), mimetype="application/octet-stream")
