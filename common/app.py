@@ -3,6 +3,7 @@ on one request path, and ``/health``, ``/ready``, ``/info``, ``/metrics``."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
@@ -11,17 +12,20 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
+from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.exceptions import HTTPException
 
 from common import __version__, metrics
+from common.batching import Deadline, request_deadline
 from common.config import describe, from_env
 from common.devices import GPU_ENV
-from common.errors import PayloadTooLarge, ScorerError, Unauthorized
+from common.errors import BadRequest, PayloadTooLarge, RequestTimeout, ScorerError, Unauthorized
 from common.protocols import Protocol, core_protocol
 from common.registry import load_scorer_class
 from common.runtime import ScorerRuntime
 from common.scorer import Scorer
 from common.settings import CoreSettings
+from common.worker import ARRIVED_KEY, ReadTimedOut
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +35,12 @@ def read_body(limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"body of {declared} bytes; the limit is {limit}")
-    body = request.stream.read(limit + 1)
+    try:
+        body = request.stream.read(limit + 1)
+    except ReadTimedOut as exc:
+        raise RequestTimeout(str(exc)) from None
+    except (ParseException, NoMoreData) as exc:  # bad chunked framing, a body cut short
+        raise BadRequest(f"malformed request body: {type(exc).__name__}: {exc}") from None
     if len(body) > limit:
         raise PayloadTooLarge(f"body over the limit of {limit} bytes")
     return body
@@ -63,13 +72,22 @@ def create_app(scorer: Scorer | None = None) -> Flask:
         return Response(body, status=status, mimetype=mimetype)
 
     @app.before_request
-    def check_token() -> None:
+    def start_request() -> None:
+        """One deadline per request, from when it arrived (the worker had it whole), for every
+        stage it goes through; then the token."""
         g.started = time.perf_counter()
+        g.scope = contextlib.ExitStack()
+        g.scope.enter_context(request_deadline(Deadline(core.request_timeout_s, request.environ.get(ARRIVED_KEY))))
         if core.auth_token and request.method == "POST":
             # RFC 9110 11.1: the scheme name is case-insensitive ("bearer" is "Bearer").
             scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), core.auth_token.encode()):
                 raise Unauthorized("missing or wrong bearer token")
+
+    @app.teardown_request
+    def end_request(_: BaseException | None) -> None:
+        if (scope := g.pop("scope", None)) is not None:
+            scope.close()
 
     @app.errorhandler(ScorerError)
     def scorer_error(error: ScorerError) -> Response:

@@ -1,28 +1,79 @@
 """A dynamic batcher: items from concurrent requests are gathered into one model call.
 
 One inference thread owns the model. Request threads ``submit`` their items and wait on
-futures. The thread takes the first waiting item, keeps collecting until ``max_batch`` items
-are there or ``max_wait_ms`` has passed since that first item, then calls ``fn`` once. The
-queue is bounded: a request whose items do not fit is refused whole (``Overloaded``, 503),
-never half-queued. The model code does not know any of this.
+futures. The thread takes the waiting items of the earliest deadline first (every request has
+the same timeout, so that is arrival order), keeps collecting until ``max_batch`` items are
+there or ``max_wait_ms`` has passed since the queue stopped being empty, then calls ``fn`` once.
+The model code does not know any of this.
+
+A request has one ``Deadline``, set when it arrives and shared by every stage it goes through.
+A stage refuses a request whole, never half-queued: with 413 when it has more items than the
+queue can ever hold, with a retryable 503 when the queue is full or when the wait it would have
+(estimated from the measured batch time) runs past its deadline, so that a balancer or client
+sends it elsewhere at once instead of after the timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
 import logging
+import math
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
-from common.errors import InternalError, Overloaded
+from common.errors import InternalError, Overloaded, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
 BatchFn = Callable[[Sequence[Any]], Sequence[Any]]
+
+# Weight of the newest batch in the running average of batch times (the wait estimate).
+BATCH_TIME_SMOOTHING = 0.2
+
+
+class Deadline:
+    """When a request must be answered by, on the monotonic clock."""
+
+    def __init__(self, seconds: float, start: float | None = None) -> None:
+        self.seconds = seconds
+        self.expires = (time.monotonic() if start is None else start) + seconds
+
+    def remaining(self) -> float:
+        return self.expires - time.monotonic()
+
+
+# The deadline of the request this thread is serving (``request_deadline``).
+_current_deadline: ContextVar[Deadline | None] = ContextVar("scorer_request_deadline", default=None)
+
+
+@contextlib.contextmanager
+def request_deadline(deadline: Deadline) -> Iterator[Deadline]:
+    """Make ``deadline`` the one every batched stage called from this thread works to."""
+    token = _current_deadline.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _current_deadline.reset(token)
+
+
+def current_deadline() -> Deadline | None:
+    return _current_deadline.get()
+
+
+@dataclass(order=True)
+class _Entry:
+    expires: float
+    sequence: int
+    item: Any = field(compare=False)
+    future: Future = field(compare=False)
 
 
 class DynamicBatcher:
@@ -42,7 +93,10 @@ class DynamicBatcher:
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self._on_batch = on_batch
-        self._queue: deque[tuple[Any, Future, float]] = deque()
+        self._queue: list[_Entry] = []  # a heap: earliest deadline first
+        self._sequence = itertools.count()
+        self._window_start = 0.0
+        self._batch_seconds: float | None = None  # running average, once a batch has run
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -57,13 +111,23 @@ class DynamicBatcher:
             self._cond.notify_all()
         self._thread.join(timeout=5)
         while self._queue:
-            _, future, _ = self._queue.popleft()
-            future.set_exception(Overloaded("scorer is shutting down"))
+            heapq.heappop(self._queue).future.set_exception(Overloaded("scorer is shutting down"))
 
-    def submit(self, items: Sequence[Any]) -> list[Future]:
+    def estimated_wait(self, expires: float, count: int) -> float | None:
+        """Seconds until ``count`` items due at ``expires`` would be scored: the batches of the
+        items due before them and their own, at the measured batch time. Call under the lock."""
+        if self._batch_seconds is None:
+            return None
+        ahead = sum(1 for entry in self._queue if entry.expires <= expires)
+        return math.ceil((ahead + count) / self.max_batch) * self._batch_seconds
+
+    def submit(self, items: Sequence[Any], deadline: Deadline) -> list[Future]:
         """Queue all ``items`` or none; one future per item, in order."""
+        if len(items) > self.max_queue:
+            raise PayloadTooLarge(
+                f"{len(items)} items in one request; the batch queue holds {self.max_queue}, split the request"
+            )
         futures = [Future() for _ in items]
-        now = time.monotonic()
         with self._cond:
             if self._stopped:
                 raise Overloaded("scorer is shutting down")
@@ -71,45 +135,63 @@ class DynamicBatcher:
                 raise Overloaded(
                     f"batch queue full ({len(self._queue)} of {self.max_queue} items waiting); retry later"
                 )
-            self._queue.extend((item, future, now) for item, future in zip(items, futures))
+            remaining = deadline.remaining()
+            wait = self.estimated_wait(deadline.expires, len(items))
+            if remaining <= 0 or (wait is not None and wait > remaining):
+                raise Overloaded(
+                    f"the wait here (about {wait or 0:.0f}s, {len(self._queue)} items queued) runs past the "
+                    f"request's deadline (in {max(0.0, remaining):.0f}s); retry on another node or later"
+                )
+            if not self._queue:
+                self._window_start = time.monotonic()
+            for item, future in zip(items, futures):
+                heapq.heappush(self._queue, _Entry(deadline.expires, next(self._sequence), item, future))
             self._cond.notify()
         return futures
 
-    def _take_batch(self) -> list[tuple[Any, Future, float]] | None:
+    def _take_batch(self) -> list[_Entry] | None:
         with self._cond:
             while not self._queue and not self._stopped:
                 self._cond.wait()
             if self._stopped:
                 return None
-            deadline = self._queue[0][2] + self.max_wait_s
+            closes = self._window_start + self.max_wait_s
             while len(self._queue) < self.max_batch and not self._stopped:
-                remaining = deadline - time.monotonic()
+                remaining = closes - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            count = min(self.max_batch, len(self._queue))
-            return [self._queue.popleft() for _ in range(count)]
+            batch = [heapq.heappop(self._queue) for _ in range(min(self.max_batch, len(self._queue)))]
+            self._window_start = 0.0  # what is left has waited already: next batch at once
+            return batch
+
+    def _record(self, count: int, seconds: float) -> None:
+        with self._cond:
+            previous = self._batch_seconds
+            smoothed = seconds if previous is None else previous + BATCH_TIME_SMOOTHING * (seconds - previous)
+            self._batch_seconds = smoothed
+        if self._on_batch is not None:
+            self._on_batch(count, seconds)
 
     def _loop(self) -> None:
         while (taken := self._take_batch()) is not None:
-            # Items whose request gave up (timed out, cancelled) are not scored.
-            batch = [entry for entry in taken if entry[1].set_running_or_notify_cancel()]
+            # Items whose request gave up (deadline passed, cancelled) are not scored.
+            batch = [entry for entry in taken if entry.future.set_running_or_notify_cancel()]
             if not batch:
                 continue
             started = time.perf_counter()
             try:
-                results = self._fn([item for item, _, _ in batch])
+                results = self._fn([entry.item for entry in batch])
                 if len(results) != len(batch):
                     raise InternalError(f"scorer returned {len(results)} results for {len(batch)} items")
             except Exception as exc:  # the error goes to every waiting request, the thread lives on
                 log.exception("batch of %d failed", len(batch))
-                for _, future, _ in batch:
-                    future.set_exception(exc)
+                for entry in batch:
+                    entry.future.set_exception(exc)
                 continue
-            for (_, future, _), result in zip(batch, results):
-                future.set_result(result)
-            if self._on_batch is not None:
-                self._on_batch(len(batch), time.perf_counter() - started)
+            self._record(len(batch), time.perf_counter() - started)
+            for entry, result in zip(batch, results):
+                entry.future.set_result(result)
 
 
 class BatchedCall:
@@ -117,7 +199,8 @@ class BatchedCall:
 
     ``call(items)`` from any request thread returns that caller's results, in order; underneath,
     one ``DynamicBatcher`` gathers the items of all callers into shared invocations of ``fn``.
-    A caller waits at most ``timeout_s``, then gets a retryable 503 and its items are dropped.
+    A caller works to its request's deadline (``request_deadline``; ``timeout_s`` from now
+    outside a request): past it, a retryable 503 and its items are dropped.
     """
 
     def __init__(self, batcher: DynamicBatcher, timeout_s: float) -> None:
@@ -128,11 +211,49 @@ class BatchedCall:
     def __call__(self, items: Sequence[Any]) -> list[Any]:
         if not items:
             return []
-        deadline = time.monotonic() + self.timeout_s
-        futures = self.batcher.submit(items)
+        deadline = current_deadline() or Deadline(self.timeout_s)
+        futures = self.batcher.submit(items, deadline)
         try:
-            return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
+            return [future.result(timeout=max(0.0, deadline.remaining())) for future in futures]
         except FutureTimeout:
             for future in futures:
                 future.cancel()
-            raise Overloaded(f"no result within {self.timeout_s:.0f}s; the model is saturated, retry later") from None
+            raise Overloaded(
+                f"no result within the request's {deadline.seconds:.0f}s; the model is saturated, retry later"
+            ) from None
+
+
+class OrderedSlots:
+    """At most ``slots`` holders at once; waiters get in earliest deadline first (a plain
+    semaphore lets a newcomer overtake threads that have waited longer), and give up at their
+    deadline with a retryable 503."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiting: list[tuple[float, int, threading.Event]] = []
+        self._sequence = itertools.count()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, deadline: Deadline) -> Iterator[None]:
+        with self._lock:
+            if self._free and not self._waiting:
+                self._free -= 1
+                turn = None
+            else:
+                turn = (deadline.expires, next(self._sequence), threading.Event())
+                heapq.heappush(self._waiting, turn)
+        if turn is not None and not turn[2].wait(max(0.0, deadline.remaining())):
+            with self._lock:
+                if not turn[2].is_set():  # still waiting: leave the line
+                    self._waiting.remove(turn)
+                    heapq.heapify(self._waiting)
+                    raise Overloaded("the request's deadline passed while it waited to be decoded; retry later")
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._waiting:
+                    heapq.heappop(self._waiting)[2].set()  # the slot passes on directly
+                else:
+                    self._free += 1

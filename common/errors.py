@@ -27,6 +27,12 @@ class Unauthorized(ScorerError):
     status = 401
 
 
+class RequestTimeout(ScorerError):
+    """The request's body did not arrive within its deadline."""
+
+    status = 408
+
+
 class PayloadTooLarge(ScorerError):
     """Body bytes, item count, pixels or text length over a configured limit."""
 

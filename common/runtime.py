@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import metrics
+from common.batching import Deadline, OrderedSlots, current_deadline
 from common.devices import choose_device
 from common.errors import NotReady
 from common.scorer import Scorer
@@ -30,8 +31,9 @@ class ScorerRuntime:
         self.max_batch, self.max_wait_ms = scorer.batch_settings()
         self._score = scorer.score_request
         # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
-        # and holds back the first items the model could already be working on.
-        self._decoding = threading.BoundedSemaphore(scorer.core.decode_threads or os.cpu_count() or 1)
+        # and holds back the first items the model could already be working on; requests get
+        # their turn in arrival order.
+        self._decoding = OrderedSlots(scorer.core.decode_threads or os.cpu_count() or 1)
         self._ready = threading.Event()
         self._done = threading.Event()
         self.setup_error: str | None = None
@@ -59,16 +61,20 @@ class ScorerRuntime:
     def ready(self) -> bool:
         return self._ready.is_set()
 
+    def _deadline(self) -> Deadline:
+        """The deadline of the request being served (outside a request: the timeout from now)."""
+        return current_deadline() or Deadline(self.scorer.core.request_timeout_s)
+
     def wait_ready(self) -> None:
-        """Block a request while the model loads (bounded), then 503 with the reason."""
-        self._done.wait(self.scorer.core.ready_wait_s)
+        """Block a request while the model loads (bounded, and by its deadline), then 503 with the reason."""
+        self._done.wait(max(0.0, min(self.scorer.core.ready_wait_s, self._deadline().remaining())))
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
 
     def decode(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
         """``to_items(payload)`` (a protocol's, e.g. the scorer's ``decode``), at most
         ``decode_threads`` requests at a time."""
-        with self._decoding:
+        with self._decoding.hold(self._deadline()):
             return to_items(payload)
 
     def run(self, items: Sequence[Any]) -> list[Any]:

@@ -29,8 +29,14 @@ class CoreSettings:
     max_queue: int = 4096
     # How long a scoring request waits for a model that is still loading, then 503.
     ready_wait_s: float = 60.0
-    # How long a request waits for its batch results, then 503 (trainers time out at 120 s).
+    # A request's deadline, from its arrival, across all its batched stages: a request that cannot
+    # be answered by then gets 503, early when its stage's estimated wait says so (trainers time
+    # out at 120 s).
     request_timeout_s: float = 110.0
+    # A request's head must arrive within this many seconds (of the connection, or of its first
+    # byte on a kept-alive one), its body within the next; else 408 and the connection closed.
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
     # Requests decoding and preprocessing at once; None: one per CPU core.
     decode_threads: int | None = None
     # Optional bearer token, checked before the body is read.

@@ -1,4 +1,4 @@
-"""The dynamic batcher, on its own: batches form, order holds, limits and errors are clear."""
+"""The dynamic batcher, on its own: batches form, order holds, limits, deadlines and errors are clear."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import time
 
 import pytest
 
-from common.batching import DynamicBatcher
-from common.errors import Overloaded
+from common.batching import BatchedCall, Deadline, DynamicBatcher, OrderedSlots, request_deadline
+from common.errors import Overloaded, PayloadTooLarge
+
+
+def later(seconds: float = 60.0) -> Deadline:
+    return Deadline(seconds)
 
 
 def make(fn=None, **kwargs):
@@ -28,7 +32,7 @@ def test_concurrent_requests_share_batches_and_keep_order() -> None:
     results: dict[int, list[int]] = {}
 
     def request(n: int) -> None:
-        results[n] = [f.result(5) for f in batcher.submit([n, n + 100])]
+        results[n] = [f.result(5) for f in batcher.submit([n, n + 100], later())]
 
     threads = [threading.Thread(target=request, args=(n,)) for n in range(12)]
     for t in threads:
@@ -44,7 +48,7 @@ def test_concurrent_requests_share_batches_and_keep_order() -> None:
 def test_a_lone_item_waits_at_most_max_wait() -> None:
     batcher, calls = make(max_wait_ms=30)
     started = time.monotonic()
-    assert batcher.submit([1])[0].result(5) == 10
+    assert batcher.submit([1], later())[0].result(5) == 10
     assert time.monotonic() - started < 1.0
     assert calls == [[1]]
     batcher.stop()
@@ -53,11 +57,11 @@ def test_a_lone_item_waits_at_most_max_wait() -> None:
 def test_full_queue_refuses_whole_request() -> None:
     gate = threading.Event()
     batcher, _ = make(fn=lambda b: (gate.wait(5), [0] * len(b))[1], max_batch=2, max_queue=4, max_wait_ms=1)
-    first = batcher.submit([1, 2])
+    first = batcher.submit([1, 2], later())
     time.sleep(0.1)  # the first batch is now being "scored", blocked on the gate
-    batcher.submit([3, 4, 5, 6])
+    batcher.submit([3, 4, 5, 6], later())
     with pytest.raises(Overloaded, match="queue full"):
-        batcher.submit([7])
+        batcher.submit([7], later())
     gate.set()
     assert [f.result(5) for f in first] == [0, 0]
     batcher.stop()
@@ -70,7 +74,7 @@ def test_model_error_fails_that_batch_only() -> None:
         return batch
 
     batcher, _ = make(fn=flaky, max_batch=1, max_wait_ms=1)
-    bad, good = batcher.submit([13])[0], batcher.submit([7])[0]
+    bad, good = batcher.submit([13], later())[0], batcher.submit([7], later())[0]
     with pytest.raises(RuntimeError, match="model fault"):
         bad.result(5)
     assert good.result(5) == 7
@@ -80,11 +84,89 @@ def test_model_error_fails_that_batch_only() -> None:
 def test_cancelled_items_are_not_scored() -> None:
     gate = threading.Event()
     batcher, calls = make(fn=lambda b: (gate.wait(5), b)[1], max_batch=1, max_wait_ms=1)
-    batcher.submit([1])
+    batcher.submit([1], later())
     time.sleep(0.1)
-    waiting = batcher.submit([2])[0]
+    waiting = batcher.submit([2], later())[0]
     assert waiting.cancel()
     gate.set()
-    assert batcher.submit([3])[0].result(5) == 3
+    assert batcher.submit([3], later())[0].result(5) == 3
     assert [2] not in calls
     batcher.stop()
+
+
+def test_items_are_served_earliest_deadline_first() -> None:
+    gate = threading.Event()
+    batcher, calls = make(fn=lambda b: (gate.wait(5), b)[1], max_batch=1, max_wait_ms=1)
+    batcher.submit([0], later())
+    time.sleep(0.1)  # the first batch holds the model
+    futures = [batcher.submit([n], Deadline(seconds))[0] for n, seconds in ((1, 30), (2, 10), (3, 20))]
+    gate.set()
+    assert [f.result(5) for f in futures] == [1, 2, 3]
+    assert calls == [[0], [2], [3], [1]]
+    batcher.stop()
+
+
+def test_a_request_larger_than_the_queue_is_413_not_a_retryable_503() -> None:
+    batcher, _ = make(max_batch=2, max_queue=8)
+    with pytest.raises(PayloadTooLarge, match="9 items in one request; the batch queue holds 8"):
+        batcher.submit(list(range(9)), later())
+    batcher.stop()
+
+
+def test_a_wait_past_the_deadline_is_refused_at_once() -> None:
+    """Batches of 0.1 s, requests of 1 s: about ten fit, the rest are told at once."""
+    batcher, _ = make(fn=lambda b: (time.sleep(0.1), b)[1], max_batch=1, max_wait_ms=1)
+    batcher.submit([0], later())[0].result(5)  # one batch measured
+    accepted, refused = [], []
+    for n in range(30):
+        started = time.monotonic()
+        try:
+            accepted.append((n, batcher.submit([n], Deadline(1.0))[0]))
+        except Overloaded as exc:
+            assert "past the request's deadline" in exc.message
+            assert time.monotonic() - started < 0.05
+            refused.append(n)
+    assert 5 <= len(accepted) <= 12 and len(refused) == 30 - len(accepted), (len(accepted), refused)
+    assert [future.result(5) for _, future in accepted] == [n for n, _ in accepted]
+    batcher.stop()
+
+
+def test_one_deadline_across_all_stages_of_a_request() -> None:
+    """Two stages of 0.6 s each and a 1 s deadline: the second stage gets what the first left."""
+
+    def stage(name: str) -> BatchedCall:
+        return BatchedCall(DynamicBatcher(lambda b: (time.sleep(0.6), b)[1], 1, 1, 8, name=name), timeout_s=1.0)
+
+    first, second = stage("first"), stage("second")
+    started = time.monotonic()
+    with request_deadline(Deadline(1.0)), pytest.raises(Overloaded):
+        second(first([1]))
+    assert time.monotonic() - started < 1.3
+    first.batcher.stop()
+    second.batcher.stop()
+
+
+def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> None:
+    slots = OrderedSlots(1)
+    admitted: list[int] = []
+    release = threading.Event()
+
+    def take(n: int, seconds: float) -> None:
+        with slots.hold(Deadline(seconds)):
+            admitted.append(n)
+            if n == 0:
+                release.wait(5)
+
+    holder = threading.Thread(target=take, args=(0, 60))
+    holder.start()
+    time.sleep(0.05)
+    waiters = [threading.Thread(target=take, args=(n, seconds)) for n, seconds in ((1, 30), (2, 10), (3, 20))]
+    for thread in waiters:
+        thread.start()
+        time.sleep(0.05)
+    with pytest.raises(Overloaded, match="deadline passed"), slots.hold(Deadline(0.1)):
+        pass
+    release.set()
+    for thread in [holder, *waiters]:
+        thread.join(5)
+    assert admitted == [0, 2, 3, 1]

@@ -252,3 +252,46 @@ def test_killed_worker_is_replaced_and_next_requests_succeed(tmp_path) -> None:
         client = ScorerClient(server.url, retries=5)
         assert client.scores([images[0]], [ocr_prompts(1)[0]])[0] >= 0.9
         assert json.loads(requests.get(server.url + "/ready").text)["ready"] is True
+
+
+def test_a_request_that_can_never_fit_the_queue_is_413(tmp_path) -> None:
+    with gunicorn_server("ocr", {"SCORER_MAX_QUEUE": "8"}, log_dir=tmp_path) as server:
+        images = [render_text("Hello", size=256)] * 9
+        status, answer = post_pickle(server.url, {"images": images, "prompts": ['"Hello"'] * 9})
+        assert status == 413 and "9 items in one request; the batch queue holds 8" in answer["error"], answer
+        assert ScorerClient(server.url).scores(images[:8], ['"Hello"'] * 8) == [1.0] * 8
+
+
+def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -> None:
+    """More one-image requests at once than a 6 s deadline lets the node score: each is answered
+    by its deadline (once, across both OCR stages), those it cannot serve with an early 503, and
+    the ones served are the first to arrive."""
+    count, timeout_s = 96, 6.0
+    with gunicorn_server("ocr", {"SCORER_REQUEST_TIMEOUT_S": str(timeout_s)}, log_dir=tmp_path) as server:
+        body = pickle.dumps({"images": [render_text("Hello", size=256)], "prompts": ['"Hello"']})
+
+        async def fire() -> list[tuple[int, float, float]]:
+            import aiohttp
+
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=count)) as session:
+
+                async def one(index: int) -> tuple[int, float, float]:
+                    await asyncio.sleep(index * 0.01)  # a known arrival order, 10 ms apart
+                    sent = time.monotonic()
+                    async with session.post(server.url + "/", data=body) as response:
+                        await response.read()
+                        return response.status, sent, time.monotonic() - sent
+
+                return await asyncio.gather(*(one(index) for index in range(count)))
+
+        outcomes = asyncio.run(fire())
+    statuses = [status for status, _, _ in outcomes]
+    assert set(statuses) == {200, 503}, statuses  # some served, some refused
+    slowest = max(took for _, _, took in outcomes)
+    assert slowest < timeout_s + 1.5, f"an answer took {slowest:.1f}s, past the {timeout_s}s deadline"
+    refusals = [took for status, _, took in outcomes if status == 503]
+    assert min(refusals) < timeout_s / 2, "no request was refused early"
+    # Arrival order: the served ones are (nearly all) the earliest.
+    served = sorted(index for index, status in enumerate(statuses) if status == 200)
+    late = sum(1 for index in served if index >= len(served) + 8)
+    assert late <= len(served) // 10, f"served out of arrival order: {served}"
