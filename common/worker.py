@@ -145,8 +145,11 @@ class ScorerWorker(ThreadWorker):
         try:
             for _ in range(16):  # at most 4 MiB per turn, then the other connections
                 data = conn.sock.recv(RECV_BYTES)
-                if not data:
-                    self._drop(conn)  # the client went away
+                if not data:  # the client is done sending: what it sent is answered (400 if cut short)
+                    if incoming.buffer:
+                        self._hand_over(conn)
+                    else:
+                        self._drop(conn)
                     return
                 incoming.buffer += data
                 self.buffered_bytes += len(data)
@@ -170,8 +173,12 @@ class ScorerWorker(ThreadWorker):
                 self._send(conn.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
         if arrival is Arrival.PARTIAL and self.buffered_bytes <= BUFFERED_BYTES_LIMIT:
             return
+        self._hand_over(conn)
+
+    def _hand_over(self, conn: TConn) -> None:
+        """To a request thread (whole, or not framed here, or over the buffer limit)."""
         self._release(conn)
-        incoming.whole = True
+        conn.incoming.whole = True
         conn.data_ready = True
         super().enqueue_req(conn)
 

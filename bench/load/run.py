@@ -1,13 +1,18 @@
-"""One OCR node under training load: many one-image requests at high concurrency, then the same
-with a worker SIGKILLed every few seconds. Reports answered count, errors by status (or by
-connection failure), p50/p99 latency, and any wrong score.
+"""One OCR node under training load, through the client semantics of VeRL-Omni: one request per
+image, 256 in flight, each attempt given 120 s, two retries (after 0.5 s) of a dropped
+connection, a timeout, 408, 429 or 5xx. Three scenarios on the same node:
+
+- steady: the node as it is;
+- chaos: a worker SIGKILLed every ``--kill-every`` seconds (gunicorn starts a replacement);
+- slow: ``--slow-connections`` connections held open with a partial head all along (each is
+  answered 408 at its head deadline and opened again at once).
+
+Each reports lost requests (no 200 after the retries), wrong scores (every image shows the
+word its prompt asks for, so a 200 below 0.9 is wrong), p50/p99/max latency of a request
+(retries included), throughput and the first attempts' outcomes.
 
     .venv/bin/python -m bench.load.run [--requests 2000] [--concurrency 256] [--workers 2]
-        [--kill-every 5] [--image-size 256]
-
-The client retries a failed attempt like flow_grpo's does (``--retries``, 0 for none); each
-phase reports the first attempts' outcomes (what a client without retries sees) and the final ones.
-Every image shows the word its prompt asks for, so every 200 must score >= 0.9.
+        [--scenarios steady,chaos,slow] [--kill-every 30] [--slow-connections 300] [--image-size 128]
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ import asyncio
 import json
 import os
 import random
+import resource
 import signal
 import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +44,33 @@ from tests.images import render_text  # noqa: E402
 from tests.server import Server, gunicorn_server  # noqa: E402
 
 WORDS = ["Open", "Bakery", "Garden", "Coffee", "Sale", "Hotel", "Museum", "Pizza"]
+PARTIAL_HEAD = b"POST / HTTP/1.1\r\nHost: scorer\r\nContent-Type: application/octet-stream\r\n"
 
 
-async def _load(url: str, bodies: list[bytes], concurrency: int, retries: int = 0) -> dict[str, Any]:
-    """Send every body, ``concurrency`` in flight; count outcomes instead of raising.
+@dataclass(frozen=True)
+class VerlOmniClient:
+    """What VeRL-Omni's reward client does with one request."""
 
-    With ``retries``, a request whose attempt failed (connection lost, 5xx) is sent again after
-    a doubling backoff (0.5 s, capped at 8 s), as flow_grpo's and VeRL-Omni's clients do; the
-    first attempt's outcome and the final one are both counted.
-    """
+    retries: int = 2
+    backoff_s: float = 0.5
+    attempt_timeout_s: float = 120.0
+
+    @staticmethod
+    def retried(outcome: str) -> bool:
+        return not outcome.isdigit() or outcome in ("408", "429") or outcome.startswith("5")
+
+
+async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmniClient) -> dict[str, Any]:
+    """Send every body, ``concurrency`` requests in flight; count outcomes instead of raising."""
     first: Counter[str] = Counter()
     final: Counter[str] = Counter()
-    latencies: list[float] = []
     attempts_made: Counter[int] = Counter()
+    latencies: list[float] = []
     wrong = 0
     limit = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=180)) as session:
+    timeout = aiohttp.ClientTimeout(total=client.attempt_timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def attempt(body: bytes) -> str:
             nonlocal wrong
@@ -70,13 +87,13 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, retries: int = 
         async def one(body: bytes) -> None:
             async with limit:
                 started = time.perf_counter()
-                for number in range(retries + 1):
+                for number in range(client.retries + 1):
                     outcome = await attempt(body)
                     if number == 0:
                         first[outcome] += 1
-                    if outcome == "200" or (outcome.isdigit() and int(outcome) < 500) or number == retries:
+                    if not client.retried(outcome) or number == client.retries:
                         break
-                    await asyncio.sleep(min(8.0, 0.5 * 2**number))
+                    await asyncio.sleep(client.backoff_s)
                 final[outcome] += 1
                 attempts_made[number + 1] += 1
                 latencies.append(time.perf_counter() - started)
@@ -84,20 +101,20 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, retries: int = 
         started = time.perf_counter()
         await asyncio.gather(*(one(body) for body in bodies))
         wall = time.perf_counter() - started
-    result = {
+    return {
         "requests": len(bodies),
         "answered_200": final.get("200", 0),
-        "errors": {key: count for key, count in sorted(final.items()) if key != "200"},
+        "lost": sum(count for key, count in final.items() if key != "200"),
+        "lost_by_outcome": {key: count for key, count in sorted(final.items()) if key != "200"},
         "wrong_scores": wrong,
         "wall_s": round(wall, 1),
         "per_s": round(len(bodies) / wall, 2),
         "p50_s": round(percentile(latencies, 50), 2),
         "p99_s": round(percentile(latencies, 99), 2),
+        "max_s": round(max(latencies), 2),
+        "first_attempt": dict(sorted(first.items())),
+        "attempts": dict(sorted(attempts_made.items())),
     }
-    if retries:
-        result["first_attempt"] = dict(sorted(first.items()))
-        result["attempts"] = dict(sorted(attempts_made.items()))
-    return result
 
 
 def kill_workers(server: Server, every: float, stop: threading.Event, killed: list[int]) -> None:
@@ -110,39 +127,95 @@ def kill_workers(server: Server, every: float, stop: threading.Event, killed: li
             killed.append(victim)
 
 
+async def hold_slow_connections(port: int, count: int, stop: asyncio.Event, answers: Counter[str]) -> None:
+    """Keep ``count`` connections open with a partial head until ``stop``; each one the server
+    closes is opened again at once. ``answers`` counts the first line of what the server said."""
+
+    async def holder() -> None:
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                answers["connect failed"] += 1
+                await asyncio.sleep(0.5)
+                continue
+            writer.write(PARTIAL_HEAD)
+            try:
+                read = asyncio.ensure_future(reader.read())
+                stopped = asyncio.ensure_future(stop.wait())
+                done, _ = await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if read in done:
+                    answers[read.result().split(b"\r\n", 1)[0].decode(errors="replace") or "closed silently"] += 1
+                else:
+                    read.cancel()
+                stopped.cancel()
+            except OSError as exc:
+                answers[type(exc).__name__] += 1
+            finally:
+                writer.close()
+
+    await asyncio.gather(*(holder() for _ in range(count)))
+
+
+async def _load_with_slow_clients(
+    server: Server, bodies: list[bytes], concurrency: int, client: VerlOmniClient, slow: int
+) -> dict[str, Any]:
+    stop, answers = asyncio.Event(), Counter()
+    holders = asyncio.ensure_future(hold_slow_connections(server.port, slow, stop, answers))
+    await asyncio.sleep(2)  # all held before the load starts
+    try:
+        result = await _load(server.url, bodies, concurrency, client)
+    finally:
+        stop.set()
+        await holders
+    return result | {"slow_connections": slow, "slow_answers": dict(answers)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of the node")
-    parser.add_argument("--kill-every", type=float, default=5.0, help="seconds between worker kills")
-    parser.add_argument("--image-size", type=int, default=256)
-    parser.add_argument("--retries", type=int, default=20, help="client retries of a failed attempt (0: none)")
+    parser.add_argument("--scenarios", default="steady,chaos,slow")
+    parser.add_argument("--kill-every", type=float, default=30.0, help="chaos: seconds between worker kills")
+    parser.add_argument("--slow-connections", type=int, default=300)
+    parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "load.json")
     args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
 
     images = [render_text(word, size=args.image_size) for word in WORDS]
     picks = [i % len(WORDS) for i in range(args.requests)]
     bodies = one_image_bodies([images[i] for i in picks], [f'a sign that says "{WORDS[i]}"' for i in picks])
-    results: dict[str, Any] = {"settings": vars(args) | {"out": str(args.out)}}
+    client = VerlOmniClient()
+    results: dict[str, Any] = {"settings": vars(args) | {"out": str(args.out)}, "client": vars(client)}
     # Workers share the node's cores: one ONNX thread each rather than oversubscribing them.
     threads = max(1, (os.cpu_count() or 1) // args.workers)
-    with gunicorn_server("ocr", {"SCORER_OCR_ONNX_THREADS": str(threads)}, workers=args.workers) as server:
-        print(f"steady: {args.requests} requests at concurrency {args.concurrency}", flush=True)
-        results["steady"] = asyncio.run(_load(server.url, bodies, args.concurrency, args.retries))
-        print(json.dumps(results["steady"]), flush=True)
-
-        print(f"chaos: the same with a worker SIGKILLed every {args.kill_every:g}s", flush=True)
-        stop, killed = threading.Event(), []
-        killer = threading.Thread(target=kill_workers, args=(server, args.kill_every, stop, killed))
-        killer.start()
-        try:
-            results["chaos"] = asyncio.run(_load(server.url, bodies, args.concurrency, args.retries))
-        finally:
-            stop.set()
-            killer.join()
-        results["chaos"]["workers_killed"] = len(killed)
-        print(json.dumps(results["chaos"]), flush=True)
+    env = {"SCORER_OCR_ONNX_THREADS": str(threads)}
+    with gunicorn_server("ocr", env, workers=args.workers) as server:
+        for scenario in args.scenarios.split(","):
+            print(f"{scenario}: {args.requests} requests at concurrency {args.concurrency}", flush=True)
+            if scenario == "steady":
+                result = asyncio.run(_load(server.url, bodies, args.concurrency, client))
+            elif scenario == "chaos":
+                stop, killed = threading.Event(), []
+                killer = threading.Thread(target=kill_workers, args=(server, args.kill_every, stop, killed))
+                killer.start()
+                try:
+                    result = asyncio.run(_load(server.url, bodies, args.concurrency, client))
+                finally:
+                    stop.set()
+                    killer.join()
+                result["workers_killed"] = len(killed)
+                server.wait_ready()  # the last replacement is up before the next scenario
+            elif scenario == "slow":
+                slow = args.slow_connections
+                result = asyncio.run(_load_with_slow_clients(server, bodies, args.concurrency, client, slow))
+            else:
+                raise SystemExit(f"unknown scenario {scenario!r}")
+            results[scenario] = result
+            print(json.dumps(result), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {args.out}")
