@@ -28,6 +28,9 @@ STATUSES = (
 NO_VERDICT = ("sandbox_error", "prompt_not_found")
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
+# Stdout kept beyond the longest expected output: enough for trailing spaces and line ends;
+# a longer output cannot match and is judged a wrong answer without being kept.
+STDOUT_MARGIN = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ def judge(suite: Suite, index: int, run: dict[str, Any], tolerance: float) -> st
         return "runtime_error"
     if run["exit"] != 0:
         return "memory_limit" if "MemoryError" in run["stderr"] else "runtime_error"
+    if run.get("stdout_truncated"):
+        return "wrong_answer"
     return "passed" if stdout_matches(run["stdout"], suite.expected[index], tolerance) else "wrong_answer"
 
 
@@ -92,13 +97,23 @@ def _judge_call(suite: Suite, index: int, run: dict[str, Any], tolerance: float)
     return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 
+def stdout_keep(suite: Suite, cap: int) -> int:
+    """How much of a run's stdout comparison needs: the longest expected output and a margin."""
+    if suite.kind != "stdin":
+        return 0
+    return min(cap, 2 * max(len(want.encode()) for want in suite.expected) + STDOUT_MARGIN)
+
+
 class Grader:
-    """Grades samples with at most ``max_parallel`` runs at once and a per-request deadline."""
+    """Grades samples with at most ``max_parallel`` runs at once and a per-request deadline.
+
+    Slots are shared between requests in turn (``FairSlots``): each request runs its samples
+    on threads of its own, at most ``max_parallel``, so none waits behind another's queue.
+    """
 
     def __init__(self, settings: CodeSettings, sandbox: Sandbox) -> None:
         self.settings = settings
         self.sandbox = sandbox
-        self._pool = ThreadPoolExecutor(settings.max_parallel, thread_name_prefix="code-grade")
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -106,14 +121,17 @@ class Grader:
     def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
         """Verdicts in order; never raises for what a sample's code does."""
         deadline = time.monotonic() + self.settings.request_timeout_s
+        request = object()  # this request's place in the round-robin of slots
         if len(samples) == 1:
-            verdicts = [self.grade_one(samples[0], deadline)]
+            verdicts = [self.grade_one(samples[0], deadline, request)]
         else:
-            verdicts = list(self._pool.map(lambda s: self.grade_one(s, deadline), samples))
+            threads = min(len(samples), self.settings.max_parallel)
+            with ThreadPoolExecutor(threads, thread_name_prefix="code-grade") as pool:
+                verdicts = list(pool.map(lambda s: self.grade_one(s, deadline, request), samples))
         self._count_masked(verdicts)
         return verdicts
 
-    def grade_one(self, sample: Sample, deadline: float) -> Verdict:
+    def grade_one(self, sample: Sample, deadline: float, request: object) -> Verdict:
         if sample.suite is None:
             return Verdict("prompt_not_found", 0, 0, None)
         total = len(sample.suite.tests)
@@ -121,7 +139,7 @@ class Grader:
             return Verdict("no_code", 0, total, 0.0)
         for attempt in range(2):
             try:
-                return self._run(sample.suite, sample.code, deadline)
+                return self._run(sample.suite, sample.code, deadline, request)
             except SandboxFailure as exc:
                 log.warning("code sandbox failed a run (attempt %d): %s", attempt + 1, exc)
                 if attempt == 0 and deadline - time.monotonic() > self.settings.retry_pause_s + 1.0:
@@ -129,27 +147,16 @@ class Grader:
                     continue
         return Verdict("sandbox_error", 0, total, None)
 
-    def _run(self, suite: Suite, code: str, deadline: float) -> Verdict:
+    def _run(self, suite: Suite, code: str, deadline: float, request: object) -> Verdict:
         s = self.settings
-        with self.sandbox.slot(deadline - time.monotonic()) as uid:
+        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
-            job = {
-                "kind": suite.kind, "code": code, "fn_name": suite.fn_name,
-                # Assert tests hold the expected values: they go to the tests' process only.
-                "tests": [None] * len(suite.tests) if suite.kind == "assert" else suite.tests,
-                "cpu_s": s.test_cpu_s, "wall_s": s.test_wall_s,
-                "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
-                "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
-                "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes,
-            }  # fmt: skip
-            if suite.kind == "assert":
-                job["trusted"] = {"tests": suite.tests, "setup": suite.setup, "entry_point": suite.entry_point}
             statuses = ["timeout"] * len(suite.tests)
-            runs = self.sandbox.run(job, uid)
+            runs = self.sandbox.run(self._job(suite, code, deadline), uid)
             try:
                 for run in runs:
-                    statuses[run["index"]] = judge(suite, run["index"], run, s.float_tolerance)
+                    statuses[run["index"]] = self._judge(suite, run)
                     if s.scoring == "all" and statuses[run["index"]] != "passed":
                         break  # the rest cannot change the verdict
             finally:
@@ -159,6 +166,44 @@ class Grader:
         if s.scoring == "all":
             return Verdict(status, passed, len(statuses), float(status == "passed"))
         return Verdict(status, passed, len(statuses), passed / len(statuses))
+
+    def _job(self, suite: Suite, code: str, deadline: float) -> dict[str, Any]:
+        """What the sandbox gets to run ``code`` against ``suite`` (never the expected outputs)."""
+        s = self.settings
+        job = {
+            "kind": suite.kind, "code": code, "fn_name": suite.fn_name,
+            # Assert tests hold the expected values: they go to the tests' process only.
+            "tests": [None] * len(suite.tests) if suite.kind == "assert" else suite.tests,
+            "cpu_s": s.test_cpu_s, "wall_s": s.test_wall_s,
+            "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
+            "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
+            "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes, "tmp_bytes": s.tmp_mb << 20,
+            "stdout_keep": stdout_keep(suite, s.max_output_bytes),
+        }  # fmt: skip
+        if suite.kind == "assert":
+            job["trusted"] = {"tests": suite.tests, "setup": suite.setup, "entry_point": suite.entry_point}
+        return job
+
+    def trial(self, code: str) -> dict[str, Any]:
+        """What one run of ``code`` (empty stdin) reported, unjudged: for the startup checks."""
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        job = self._job(Suite("stdin", [""], [""]), code, deadline)
+        with self.sandbox.slot(object(), self.settings.request_timeout_s) as uid:
+            if uid is None:
+                raise SandboxFailure("no run slot came free")
+            runs = self.sandbox.run({**job, "stdout_keep": self.settings.max_output_bytes}, uid)
+            try:
+                return next(runs)
+            finally:
+                runs.close()
+
+    def _judge(self, suite: Suite, run: dict[str, Any]) -> str:
+        """``judge``, where whatever the program's output makes fail stays its own verdict."""
+        try:
+            return judge(suite, run["index"], run, self.settings.float_tolerance)
+        except Exception as exc:  # e.g. RecursionError on deeply nested output
+            log.warning("judging a code test failed (%s: %.200s); judged a runtime error", type(exc).__name__, exc)
+            return "runtime_error"
 
     def _count_masked(self, verdicts: Sequence[Verdict]) -> None:
         """Warn per sample left without a verdict, and when more than 5 of 100 were."""
@@ -179,6 +224,3 @@ class Grader:
                             self._block_masked, MASK_BLOCK, self.settings.infra_failure_score,
                         )  # fmt: skip
                     self._block_seen = self._block_masked = 0
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -2,15 +2,19 @@
 
 Isolation, strongest first (docs/ARCHITECTURE.md §8):
 
-- ``bwrap``: bubblewrap gives the zygote its own network, pid, ipc and uts namespaces, a
-  read-only root, a fresh ``/tmp`` (root-owned, so each sample's private dir is the only
-  writable place), a fresh ``/dev`` and ``/proc``, and dies with the server.
+- ``bwrap``: bubblewrap gives the zygote its own network, pid, ipc and uts namespaces, a root
+  that holds only what a program needs, read-only (``/usr``, the ``/lib*`` links, the
+  dynamic linker's cache and the interpreter's own prefix: never the checkout, home
+  directories or data), a fresh ``/dev`` and ``/proc``, and dies with the server.
 - ``unshare``: util-linux ``unshare`` gives network, pid and ipc namespaces only: the host's
   world-writable dirs stay writable.
 - ``none``: no namespaces; the network is reachable.
 
-All three drop each test process to an unprivileged uid (one per slot, so concurrent runs can
-neither signal nor read each other), clear its environment and set rlimits. The service
+In every isolation each sample's supervisor takes a mount and an IPC namespace of its own:
+a size-limited tmpfs on ``/tmp`` (also ``/dev/shm``), the only writable place, and SysV IPC
+that is bounded and dies with the sample. All three drop each test process to an
+unprivileged uid (one per slot, so concurrent runs can neither signal nor read each other),
+clear its environment and set rlimits. The service
 refuses anything weaker than ``bwrap`` unless ``SCORER_CODE_ALLOW_WEAK_SANDBOX`` names the
 mechanism it would get.
 """
@@ -30,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,11 +45,55 @@ log = logging.getLogger(__name__)
 ISOLATIONS = ("bwrap", "unshare", "none")
 ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_text()
 # Root may do these inside bwrap; a test process loses them all when it drops its uid.
-BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+# CAP_SYS_ADMIN lets each supervisor mount its sample's /tmp in a namespace of its own.
+BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
+# What a program may see of the host besides the interpreter: system binaries and libraries.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+# A zygote that dies sooner than this after its start counts as a quick restart: the next
+# restart waits (doubling per quick one, up to RESTART_PAUSE_MAX_S).
+QUICK_RESTART_S = 10.0
+RESTART_PAUSE_S = 0.2
+RESTART_PAUSE_MAX_S = 5.0
 
 
 class SandboxFailure(RuntimeError):
     """The infrastructure failed a run (zygote gone, supervisor died): no verdict."""
+
+
+def interpreter_dirs() -> list[str]:
+    """The directories this interpreter and its standard library live in (real paths), the
+    ones already among ``SYSTEM_DIRS`` left out."""
+    found: list[str] = []
+    for path in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.realpath(sys.executable))):
+        real = os.path.realpath(path)
+        if not any(real == d or real.startswith(d.rstrip("/") + "/") for d in (*SYSTEM_DIRS, *found)):
+            found.append(real)
+    return found
+
+
+def _visible_filesystem() -> list[str]:
+    """bwrap arguments for the zygote's root: system dirs, the interpreter, a tiny ``/tmp``.
+
+    Every directory bwrap creates on the way to a bind is made 0755 first: bwrap would make
+    it 0700, which the sandbox uids cannot cross (a Python under ``/root`` would not import).
+    """
+    args: list[str] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in SYSTEM_FILES:
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    args += ["--perms", "0711", "--size", str(1 << 20), "--tmpfs", "/tmp"]
+    for path in interpreter_dirs():
+        parents = Path(path).parents
+        for parent in reversed(list(parents)[:-1]):  # from the top, without "/"
+            args += ["--perms", "0755", "--dir", str(parent)]
+        args += ["--ro-bind", path, path]
+    return args
 
 
 def _prefix(isolation: str) -> list[str]:
@@ -52,8 +102,8 @@ def _prefix(isolation: str) -> list[str]:
         caps = [arg for cap in BWRAP_CAPS for arg in ("--cap-add", cap)]
         return [
             "bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session", "--clearenv", "--ro-bind", "/", "/",
-            "--perms", "0711", "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc", *caps,
+            "--die-with-parent", "--new-session", "--clearenv", *_visible_filesystem(),
+            "--dev", "/dev", "--proc", "/proc", *caps,
         ]  # fmt: skip
     if isolation == "unshare":
         return ["unshare", "--net", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc"]
@@ -114,6 +164,58 @@ def claim_uids(base: int, count: int, blocks: int = 64) -> tuple[int, int]:
     raise SandboxFailure(f"all {blocks} uid blocks from {base} are taken by other workers")
 
 
+class _Ticket:
+    """One wait for a slot; ``uid`` is set by whoever hands it over."""
+
+    def __init__(self) -> None:
+        self.granted = threading.Event()
+        self.uid: int | None = None
+
+
+class FairSlots:
+    """Run slots (one uid each) lent round-robin between the requests waiting for one.
+
+    A freed slot goes straight to a waiter, taking the requests in turn, so a request of many
+    slow samples cannot keep one of a few (or of one) waiting longer than until the next slot
+    frees. Each request waits in its own line, so fairness holds per request, not per thread.
+    """
+
+    def __init__(self, uids: range) -> None:
+        self._lock = threading.Lock()
+        self._free = list(reversed(uids))
+        self._waiting: OrderedDict[object, deque[_Ticket]] = OrderedDict()
+
+    def acquire(self, owner: object, timeout: float) -> int | None:
+        """A slot for ``owner`` (a request), or ``None`` when none came within ``timeout``."""
+        with self._lock:
+            if self._free:  # free slots exist only while nobody waits
+                return self._free.pop()
+            ticket = _Ticket()
+            self._waiting.setdefault(owner, deque()).append(ticket)
+        ticket.granted.wait(max(timeout, 0.0))
+        with self._lock:
+            if ticket.uid is None:
+                line = self._waiting[owner]
+                line.remove(ticket)
+                if not line:
+                    del self._waiting[owner]
+            return ticket.uid
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            if not self._waiting:
+                self._free.append(uid)
+                return
+            owner, line = next(iter(self._waiting.items()))
+            ticket = line.popleft()
+            if line:
+                self._waiting.move_to_end(owner)  # the next slot goes to the next request
+            else:
+                del self._waiting[owner]
+            ticket.uid = uid
+            ticket.granted.set()
+
+
 class Sandbox:
     """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid."""
 
@@ -122,45 +224,65 @@ class Sandbox:
         # Each slot has two uids: its candidates' (``uids``) and, ``slots`` above it, its tests'.
         first_uid, self._uid_lock = claim_uids(uid_base, 2 * slots)
         self.uids = range(first_uid, first_uid + slots)
-        self._slots: queue.LifoQueue[int] = queue.LifoQueue()
-        for uid in self.uids:
-            self._slots.put(uid)
+        self._slots = FairSlots(self.uids)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._started_at = 0.0
+        self._quick_restarts = 0
         self._dir = tempfile.mkdtemp(prefix="code-sandbox-")
         os.chmod(self._dir, 0o711)
         self._socket_path = os.path.join(self._dir, "zygote.sock")
-        self._runs = "/tmp/runs" if isolation == "bwrap" else os.path.join(self._dir, "runs")
 
     def start(self) -> None:
         """(Re)start the zygote and wait until it accepts runs."""
         with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        self._stop_locked()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._socket_path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self._socket_path)
+        os.chmod(self._socket_path, 0o600)
+        listener.listen(512)
+        # The base interpreter, not the venv's link to it: the zygote needs only the standard
+        # library, and only the interpreter's own prefix is visible in the sandbox.
+        command = [*_prefix(self.isolation), os.path.realpath(sys.executable), "-I", "-S", "-c", ZYGOTE_SOURCE]
+        spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
+        # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
+        # spawned by a thread that lives exactly as long as the zygote.
+        threading.Thread(
+            target=self._keep, args=([*command, str(listener.fileno())], listener, spawned),
+            name="code-zygote", daemon=True,
+        ).start()  # fmt: skip
+        proc = spawned.get()
+        if isinstance(proc, BaseException):
+            raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start: {proc}")
+        self._proc = proc
+        self._started_at = time.monotonic()
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != b"zygote ready":
             self._stop_locked()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._socket_path)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(self._socket_path)
-            os.chmod(self._socket_path, 0o600)
-            listener.listen(512)
-            # The base interpreter, not the venv's link to it: the zygote needs only the standard
-            # library, and a venv under /tmp would be hidden by the sandbox's own /tmp.
-            command = [*_prefix(self.isolation), os.path.realpath(sys.executable), "-I", "-S", "-c", ZYGOTE_SOURCE]
-            spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
-            # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
-            # spawned by a thread that lives exactly as long as the zygote.
-            threading.Thread(
-                target=self._keep, args=([*command, str(listener.fileno()), self._runs], listener, spawned),
-                name="code-zygote", daemon=True,
-            ).start()  # fmt: skip
-            proc = spawned.get()
-            if isinstance(proc, BaseException):
-                raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start: {proc}")
-            self._proc = proc
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != b"zygote ready":
-                self._stop_locked()
-                raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start")
-            log.info("code sandbox ready: isolation=%s", self.isolation)
+            raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start")
+        log.info("code sandbox ready: isolation=%s", self.isolation)
+
+    def _restart(self) -> None:
+        """Restart a dead zygote, once however many runs found it dead.
+
+        The first caller restarts while the others wait on the lock and then find it alive (a
+        restart that stopped a zygote just started would fail the runs it had begun). A zygote
+        that keeps dying soon after its start is restarted after a growing pause.
+        """
+        with self._lock:
+            if self.alive():
+                return
+            quick = time.monotonic() - self._started_at < QUICK_RESTART_S
+            self._quick_restarts = self._quick_restarts + 1 if quick else 0
+            pause = min(RESTART_PAUSE_S * 2 ** (self._quick_restarts - 1), RESTART_PAUSE_MAX_S) if quick else 0.0
+            log.warning("code sandbox zygote is gone; restarting it%s", f" in {pause:.1f} s" if pause else "")
+            time.sleep(pause)
+            self._start_locked()
 
     @staticmethod
     def _keep(command: list[str], listener: socket.socket, spawned: queue.Queue[Any]) -> None:
@@ -193,17 +315,16 @@ class Sandbox:
         return self._proc is not None and self._proc.poll() is None
 
     @contextlib.contextmanager
-    def slot(self, timeout: float) -> Iterator[int | None]:
-        """Hold one run slot (its uid) for the duration; ``None`` when none came free in time."""
-        try:
-            uid = self._slots.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
+    def slot(self, owner: object, timeout: float) -> Iterator[int | None]:
+        """Hold one run slot (its uid) for ``owner``'s run; ``None`` when none came free in time."""
+        uid = self._slots.acquire(owner, timeout)
+        if uid is None:
             yield None
             return
         try:
             yield uid
         finally:
-            self._slots.put(uid)
+            self._slots.release(uid)
 
     def run(self, job: dict[str, Any], uid: int) -> Iterator[dict[str, Any]]:
         """Run ``job`` as ``uid``; yields one result per test. Raises ``SandboxFailure``.
@@ -211,8 +332,7 @@ class Sandbox:
         ``job["trusted"]`` (assert tests: the label's code) is sent apart, after the rest.
         """
         if not self.alive():
-            log.warning("code sandbox zygote is gone; restarting it")
-            self.start()
+            self._restart()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(job["sample_s"] + 10.0)
         try:
@@ -220,9 +340,7 @@ class Sandbox:
                 sock.connect(self._socket_path)
                 trusted = job.get("trusted")
                 header = {key: value for key, value in job.items() if key != "trusted"}
-                _send(
-                    sock, {**header, "uid": uid, "gid": uid, "test_uid": uid + len(self.uids), "tmp_root": self._runs}
-                )
+                _send(sock, {**header, "uid": uid, "gid": uid, "test_uid": uid + len(self.uids)})
                 if trusted is not None:  # read by the tests' process alone, never by the candidate's
                     _send(sock, trusted)
                 while True:

@@ -11,8 +11,10 @@ import atexit
 import logging
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, env_name, from_env
@@ -27,6 +29,35 @@ from services.code.labels import Suite, parse_label
 from services.code.settings import CodeSettings
 
 log = logging.getLogger(__name__)
+
+# Modules a graded program must be able to import (several load C extensions, and a non-ASCII
+# identifier loads unicodedata): checked at startup as a sandbox uid.
+STDLIB_MODULES = (
+    "array", "bisect", "collections", "copy", "ctypes", "dataclasses", "datetime", "decimal", "enum", "fractions",
+    "functools", "hashlib", "heapq", "itertools", "json", "math", "operator", "random", "re", "statistics",
+    "string", "struct", "typing", "unicodedata", "zlib",
+)  # fmt: skip
+REPOSITORY = Path(__file__).resolve().parents[2]
+# Prints what is wrong, or "ok".
+STARTUP_PROBE = f"""
+import os
+broken = []
+for name in {STDLIB_MODULES!r}:
+    try:
+        __import__(name)
+    except BaseException as exc:
+        broken.append(f"{{name}} ({{type(exc).__name__}}: {{exc}})")
+try:
+    exec("é = 1")
+except BaseException as exc:
+    broken.append(f"a non-ASCII identifier ({{type(exc).__name__}}: {{exc}})")
+if broken:
+    print("cannot import: " + "; ".join(broken))
+elif os.path.exists({str(REPOSITORY)!r}):
+    print("can see the checkout, " + {str(REPOSITORY)!r})
+else:
+    print("ok")
+"""
 
 SECTION = "code"
 INFRA_HELP = (
@@ -96,10 +127,29 @@ class CodeScorer(Scorer):
         verdict = self.grader.grade([probe])[0]
         if verdict.status != "passed":
             raise RuntimeError(f"the code sandbox failed its self-check: {verdict.status}")
+        self._check_what_programs_see()
         log.warning(
             "code sandbox isolation: %s (uids %d-%d, %d slots); environment: %s",
             self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.max_parallel, s.env or "none",
         )  # fmt: skip
+
+    def _check_what_programs_see(self) -> None:
+        """Refuse to start unless a sandbox uid imports the standard library and, in bwrap,
+        cannot see the checkout."""
+        assert self.grader is not None
+        run = self.grader.trial(STARTUP_PROBE)
+        said = run.get("stdout", "").strip()
+        if said == "ok" or (self.isolation != "bwrap" and said.startswith("can see the checkout")):
+            return
+        interpreter = os.path.realpath(sys.executable)
+        error = "" if said else ": " + (run.get("stderr", "") + run.get("result", ""))[-500:]
+        raise RuntimeError(
+            f"the code sandbox's programs (uid {self.grader.sandbox.uids[0]}) {said or 'failed'}{error}. "
+            f"The interpreter {interpreter} "
+            f"(its prefix and standard library: {', '.join(sandbox.interpreter_dirs())}) must be readable "
+            "by every uid; with bubblewrap only those directories are shown to programs, with a weaker "
+            "sandbox the host's own permissions apply (a Python under a 0700 home directory fails)"
+        )
 
     # -- requests -----------------------------------------------------------------------
 

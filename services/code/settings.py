@@ -31,6 +31,8 @@ class CodeSettings:
     max_open_files: int = 64
     max_file_bytes: int = 16 << 20
     max_output_bytes: int = 16 << 20
+    # Size of each sample's own /tmp (also its /dev/shm) and the most SysV shared memory it holds.
+    tmp_mb: int = 64
     # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.
     float_tolerance: float = 0.0
     # Isolation: "auto" takes the strongest the host offers (bwrap > unshare > none).

@@ -9,8 +9,10 @@ and its test inputs, never the expected outputs) and streams back what each test
 Stdin tests: one *test process* per test. Call-based and assert tests: a *candidate process*
 runs the code and answers calls as plain data (``CallRun``); assert tests' code arrives after
 it was forked, to a *tests' process* alone. Processes that run the code drop to the slot's
-unprivileged uid, limit themselves with rlimits, run in the sample's private temp dir with a
-clean environment, and are killed with everything they started (every process of the uid).
+unprivileged uid, limit themselves with rlimits, run in the sample's ``/tmp`` with a clean
+environment, and are killed with everything they started (every process of the uid). Each
+supervisor first takes a mount and an IPC namespace of its own: a size-limited tmpfs on
+``/tmp`` and ``/dev/shm`` and bounded SysV IPC, all gone with the sample's last process.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import json
 import os
 import resource
 import selectors
-import shutil
 import signal
 import socket
 import struct
@@ -42,9 +43,14 @@ WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "mat
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 1 << 12, 1 << 14, 1 << 18
+TMP_INODES = 4096
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 RESULT_FD = 3
 STDERR_TAIL = 4096
+# What is kept of the result pipe's lines that are not results (a compile error, garbage).
+RESULT_KEEP = 1 << 16
 # The candidate's process reads calls on fd 3 and answers on fd 4; the tests' process sends
 # calls and reports on fd 3, reads answers on fd 4, and its tests once from fd 5.
 CALLS_FD, ANSWERS_FD = 3, 4
@@ -80,6 +86,31 @@ def recv_msg(sock: socket.socket) -> dict:
 def _prctl(option: int, value: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(option, value, 0, 0, 0)
+
+
+def _private_tmp(job: dict) -> None:
+    """Give this supervisor (and so its sample) its own ``/tmp`` and SysV IPC.
+
+    A tmpfs of ``tmp_bytes`` on ``/tmp``, also mounted on ``/dev/shm``, owned by the sample's
+    uid: the only place it can write, bounded, and gone with the sample's last process, like
+    its IPC namespace, whose shared memory is limited to ``tmp_bytes`` too.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    size = job["tmp_bytes"]
+    check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare")
+    check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+    options = f"size={size},nr_inodes={TMP_INODES},mode=0700,uid={job['uid']},gid={job['gid']}".encode()
+    check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount /tmp")
+    if os.path.isdir("/dev/shm"):
+        check(libc.mount(b"/tmp", b"/dev/shm", None, MS_BIND, None), "mount /dev/shm")
+    for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
+        with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
+            sysctl.write(str(value))
 
 
 def _line(out: typing.TextIO, obj: dict) -> None:
@@ -386,7 +417,12 @@ def _harness(job: dict) -> None:
 
 
 def _limit(job: dict, tests: int) -> None:
-    """Resource limits of a test process running ``tests`` tests (set before dropping root)."""
+    """Resource limits of a test process running ``tests`` tests (set before dropping root).
+
+    Its OOM score is the highest: if the node runs out of memory, a test dies, not the server.
+    """
+    with open("/proc/self/oom_score_adj", "w") as oom:
+        oom.write("1000")
     cpu = int(job["cpu_s"] * tests) + 1
     memory = job["memory_bytes"]
     for res, value in (
@@ -803,9 +839,12 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
     """
     pid, fds = _start_test(job, start, workdir)
     progress = started = time.monotonic()
-    chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": [], "result": []}
+    # Kept: stdout up to ``stdout_keep`` (what comparison needs), the tail of stderr, the
+    # start of the result pipe's non-result lines; counted: everything, up to the caps.
+    kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
+    keep = {"stdout": job["stdout_keep"], "result": RESULT_KEEP}
     sizes = {"stdout": 0, "stderr": 0, "result": 0}
-    caps = {"stdout": job["output_bytes"], "stderr": 1 << 20, "result": job["output_bytes"]}
+    caps = {"stdout": job["output_bytes"], "stderr": 1 << 62, "result": job["output_bytes"]}
     pending = b""
     current = start
     loaded = False
@@ -828,17 +867,20 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
             if sizes[role] > caps[role]:
                 over = over or role != "stderr"
                 continue
-            if role != "result":
-                chunks[role].append(data)
+            if role == "stderr":
+                kept["stderr"] = (kept["stderr"] + data)[-STDERR_TAIL:]
+                continue
+            if role == "stdout":
+                kept["stdout"] += data[: keep["stdout"] - len(kept["stdout"])]
                 continue
             *lines, pending = (pending + data).split(b"\n")
             for line in lines:
                 try:
                     message = json.loads(line)
-                except ValueError:  # the solution wrote to the result pipe itself
+                except (ValueError, RecursionError):  # the solution wrote to the result pipe itself
                     message = None
                 if not isinstance(message, dict):
-                    chunks["result"].append(line)
+                    kept["result"] += line[: keep["result"] - len(kept["result"])]
                 elif message.get("index") == current:
                     send_msg(conn, _settled(current, line))
                     current += 1
@@ -846,7 +888,7 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
                 elif message.get("loaded"):
                     loaded = True
                 else:
-                    chunks["result"].append(line)
+                    kept["result"] += line[: keep["result"] - len(kept["result"])]
     sel.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -863,11 +905,12 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
         "exit": exit_code,
         "timed_out": timed_out or over_cpu,
         "output_exceeded": over,
+        "stdout_truncated": sizes["stdout"] > keep["stdout"],
         "cpu_s": round(cpu, 4),
         "wall_s": round(time.monotonic() - started, 4),
-        "stdout": b"".join(chunks["stdout"]).decode(errors="replace"),
-        "stderr": b"".join(chunks["stderr"])[-STDERR_TAIL:].decode(errors="replace"),
-        "result": b"".join(chunks["result"]).decode(errors="replace"),
+        "stdout": kept["stdout"].decode(errors="replace"),
+        "stderr": kept["stderr"].decode(errors="replace"),
+        "result": kept["result"].decode(errors="replace"),
     }
     # A call-based process that died before its function was found failed for every test.
     last = len(job["tests"]) if job["kind"] == "call" and not loaded else current + 1
@@ -887,9 +930,8 @@ def supervise(conn: socket.socket) -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     job = recv_msg(conn)
     deadline = time.monotonic() + job["sample_s"]
-    workdir = os.path.join(job["tmp_root"], f"run-{os.getpid()}")
-    os.mkdir(workdir, 0o700)
-    os.chown(workdir, job["uid"], job["gid"])
+    _private_tmp(job)
+    workdir = "/tmp"
     try:
         if job["kind"] != "stdin":
             _run_calls(job, conn, workdir, deadline)
@@ -903,7 +945,6 @@ def supervise(conn: socket.socket) -> None:
                 index = _run_process(job, index, workdir, deadline, conn)
     finally:
         _clean_up(job["uid"])
-        shutil.rmtree(workdir, ignore_errors=True)
     send_msg(conn, {"done": True})
 
 
@@ -912,7 +953,6 @@ def main() -> None:
         __import__(name)
     gc.freeze()  # forked children then copy fewer pages when their collector runs
     listener = socket.socket(fileno=int(sys.argv[1]))
-    os.makedirs(sys.argv[2], mode=0o711, exist_ok=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
     print("zygote ready", flush=True)
     while True:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,10 +20,10 @@ import pytest
 import requests
 
 from services.code.environments import load
+from tests.server import ROOT as REPOSITORY
 from tests.server import Server, gunicorn_server
 
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
-UID_RANGE = range(61000, 61000 + 64 * 64)  # per slot: a candidate uid and a tests uid
 ENV = {
     "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
     "SCORER_CODE_ENV": "coin_change",
@@ -40,8 +43,17 @@ def server(tmp_path_factory) -> Iterator[Server]:
         yield srv
 
 
-def sandbox_processes() -> list[str]:
-    """Processes of any sandbox uid still on the host."""
+def sandbox_uids(srv: Server) -> range:
+    """The uids of ``srv``'s slots (a candidate's and a tests' uid each), from its startup line:
+    other servers on the host have others."""
+    found = re.search(r"uids (\d+)-(\d+)", srv.log_path.read_text())
+    assert found, srv.logs()
+    first, last = int(found[1]), int(found[2])
+    return range(first, last + 1 + (last + 1 - first))
+
+
+def sandbox_processes(uids: range) -> list[str]:
+    """Processes of these sandbox uids still on the host."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
@@ -49,7 +61,7 @@ def sandbox_processes() -> list[str]:
         except OSError:
             continue
         uid = int(next(line for line in text.splitlines() if line.startswith("Uid:")).split()[1])
-        if uid in UID_RANGE:
+        if uid in uids:
             found.append(f"{status.parent.name} uid={uid}")
     return found
 
@@ -213,7 +225,8 @@ HOSTILE = {
     ),
     "write outside": (
         "import os\nwrote = False\nfor path in TARGETS:\n    try:\n        open(path, 'w').write('x')\n"
-        "        wrote = True\n    except OSError:\n        pass\nprint('wrote' if wrote else 'refused')"
+        "        wrote = wrote or not path.startswith(('/tmp/', '/dev/shm/'))\n    except OSError:\n        pass\n"
+        "print('wrote' if wrote else 'refused')"
     ),
     "kill parent": (
         "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
@@ -229,6 +242,7 @@ def test_hostile_programs_score_zero_and_leave_nothing(server: Server, name: str
     listener = listen()
     marker = f"pwned-{uuid.uuid4().hex}"
     targets = [f"/tmp/{marker}", f"/var/tmp/{marker}", f"/dev/shm/{marker}", str(Path.cwd() / marker), f"/{marker}"]
+    targets += [f"/usr/{marker}", f"/etc/{marker}", str(REPOSITORY / marker)]
     code = HOSTILE[name].replace("PORT", str(listener.getsockname()[1])).replace("TARGETS", repr(targets))
     started = time.monotonic()
     out = grade(server.url, [code], {"inputs": [""], "outputs": [EXPECTED.get(name, "ok")]})
@@ -241,9 +255,9 @@ def test_hostile_programs_score_zero_and_leave_nothing(server: Server, name: str
     assert requests.get(server.url + "/health", timeout=5).status_code == 200
     assert grade(server.url, [REFERENCE], {})["rewards"] == [1.0]
     deadline = time.monotonic() + 5
-    while sandbox_processes() and time.monotonic() < deadline:
+    while sandbox_processes(sandbox_uids(server)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert sandbox_processes() == []
+    assert sandbox_processes(sandbox_uids(server)) == []
 
 
 def test_exit_before_the_asserts_and_forged_eq_fail(server: Server) -> None:
@@ -335,3 +349,237 @@ def test_openrlhf_requests_take_the_core_path(server: Server) -> None:
     assert response.status_code == 422 and "error" in response.json()
     text = requests.get(server.url + "/metrics", timeout=10).text
     assert 'route="/get_reward",service="code",status="422"' in text
+
+
+# -- what a program sees ----------------------------------------------------------------
+
+
+def test_programs_cannot_read_the_checkout_home_or_data(server: Server) -> None:
+    """A program that copies the environment's reference solution from the checkout scored
+    1.0; now it sees only system dirs and the interpreter."""
+    source = REPOSITORY / "services/code/environments/coin_change.py"
+    cheat = f"namespace = {{}}\nexec(open({str(source)!r}).read(), namespace)\nexec(namespace['REFERENCE'])"
+    assert grade(server.url, [cheat], {})["rewards"] == [0.0]
+    places = [str(REPOSITORY), str(source), "/work", "/work/shared", "/root", "/home", "/var", "/opt", "/mnt", "/srv"]
+    # Every file a program finds there, but for the interpreter's own prefix (under /root here).
+    looker = (
+        f"import os\nprefix = {os.path.realpath(sys.base_prefix)!r}\nseen = []\nfor place in {places!r}:\n"
+        "    seen += [place] if os.path.isfile(place) else []\n    for root, dirs, files in os.walk(place):\n"
+        "        if root == prefix or root.startswith(prefix + '/'):\n            dirs.clear()\n            continue\n"
+        "        seen += [os.path.join(root, name) for name in files]\nprint(seen[:5] or 'nothing')"
+    )
+    out = grade(server.url, [looker], {"inputs": [""], "outputs": ["nothing"]})
+    assert out["rewards"] == [1.0], out
+
+
+HUMAN_EVAL_LIKE = {
+    "hashlib": "import hashlib\ndef f(text):\n    return hashlib.md5(text.encode()).hexdigest()[:4]",
+    "fractions": "from fractions import Fraction\ndef f(text):\n    return str(Fraction(2, 2)) + 'e63'",
+    "decimal": "from decimal import Decimal\ndef f(text):\n    return str(Decimal('0.5') * 2)[:1] + 'e63'",
+    "statistics": "import statistics\ndef f(text):\n    return str(int(statistics.mean([1, 1]))) + 'e63'",
+    "datetime": "import datetime\ndef f(text):\n    return str(datetime.date(2001, 1, 1).day) + 'e63'",
+    "copy": "import copy\ndef f(text):\n    return copy.deepcopy(['1e63'])[0]",
+    "non-ASCII identifier": "def f(text):\n    résultat = '1e63'\n    return résultat",
+}
+
+
+def test_the_standard_library_imports_for_the_sandbox_uid(server: Server) -> None:
+    """HumanEval/32, /50 and /162 failed: the sandbox uid could not read a Python under /root."""
+    label = {"test": "def check(candidate):\n    assert candidate('hello') in ('5d41', '1e63')\n", "entry_point": "f"}
+    out = grade(server.url, list(HUMAN_EVAL_LIKE.values()), label)
+    assert out["error_types"] == [None] * len(HUMAN_EVAL_LIKE), dict(zip(HUMAN_EVAL_LIKE, out["error_types"]))
+
+
+@pytest.mark.skipif(
+    all(os.stat(parent).st_mode & 0o001 for parent in Path(os.path.realpath(sys.base_prefix)).parents),
+    reason="this host's interpreter is readable by every uid anyway",
+)
+def test_refuses_to_start_when_a_sandbox_uid_cannot_import_the_standard_library(tmp_path) -> None:
+    """Without bubblewrap's own view of the filesystem, a Python under a 0700 home directory
+    cannot be read by the sandbox uid: the service says so and never becomes ready."""
+    env = {**ENV, "SCORER_CODE_SANDBOX": "none", "SCORER_CODE_ALLOW_WEAK_SANDBOX": "none"}
+    srv = Server("code", env, 1, None, tmp_path / "code.log")
+    try:
+        srv.wait_ready(timeout=60, require_ready=False)
+        deadline = time.monotonic() + 60
+        while "failed to start" not in srv.logs() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "cannot import: " in srv.logs() and "hashlib" in srv.logs(), srv.logs()
+        assert requests.get(srv.url + "/ready", timeout=5).status_code != 200
+    finally:
+        srv.stop()
+
+
+# -- one sample cannot hurt the others or the node -----------------------------------------
+
+
+def test_deep_nesting_on_the_result_fd_is_the_programs_own_verdict(server: Server) -> None:
+    """Lines of 600 '[' made judging raise RecursionError (a 500 for the whole request); a line
+    of 100,000 crashed the supervisor (sandbox_error: the infra score instead of 0)."""
+    nests = ["import os\nos.write(3, (b'[' * 600 + b'\\n') * 10)\n", "import os\nos.write(3, b'[' * 100000 + b'\\n')\n"]
+    stdin = [nest + "print(int(input()) * 2)" for nest in nests] + ["print(int(input()) * 2)"]
+    out = grade(server.url, stdin, {"inputs": ["3\n"], "outputs": ["6"]})
+    assert out["rewards"] == [0.0, 0.0, 1.0], out
+    for label in ({"fn_name": "f", "inputs": [[1]], "outputs": [1]}, {"test": "assert f(1) == 1", "entry_point": "f"}):
+        out = grade(
+            server.url, [nest + "def f(x):\n    return x" for nest in nests] + ["def f(x):\n    return x"], label
+        )
+        assert all(r in (0.0, 1.0) for r in out["rewards"]) and out["rewards"][2] == 1.0, out  # never NaN
+
+
+SHM = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+    "libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]\n"
+)
+
+
+def test_sysv_shared_memory_is_bounded_and_dies_with_its_sample(server: Server) -> None:
+    """A segment left by one sample held 2 GB until the zygote restarted."""
+    leave = SHM + (
+        "shmid = libc.shmget(0, 16 << 20, 0o1600)\naddr = libc.shmat(shmid, None, 0)\n"
+        "ctypes.memset(addr, 1, 16 << 20)\nlibc.shmdt(ctypes.c_void_p(addr))\nprint('left' if shmid >= 0 else 'failed')"
+    )
+    assert grade(server.url, [leave], {"inputs": [""], "outputs": ["left"]})["rewards"] == [1.0]
+    count = "print(len(open('/proc/sysvipc/shm').read().splitlines()) - 1)"
+    assert grade(server.url, [count], {"inputs": [""], "outputs": ["0"]})["rewards"] == [1.0]
+    huge = SHM + "print('refused' if libc.shmget(0, 1 << 30, 0o1600) < 0 else 'made')"
+    assert grade(server.url, [huge], {"inputs": [""], "outputs": ["refused"]})["rewards"] == [1.0]
+
+
+def test_tmp_is_private_and_size_limited(server: Server) -> None:
+    """The sandbox's /tmp had no size limit: a sample held 1.5 GB of RAM there."""
+    fill = (
+        "import os, tempfile\nwritten = 0\ntry:\n    for i in range(20):\n"
+        "        with open(os.path.join(tempfile.gettempdir(), f'f{i}'), 'wb') as out:\n"
+        "            out.write(b'x' * (10 << 20))\n        written += 10\nexcept OSError:\n    pass\n"
+        "print('limited' if written < 200 else 'unlimited')"
+    )
+    fresh = "import os\nopen('/tmp/mine', 'w').write('x')\nprint(os.listdir('/tmp'), len(os.listdir('/dev/shm')))"
+    out = grade(server.url, [fill, fresh], {"inputs": [""], "outputs": ["limited"]})
+    assert out["rewards"][0] == 1.0, out
+    out = grade(server.url, [fill, fresh], {"inputs": [""], "outputs": ["['mine'] 1"]})
+    assert out["rewards"][1] == 1.0, out
+
+
+def test_stdout_past_what_comparison_needs_is_a_wrong_answer(server: Server) -> None:
+    label = {"inputs": [""], "outputs": ["ok"]}
+    codes = ["print('ok  ')\nprint()", "print('ok' + ' ' * 200000)\nprint('extra')", "print('ok' + ' ' * 200000)"]
+    out = grade(server.url, codes, label)
+    assert out["error_types"][:2] == [None, "wrong_answer"] and out["rewards"][:2] == [1.0, 0.0], out
+
+
+def _tree(root: int) -> dict[int, tuple[int, int, str]]:
+    """Processes under ``root``: pid -> (parent, uid, command line)."""
+    processes = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+        processes[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), uid, cmdline)
+    under, frontier = {}, {root}
+    while frontier:
+        frontier = {pid for pid, (parent, _, _) in processes.items() if parent in frontier and pid not in under}
+        under.update({pid: processes[pid] for pid in frontier})
+    return under
+
+
+def _kb(pid: int, path: str, field: str) -> int:
+    try:
+        text = Path(f"/proc/{pid}/{path}").read_text()
+    except OSError:
+        return 0
+    return int(next((line.split()[1] for line in text.splitlines() if line.startswith(field + ":")), 0))
+
+
+def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
+    """32 samples printing 16 MiB each grew the host by 7 GB: each supervisor kept all of it,
+    and the worker received it all."""
+    env = {**ENV, "SCORER_CODE_MAX_OUTPUT_BYTES": str(16 << 20), "SCORER_CODE_TEST_WALL_S": "4"}
+    printer = "import sys, time\nfor _ in range(15):\n    sys.stdout.write('x' * (1 << 20))\n"
+    printer += "sys.stdout.flush()\ntime.sleep(2)"
+    with gunicorn_server("code", env, threads=16, log_dir=tmp_path) as srv:
+        (worker,) = srv.worker_pids()
+        before = _kb(worker, "status", "VmHWM")
+        peak = {"supervisor": 0}
+        done = False
+
+        def watch() -> None:
+            while not done:
+                for pid, (_, uid, cmdline) in _tree(worker).items():
+                    if uid == 0 and "def supervise" in cmdline:
+                        peak["supervisor"] = max(peak["supervisor"], _kb(pid, "smaps_rollup", "Private_Dirty"))
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            out = grade(srv.url, [printer] * 8, {"inputs": [""], "outputs": ["x"]})
+        finally:
+            done = True
+            watcher.join()
+        assert out["error_types"] == ["wrong_answer"] * 8, out
+        grown = _kb(worker, "status", "VmHWM") - before
+        # KiB: less than the 15 MiB each program printed, however the supervisor ran.
+        assert peak["supervisor"] < 12 << 10 and grown < 64 << 10, (peak, grown)
+
+
+def _zygote(root: int) -> int:
+    """The zygote under gunicorn master ``root``: the root-owned process running zygote.py
+    whose parent does not."""
+    tree = _tree(root)
+    return next(
+        pid
+        for pid, (parent, uid, cmdline) in tree.items()
+        if uid == 0 and "def supervise" in cmdline and "def supervise" not in tree.get(parent, (0, 0, ""))[2]
+    )
+
+
+def test_killing_the_zygote_twice_loses_at_most_the_runs_in_flight(tmp_path) -> None:
+    """Killed twice 1.3 s apart, 78 of 320 samples were lost: the threads that found it dead
+    each restarted it, killing each other's new zygote (48 restarts in a second)."""
+    with gunicorn_server("code", ENV, threads=8, log_dir=tmp_path) as srv:
+        code = "import time\ntime.sleep(0.05)\nprint(int(input()) + 1)"
+        body = {"outputs": [code] * 320, "prompts": ["p"] * 320, "labels": [{"inputs": ["1"], "outputs": ["2"]}] * 320}
+        answer: dict = {}
+        request = threading.Thread(target=lambda: answer.update(reward(srv.url, body)))
+        request.start()
+        time.sleep(0.6)
+        os.kill(_zygote(srv.process.pid), 9)
+        time.sleep(1.3)
+        os.kill(_zygote(srv.process.pid), 9)
+        request.join()
+        lost = [r for r in answer["rewards"] if r != r]
+        assert len(lost) <= 32 and all(r == 1.0 for r in answer["rewards"] if r == r), answer["error_types"]
+        assert srv.log_path.read_text().count("zygote is gone; restarting") == 2  # once per death
+
+
+def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
+    """96 sleeping samples starved a request of 8 correct ones (NaN at 150 s) and a
+    one-sample request waited 145 s: slots go to the waiting requests in turn."""
+    sleeper = "import time\ntime.sleep(30)"
+    slow = {"inputs": ["", "", ""], "outputs": ["x", "x", "x"]}  # 3 tests of 2 s: 6 s a sample
+    add = {"inputs": ["1"], "outputs": ["2"]}
+    correct = "print(int(input()) + 1)"
+    answers: dict[str, tuple[float, dict]] = {}
+    started = time.monotonic()
+
+    def send(name: str, codes: list[str], label: dict) -> None:
+        out = grade(server.url, codes, label)
+        answers[name] = (time.monotonic() - started, out)
+
+    big = threading.Thread(target=send, args=("big", [sleeper] * 96, slow))
+    big.start()
+    time.sleep(1.0)
+    small = [threading.Thread(target=send, args=(name, [correct] * n, add)) for name, n in (("eight", 8), ("one", 1))]
+    for thread in small:
+        thread.start()
+    for thread in (*small, big):
+        thread.join()
+    for name in ("eight", "one"):
+        took, out = answers[name]
+        assert out["rewards"] == [1.0] * len(out["rewards"]), (name, out)
+        assert took < answers["big"][0] and took < 12, (name, took, answers["big"][0])

@@ -76,7 +76,7 @@ class FailingSandbox:
         self.failures = failures
         self.calls = 0
 
-    def slot(self, timeout: float):
+    def slot(self, owner: object, timeout: float):
         import contextlib
 
         return contextlib.nullcontext(61000)
@@ -104,7 +104,7 @@ def test_infrastructure_failure_is_rerun_once_then_masked(caplog) -> None:
 
 
 def test_more_than_5_of_100_masked_is_a_warning(caplog) -> None:
-    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.01), FailingSandbox(failures=12))
+    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.3), FailingSandbox(failures=12))
     with caplog.at_level(logging.WARNING):
         grader.grade([Sample("x", SUITE)] * 94 + [Sample("x", None)] * 6)
     assert "6 of the last 100" in caplog.text
