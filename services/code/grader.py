@@ -28,9 +28,12 @@ STATUSES = (
 NO_VERDICT = ("sandbox_error", "prompt_not_found")
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
-# Stdout kept beyond the longest expected output: enough for trailing spaces and line ends;
-# a longer output cannot match and is judged a wrong answer without being kept.
-STDOUT_MARGIN = 1 << 16
+# What comparison needs of a stdin test's stdout (twice the longest expected output) or of a
+# call's answer (four times the longest expected value as JSON: tags of tuples, sets, dicts),
+# plus a margin: a longer one cannot match and is not kept (stdin: a wrong answer; a call:
+# an output over the limit).
+KEEP_FACTOR = {"stdin": 2, "call": 4}
+KEEP_MARGIN = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -97,11 +100,15 @@ def _judge_call(suite: Suite, index: int, run: dict[str, Any], tolerance: float)
     return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 
-def stdout_keep(suite: Suite, cap: int) -> int:
-    """How much of a run's stdout comparison needs: the longest expected output and a margin."""
-    if suite.kind != "stdin":
-        return 0
-    return min(cap, 2 * max(len(want.encode()) for want in suite.expected) + STDOUT_MARGIN)
+def keep_bytes(suite: Suite, cap: int) -> int:
+    """How much of a stdin test's stdout or a call's answer comparison needs (``KEEP_FACTOR``)."""
+    if suite.kind == "stdin":
+        longest = max(len(want.encode()) for want in suite.expected)
+    elif suite.kind == "call":
+        longest = max(len(json.dumps(want, default=str)) for want in suite.expected)
+    else:  # assert tests' calls: the label's code decides what it needs
+        return cap
+    return min(cap, KEEP_FACTOR[suite.kind] * longest + KEEP_MARGIN)
 
 
 class Grader:
@@ -178,7 +185,7 @@ class Grader:
             "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
             "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
             "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes, "tmp_bytes": s.tmp_mb << 20,
-            "stdout_keep": stdout_keep(suite, s.max_output_bytes),
+            "keep_bytes": keep_bytes(suite, s.max_output_bytes),
         }  # fmt: skip
         if suite.kind == "assert":
             job["trusted"] = {"tests": suite.tests, "setup": suite.setup, "entry_point": suite.entry_point}
@@ -191,7 +198,7 @@ class Grader:
         with self.sandbox.slot(object(), self.settings.request_timeout_s) as uid:
             if uid is None:
                 raise SandboxFailure("no run slot came free")
-            runs = self.sandbox.run({**job, "stdout_keep": self.settings.max_output_bytes}, uid)
+            runs = self.sandbox.run({**job, "keep_bytes": self.settings.max_output_bytes}, uid)
             try:
                 return next(runs)
             finally:

@@ -738,7 +738,7 @@ class CallRun:
                 self._stop_candidate("output_exceeded")
         else:
             *lines, rest = (cand["pending"] + data).split(b"\n")
-            if len(rest) > self.job["output_bytes"]:
+            if len(rest) > self.job["keep_bytes"]:  # longer than any answer that could match
                 self._stop_candidate("output_exceeded")
                 return
             cand["pending"] = rest
@@ -839,10 +839,10 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
     """
     pid, fds = _start_test(job, start, workdir)
     progress = started = time.monotonic()
-    # Kept: stdout up to ``stdout_keep`` (what comparison needs), the tail of stderr, the
+    # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr, the
     # start of the result pipe's non-result lines; counted: everything, up to the caps.
     kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
-    keep = {"stdout": job["stdout_keep"], "result": RESULT_KEEP}
+    keep = {"stdout": job["keep_bytes"], "result": RESULT_KEEP}
     sizes = {"stdout": 0, "stderr": 0, "result": 0}
     caps = {"stdout": job["output_bytes"], "stderr": 1 << 62, "result": job["output_bytes"]}
     pending = b""

@@ -497,10 +497,11 @@ def _kb(pid: int, path: str, field: str) -> int:
 
 def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
     """32 samples printing 16 MiB each grew the host by 7 GB: each supervisor kept all of it,
-    and the worker received it all."""
+    and the worker received it all. A call's answer is bounded the same way."""
     env = {**ENV, "SCORER_CODE_MAX_OUTPUT_BYTES": str(16 << 20), "SCORER_CODE_TEST_WALL_S": "4"}
     printer = "import sys, time\nfor _ in range(15):\n    sys.stdout.write('x' * (1 << 20))\n"
     printer += "sys.stdout.flush()\ntime.sleep(2)"
+    returner = "def f(x):\n    return 'x' * (15 << 20)"
     with gunicorn_server("code", env, threads=16, log_dir=tmp_path) as srv:
         (worker,) = srv.worker_pids()
         before = _kb(worker, "status", "VmHWM")
@@ -518,10 +519,13 @@ def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
         watcher.start()
         try:
             out = grade(srv.url, [printer] * 8, {"inputs": [""], "outputs": ["x"]})
+            calls = grade(srv.url, [returner] * 8, {"fn_name": "f", "inputs": [[1]], "outputs": ["x"]})
         finally:
             done = True
             watcher.join()
         assert out["error_types"] == ["wrong_answer"] * 8, out
+        # Cut at what comparison needs, not read for seconds up to max_output_bytes.
+        assert calls["error_types"] == ["runtime_error"] * 8, calls
         grown = _kb(worker, "status", "VmHWM") - before
         # KiB: less than the 15 MiB each program printed, however the supervisor ran.
         assert peak["supervisor"] < 12 << 10 and grown < 64 << 10, (peak, grown)
