@@ -6,6 +6,57 @@ a 4xx that is never retried, an overloaded server 503 (retried), an internal fau
 
 from __future__ import annotations
 
+import re
+from itertools import islice
+from typing import Any
+
+# Error messages quote input so the client sees what was wrong, never more than this of it.
+QUOTE_CHARS = 100
+_QUOTE_ITEMS = 4  # items shown per container
+_QUOTE_LEVELS = 3  # containers shown inside containers
+_QUOTE_INT_BITS = 128  # beyond it an int is described: its decimal form may take seconds to build
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """A repr of request input for an error message, bounded in length and in work whatever the
+    value's size, nesting or sharing, that never shows an object's address."""
+    text = _bounded_repr(value, _QUOTE_LEVELS)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _bounded_repr(value: Any, levels: int) -> str:
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if value.bit_length() <= _QUOTE_INT_BITS else f"<int of {value.bit_length()} bits>"
+    if isinstance(value, (str, bytes)):
+        return repr(value[:QUOTE_CHARS]) + ("..." if len(value) > QUOTE_CHARS else "")
+    if not isinstance(value, (list, tuple, dict, set, frozenset)):
+        return f"<{type(value).__name__}>"
+    if not levels:
+        return f"<{type(value).__name__} of {len(value)}>"
+    if isinstance(value, dict):
+        parts = [
+            f"{_bounded_repr(k, levels - 1)}: {_bounded_repr(v, levels - 1)}"
+            for k, v in islice(value.items(), _QUOTE_ITEMS)
+        ]
+    else:
+        parts = [_bounded_repr(item, levels - 1) for item in islice(value, _QUOTE_ITEMS)]
+    if len(value) > _QUOTE_ITEMS:
+        parts.append(f"... {len(value)} in all")
+    opening, closing = {list: "[]", tuple: "()", dict: "{}"}.get(type(value), "{}")
+    return f"{opening}{', '.join(parts)}{closing}"
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception raised on request input, for an error message: its type and its message,
+    bounded and without object addresses (a library's message may quote a buffer object)."""
+    message = _ADDRESS.sub("", str(exc))
+    if len(message) > 2 * QUOTE_CHARS:
+        message = message[: 2 * QUOTE_CHARS - 3] + "..."
+    return f"{type(exc).__name__}: {message}"
+
 
 class ScorerError(Exception):
     """Base class; ``status`` is the HTTP status the request is answered with."""

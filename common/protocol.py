@@ -1,8 +1,10 @@
 """Wire formats: the pickle protocol of flow_grpo / deepgen_rl / VeRL-Omni and its JSON twin.
 
-A network body is never given to ``pickle.loads``: ``SafeUnpickler`` builds only plain data
-(dict, list, tuple, str, bytes, int, float, bool, None). Any payload that names a class or a
-function — which is how a pickle runs code — is rejected before anything is built.
+A network body is never given to ``pickle.loads``. ``check_pickle`` walks its opcodes first
+and refuses any opcode outside the plain-data allow-list (so a payload naming a class or a
+function, which is how a pickle runs code, is refused before anything is built), data that would
+be too large or too deep once expanded, and dict keys that hash slowly; then ``SafeUnpickler``,
+whose every class lookup fails, builds dict, list, tuple, str, bytes, int, float, bool, None.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pickle
 import pickletools
 from typing import Any, Literal
 
-from common.errors import BadRequest, PayloadTooLarge
+from common.errors import BadRequest, PayloadTooLarge, describe_error, quote
 
 WireFormat = Literal["pickle", "json"]
 
@@ -21,71 +23,210 @@ PICKLE_MIMETYPE = "application/octet-stream"
 JSON_MIMETYPE = "application/json"
 
 
-# Opcodes per pickle: a request of thousands of images with rich metadata needs tens of
-# thousands; more is an attack on memory (each opcode can push an object) or on time.
-MAX_PICKLE_OPCODES = 1_000_000
-# Tuples nested deeper than this are refused: hashing a tuple (as a dict key or set member)
-# recurses in C without a recursion check, and a 200 KB pickle of nested tuples crashes the
-# worker with a segmentation fault while it is being unpickled.
-MAX_TUPLE_DEPTH = 64
-_MARK = -1
-_POP_TO_MARK = {"TUPLE", "LIST", "DICT", "FROZENSET", "APPENDS", "SETITEMS", "ADDITEMS", "POP_MARK"}
-_POPS = {"POP": 1, "APPEND": 1, "SETITEM": 2, "TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+# Opcodes per pickle: a request of a thousand images with rich metadata needs tens of
+# thousands; more is an attack on memory (each opcode can push an object) or on time (the
+# pre-check walks about 500,000 opcodes a second).
+MAX_PICKLE_OPCODES = 250_000
+# Nodes of the decoded data counted as a tree, a value reached twice through the pickle memo
+# counting twice: the work of hashing, comparing or printing it. 430 bytes of tuples that each
+# hold the previous one twice are 2**40 nodes, hours of hashing with the GIL held.
+MAX_PICKLE_NODES = 1_000_000
+# Containers nested deeper than this are refused: hashing a tuple recurses in C without a
+# recursion check, and a 200 KB pickle of nested tuples crashes the worker (SIGSEGV).
+MAX_NESTING = 64
+# A dict key or set member must hash in constant time without collisions an attacker can choose:
+# str and bytes hashes are salted per process, and ints below 2**61 are their own hash.
+_KEY_INT_BOUND = 2**61 - 1
+PLAIN_DATA = "only plain data (dict, list, tuple, str, bytes, int, float, bool, None) is accepted"
+
+_TEXT_OPCODES = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"}
+_BYTES_OPCODES = {"BINBYTES", "SHORT_BINBYTES", "BINBYTES8"}
+_INT_OPCODES = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"}
+_OTHER_SCALARS = {
+    "NONE": True,
+    "NEWTRUE": True,
+    "NEWFALSE": True,
+    "FLOAT": False,
+    "BINFLOAT": False,
+    "BYTEARRAY8": False,
+}
+_EMPTY_CONTAINERS = {"EMPTY_LIST": "list", "EMPTY_TUPLE": "tuple", "EMPTY_DICT": "dict", "EMPTY_SET": "set"}
+_FROM_MARK = {"LIST": "list", "TUPLE": "tuple", "DICT": "dict", "FROZENSET": "frozenset"}
+_TUPLE_N = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+# Opcodes that add to the container below their items: (its kind, items taken from the stack).
+_ADD_ONE = {"APPEND": ("list", 1), "SETITEM": ("dict", 2)}
+_ADD_FROM_MARK = {"APPENDS": "list", "SETITEMS": "dict", "ADDITEMS": "set"}
+_GETS = {"GET", "BINGET", "LONG_BINGET"}
+_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
-def check_pickle_shape(body: bytes) -> None:
-    """Refuse, before anything is built, a pickle with too many opcodes or too deep tuples.
+class _Value:
+    """What the pre-check knows of one value the unpickler would build."""
 
-    A walk over the opcodes that tracks, for each stack item, how deeply it nests tuples (the
-    only hashable containers). Malformed or forbidden streams end the walk: the unpickler then
-    refuses them with its own message.
+    __slots__ = ("depth", "key", "kind", "nodes", "shared")
+
+    def __init__(self, kind: str, key: bool = False) -> None:
+        self.kind = kind  # "scalar", or the container type
+        self.nodes = 1  # as a tree, memo re-use expanded
+        self.depth = 0 if kind == "scalar" else 1
+        self.shared = False  # reachable twice (memo GET or DUP): never changed again
+        self.key = key  # usable as a dict key or set member
+
+    def add(self, items: list[_Value]) -> None:
+        if self.kind in ("dict", "set", "frozenset"):
+            keys = items[::2] if self.kind == "dict" else items
+            if not all(item.key for item in keys):
+                raise BadRequest(
+                    f"pickle has a {self.kind} {'key' if self.kind == 'dict' else 'member'} that is not a string, "
+                    f"bytes, an int under 2**61, a bool or None; {PLAIN_DATA}"
+                )
+        self.nodes += sum(item.nodes for item in items)
+        self.depth = max(self.depth, 1 + max((item.depth for item in items), default=0))
+        if self.nodes > MAX_PICKLE_NODES:
+            raise PayloadTooLarge(
+                f"pickle data of over {MAX_PICKLE_NODES} values counted as a tree (shared values counted each "
+                "time they are used)"
+            )
+        if self.depth > MAX_NESTING:
+            raise BadRequest(f"pickle has containers nested over {MAX_NESTING} deep")
+
+
+def _scalar(name: str, arg: Any) -> _Value:
+    if name in _INT_OPCODES:
+        return _Value("scalar", key=-_KEY_INT_BOUND < arg < _KEY_INT_BOUND)
+    return _Value("scalar", key=name in _TEXT_OPCODES or name in _BYTES_OPCODES or _OTHER_SCALARS[name])
+
+
+class _Stack:
+    """The unpickler's stack and marks, with its rule that nothing below the top mark is popped."""
+
+    def __init__(self) -> None:
+        self.items: list[_Value] = []
+        self.marks: list[int] = []
+
+    def fence(self) -> int:
+        return self.marks[-1] if self.marks else 0
+
+    def pop(self, count: int) -> list[_Value]:
+        if len(self.items) - count < self.fence():
+            raise ValueError("stack underflow")
+        taken = self.items[len(self.items) - count :]
+        del self.items[len(self.items) - count :]
+        return taken
+
+    def pop_mark(self) -> list[_Value]:
+        if not self.marks:
+            raise ValueError("no MARK")
+        start = self.marks.pop()
+        taken = self.items[start:]
+        del self.items[start:]
+        return taken
+
+    def top(self) -> _Value:
+        if len(self.items) <= self.fence():
+            raise ValueError("stack underflow")
+        return self.items[-1]
+
+    def target(self, kind: str) -> _Value:
+        """The container an APPEND/SETITEM/ADDITEMS adds to; one reachable twice may not change,
+        since the sizes counted where it is used would no longer hold."""
+        value = self.top()
+        if value.kind != kind:
+            raise ValueError(f"adds items to a {value.kind}, not a {kind}")
+        if value.shared:
+            raise BadRequest(f"pickle changes a {kind} after reusing it (a cycle or a rewrite); {PLAIN_DATA}")
+        return value
+
+
+def check_pickle(body: bytes) -> None:
+    """Refuse, before anything is built, a pickle that is not plain data of bounded size.
+
+    Every opcode is checked against an allow-list of those that build plain data (an opcode
+    that loads a class, calls, or refers to outside objects or buffers is refused wherever it
+    is) while the unpickler's stack, marks and memo are replayed, so that the size of the data
+    as a tree, its nesting and its dict keys are known before ``pickle`` builds any of it. A
+    stream this walk cannot parse is refused too: it is never handed to the unpickler.
     """
-    stack: list[int] = []
-    memo: dict[int, int] = {}
+    stack, memo = _Stack(), {}
     try:
-        for count, (op, arg, _) in enumerate(pickletools.genops(body)):
+        for count, (op, arg, _) in enumerate(pickletools.genops(body), 1):
             if count > MAX_PICKLE_OPCODES:
                 raise PayloadTooLarge(f"pickle of over {MAX_PICKLE_OPCODES} opcodes")
             name = op.name
-            popped: list[int] = []
-            if name in _POP_TO_MARK:
-                while (item := stack.pop()) != _MARK:
-                    popped.append(item)
-            elif name in _POPS:
-                popped = [stack.pop() for _ in range(_POPS[name])]
-            if name.startswith("TUPLE"):
-                stack.append(1 + max(popped, default=0))
-                if stack[-1] > MAX_TUPLE_DEPTH:
-                    raise BadRequest(f"tuples nested over {MAX_TUPLE_DEPTH} deep")
+            if name in _INT_OPCODES or name in _TEXT_OPCODES or name in _BYTES_OPCODES or name in _OTHER_SCALARS:
+                stack.items.append(_scalar(name, arg))
+            elif name in _EMPTY_CONTAINERS:
+                stack.items.append(_Value(_EMPTY_CONTAINERS[name]))
+            elif name in _FROM_MARK:
+                items = stack.pop_mark()
+                if name == "DICT" and len(items) % 2:
+                    raise ValueError("odd number of items for DICT")
+                stack.items.append(_built(_FROM_MARK[name], items))
+            elif name in _TUPLE_N:
+                stack.items.append(_built("tuple", stack.pop(_TUPLE_N[name])))
+            elif name in _ADD_ONE:
+                kind, size = _ADD_ONE[name]
+                items = stack.pop(size)
+                stack.target(kind).add(items)
+            elif name in _ADD_FROM_MARK:
+                items = stack.pop_mark()
+                if name == "SETITEMS" and len(items) % 2:
+                    raise ValueError("odd number of items for SETITEMS")
+                stack.target(_ADD_FROM_MARK[name]).add(items)
             elif name == "MARK":
-                stack.append(_MARK)
-            elif name in ("LIST", "DICT", "FROZENSET"):
-                stack.append(0)
+                stack.marks.append(len(stack.items))
+            elif name == "POP":
+                if stack.marks and stack.marks[-1] == len(stack.items):
+                    stack.marks.pop()
+                else:
+                    stack.pop(1)
+            elif name == "POP_MARK":
+                stack.pop_mark()
             elif name == "DUP":
-                stack.append(stack[-1])
-            elif name.endswith("GET"):
-                stack.append(memo.get(arg, 0))
-            elif name.endswith("PUT") or name == "MEMOIZE":
-                memo[len(memo) if arg is None else arg] = stack[-1]
-            elif not op.stack_before and len(op.stack_after) == 1:
-                stack.append(0)  # a scalar or an empty container
-            elif name not in _POP_TO_MARK and name not in _POPS and name not in ("PROTO", "FRAME", "STOP"):
-                return  # an opcode that needs a class: the unpickler refuses it
-    except (ValueError, IndexError):  # malformed: truncated, unknown opcode, stack underflow
-        return
+                stack.items.append(_shared(stack.top()))
+            elif name in _GETS:
+                stack.items.append(_shared(memo[arg]))
+            elif name in _PUTS:
+                if arg < 0:
+                    raise ValueError("negative PUT argument")
+                memo[arg] = stack.top()
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack.top()
+            elif name not in ("PROTO", "FRAME", "STOP"):
+                raise BadRequest(f"pickle opcode {name} ({_purpose(name)}) is refused; {PLAIN_DATA}")
+    except (ValueError, KeyError) as exc:  # truncated, unknown opcode, bad memo index, stack misuse
+        raise BadRequest(f"body is not a valid pickle: {describe_error(exc)}") from None
+
+
+def _built(kind: str, items: list[_Value]) -> _Value:
+    value = _Value(kind, key=False)
+    value.add(items)
+    return value
+
+
+def _shared(value: _Value) -> _Value:
+    value.shared = True
+    return value
+
+
+def _purpose(name: str) -> str:
+    if name in ("GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "BUILD"):
+        return "loads or calls a class or function"
+    if name.startswith("EXT"):
+        return "loads a registered extension object"
+    if "PERSID" in name:
+        return "refers to a persistent object"
+    return "refers to an out-of-band buffer"
 
 
 class SafeUnpickler(pickle.Unpickler):
     """An unpickler whose every class or global lookup fails."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise BadRequest(
-            f"pickle payload refers to {module}.{name}; only plain data "
-            "(dict, list, tuple, str, bytes, int, float, bool, None) is accepted"
-        )
+        raise BadRequest(f"pickle payload refers to {quote(module)}.{quote(name)}; {PLAIN_DATA}")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise BadRequest("pickle payload uses persistent ids; only plain data is accepted")
+        raise BadRequest(f"pickle payload uses persistent ids; {PLAIN_DATA}")
 
 
 def wire_format(content_type: str | None) -> WireFormat:
@@ -105,15 +246,15 @@ def decode_body(body: bytes, fmt: WireFormat) -> dict[str, Any]:
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError) as exc:
-            raise BadRequest(f"body is not valid JSON: {exc}") from None
+            raise BadRequest(f"body is not valid JSON: {describe_error(exc)}") from None
     else:
-        check_pickle_shape(body)
+        check_pickle(body)
         try:
             payload = SafeUnpickler(io.BytesIO(body)).load()
         except BadRequest:
             raise
         except Exception as exc:  # any malformed pickle: truncated, bad opcode, bad memo...
-            raise BadRequest(f"body is not a valid pickle: {type(exc).__name__}: {exc}") from None
+            raise BadRequest(f"body is not a valid pickle: {describe_error(exc)}") from None
     if not isinstance(payload, dict):
         raise BadRequest(f"body must encode a dict, got {type(payload).__name__}")
     return payload

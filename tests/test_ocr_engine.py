@@ -31,3 +31,22 @@ def test_recognition_width_depends_on_the_crop_alone(engine: RapidOCREngine) -> 
     short, long = np.zeros((40, 100, 3), np.uint8), np.zeros((40, 1000, 3), np.uint8)
     assert engine.recognition_input(short).shape == (3, 48, 320)
     assert engine.recognition_input(long).shape == (3, 48, 1216)  # ceil(48 * 25) = 1200 -> 1216
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(512, 512), (16, 16), (200, 1), (1, 200), (2001, 10), (2000, 251), (2000, 300), (3000, 2000), (31, 1500)]
+    + [(w, h) for w in (1, 29, 30, 97, 736, 1999, 2001, 2047) for h in (3, 30, 257, 640, 2500)],
+)
+def test_input_size_from_the_header_is_the_size_prepare_makes(engine: RapidOCREngine, size: tuple[int, int]) -> None:
+    """The scorer bounds the engine's work by ``input_size`` before any resize: it must be exact.
+    RapidOCR's own resizing steps, as ``prepare`` runs them (without the normalisation after)."""
+    expected = engine.input_size(*size)
+    try:
+        resized, _, _ = engine.engine.preprocess(np.zeros((size[1], size[0], 3), np.uint8))
+        resized, _ = engine.engine.maybe_add_letterbox(resized, {})
+        resized = engine._det_pre.resize(resized)
+    except Exception as exc:  # RapidOCR's ResizeImgError for an image it cannot resize
+        assert expected is None, exc
+        return
+    assert expected == (None if resized is None else resized.shape[1::-1])

@@ -128,6 +128,16 @@ BAD_INPUTS = {
     "prompt not a string": ({"images": [GOOD], "prompts": [7]}, 422),
     "image not bytes": ({"images": [12], "prompts": ["a"]}, 422),
     "metadata not a dict": ({"images": [GOOD], "prompts": ["a"], "metadata": [1]}, 422),
+    # one rule for every non-dict metadata: these were silently taken as {}
+    "metadata 0": ({"images": [GOOD], "prompts": ["a"], "metadata": 0}, 422),
+    "metadata empty string": ({"images": [GOOD], "prompts": ["a"], "metadata": ""}, 422),
+    "metadata empty list": ({"images": [GOOD], "prompts": ["a"], "metadata": []}, 422),
+    # numbers no float holds: these were 500s (OverflowError, ValueError)
+    "min_confidence 10**400": (
+        {"images": [GOOD], "prompts": ["a"], "metadata": {"ocr": {"min_confidence": 10**400}}},
+        422,
+    ),
+    "target 10**5000": ({"images": [GOOD], "prompts": ["a"], "metadata": {"ocr": {"target": 10**5000}}}, 422),
     "undecodable image": ({"images": [b"\xff\xd8\xff garbage"], "prompts": ["a"]}, 422),
     "truncated jpeg": ({"images": [GOOD[: len(GOOD) // 2]], "prompts": ['"Hello"']}, 422),
     "gif": ({"images": [GIF.getvalue()], "prompts": ["a"]}, 422),
@@ -295,3 +305,120 @@ def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -
     served = sorted(index for index, status in enumerate(statuses) if status == 200)
     late = sum(1 for index in served if index >= len(served) + 8)
     assert late <= len(served) // 10, f"served out of arrival order: {served}"
+
+
+def png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("L", (width, height), 255).save(out, "PNG")
+    return out.getvalue()
+
+
+def peak_memory_reset(pid: int) -> int:
+    """Reset the process's peak resident memory to its current value (Linux); returns it in kB."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+    return memory_kb(pid, "VmHWM")
+
+
+def memory_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith(field + ":")))
+
+
+def timed_post(url: str, body: bytes) -> tuple[int, dict, float, int]:
+    started = time.perf_counter()
+    response = requests.post(url + "/", data=body, timeout=120)
+    return response.status_code, pickle.loads(response.content), time.perf_counter() - started, len(response.content)
+
+
+def test_thin_png_is_refused_at_once_without_memory(ocr_server) -> None:
+    """A 70-byte 200x1 PNG took 11.8 s and 2.2 GB in RapidOCR's resize and letterbox."""
+    (pid,) = ocr_server.worker_pids()
+    before = peak_memory_reset(pid)
+    body = pickle.dumps({"images": [png(200, 1)], "prompts": ['"a"']})
+    status, answer, seconds, _ = timed_post(ocr_server.url, body)
+    grown_mb = (memory_kb(pid, "VmHWM") - before) / 1024
+    assert status == 422 and "SCORER_MAX_ASPECT_RATIO" in answer["error"], answer
+    assert seconds < 1.0 and grown_mb < 50, (seconds, grown_mb)
+
+
+@pytest.mark.parametrize("size", [(1000, 1), (2001, 10), (10, 2001), (1, 60)])
+def test_extreme_aspect_ratios_get_422_naming_the_limit(ocr_server, size: tuple[int, int]) -> None:
+    """1000x1 took 11.5 GB; 2001x10 and 10x2001 were 500s (RapidOCR's ResizeImgError)."""
+    status, answer = post_pickle(ocr_server.url, {"images": [png(*size)], "prompts": ['"a"']})
+    assert status == 422, answer
+    assert f"{size[0]}x{size[1]}" in answer["error"] and "limit of 50 (SCORER_MAX_ASPECT_RATIO)" in answer["error"]
+
+
+def test_engine_input_over_the_limit_gets_413_before_any_pixel_work(ocr_server) -> None:
+    """2000x300 is within every image limit but RapidOCR reads it at 4906x736 = 3.6 Mpx, over the
+    3 Mpx this server allows; the size is known from the header, before the resize."""
+    status, answer = post_pickle(ocr_server.url, {"images": [png(2000, 300)], "prompts": ['"a"']})
+    assert status == 413, answer
+    assert "4896x736" in answer["error"] and "SCORER_OCR_MAX_INPUT_PIXELS" in answer["error"], answer
+    status, answer = post_pickle(ocr_server.url, {"images": [png(1600, 300)], "prompts": ['"a"']})
+    assert status == 200, answer  # 3936x736 = 2.9 Mpx: read
+
+
+def test_one_image_referenced_many_times_counts_each_time(ocr_server) -> None:
+    """One 2048x2048 JPEG sent once and referenced 5 times through the pickle memo is five images
+    to decode: 21 Mpx, over this server's 16.8 Mpx per request."""
+    out = io.BytesIO()
+    Image.new("RGB", (2048, 2048), "white").save(out, "JPEG")
+    image = out.getvalue()
+    body = pickle.dumps({"images": [image] * 5, "prompts": ['"a"'] * 5})
+    assert len(body) < len(image) + 200  # sent once
+    status, answer = post_pickle(ocr_server.url, body)
+    assert status == 413 and "SCORER_MAX_REQUEST_PIXELS" in answer["error"], answer
+
+
+DEEP_TUPLE = b"N" + b"\x85" * 200_000
+
+
+@pytest.mark.parametrize("prefix", [b"\x80\x04NNb0", b"\x80\x05N\x980"])
+def test_pickle_that_stopped_the_pre_check_no_longer_crashes_the_worker(ocr_server, prefix: bytes) -> None:
+    """BUILD on None (or READONLY_BUFFER) stopped the old pre-check; the 200,000-deep tuple after it,
+    used as a dict key, crashed the worker (SIGSEGV)."""
+    workers = ocr_server.worker_pids()
+    status, answer = post_pickle(ocr_server.url, prefix + b"}" + DEEP_TUPLE + b"Ns.")
+    assert status == 400 and "opcode" in answer["error"], answer
+    assert ocr_server.worker_pids() == workers
+    assert requests.get(ocr_server.url + "/health", timeout=5).status_code == 200
+
+
+def memo_dag(depth: int) -> bytes:
+    """Tuples that each hold the previous one twice, through the pickle memo: 2**depth nodes."""
+    assert depth < 256
+    body = b"N\x94"
+    for level in range(depth):
+        get = b"h" + bytes([level])  # BINGET
+        body += get + get + b"\x86\x94"  # TUPLE2, MEMOIZE
+    return body
+
+
+def test_memo_dag_as_a_dict_key_is_refused_at_once_and_health_answers(ocr_server) -> None:
+    """430 bytes: hashing the key visited 2**40 nodes with the GIL held; /health did not answer
+    for 120 s, until gunicorn killed the worker."""
+    workers = ocr_server.worker_pids()
+    body = b"\x80\x04}" + memo_dag(40) + b"Ns."
+    assert len(body) <= 430
+    status, answer, seconds, _ = timed_post(ocr_server.url, body)
+    assert status == 413 and "values counted as a tree" in answer["error"], answer
+    assert seconds < 1.0
+    assert requests.get(ocr_server.url + "/health", timeout=2).status_code == 200
+    assert ocr_server.worker_pids() == workers
+
+
+def test_error_bodies_quote_input_bounded_and_without_addresses(ocr_server) -> None:
+    """A 1.2 KB DAG as an unknown metadata.ocr key gave a 32 MB error body after 4 s; PIL's
+    message quoted ``<_io.BytesIO object at 0x...>``."""
+    good = {"images": [GOOD], "prompts": ['"Hello"']}
+    dag_key = b"\x80\x04}(\x8c\x06images]C\x05\xff\xd8\xff\xe0\x00a\x8c\x07prompts]\x8c\x01aa"
+    dag_key += b"\x8c\x08metadata}\x8c\x03ocr}" + memo_dag(22) + b"\x88ssu."  # {dag: True}: 2**22 nodes
+    long_key = pickle.dumps({**good, "metadata": {"ocr": {"x" * 2_000_000: 1}}})
+    not_an_image = pickle.dumps({"images": [b"not an image at all"], "prompts": ["a"]})
+    for body in (dag_key, long_key, not_an_image):
+        status, answer, seconds, size = timed_post(ocr_server.url, body)
+        assert status in (400, 413, 422), answer
+        assert size < 1000 and seconds < 1.0, (size, seconds)
+        assert not re.search(r"0x[0-9a-f]{6,}", answer["error"]), answer

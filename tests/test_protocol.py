@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import pickletools
+import struct
+import time
 
 import pytest
 
-from common.errors import BadRequest
-from common.protocol import decode_body, encode_body, wire_format
+from common.errors import BadRequest, PayloadTooLarge
+from common.protocol import MAX_NESTING, MAX_PICKLE_NODES, check_pickle, decode_body, encode_body, wire_format
 
 
 class CreatesFile:
@@ -30,7 +33,7 @@ def test_plain_data_round_trips() -> None:
 
 def test_pickle_naming_a_callable_is_refused_and_nothing_runs(tmp_path) -> None:
     target = tmp_path / "pwned"
-    with pytest.raises(BadRequest, match=r"posix\.system|os\.system"):
+    with pytest.raises(BadRequest, match=r"STACK_GLOBAL .*only plain data"):
         decode_body(pickle.dumps({"images": [CreatesFile(str(target))]}), "pickle")
     assert not target.exists()
 
@@ -69,3 +72,114 @@ def test_format_follows_content_type_and_nan_stays_json() -> None:
     assert wire_format(None) == wire_format("application/x-www-form-urlencoded") == "pickle"
     body, mimetype = encode_body({"scores": [float("nan")]}, "json")
     assert body == b'{"scores": [NaN]}' and mimetype == "application/json"
+
+
+# The arguments the refused opcodes need to parse; the others take none.
+REFUSED_ARGS = {"GLOBAL": b"os\nsystem\n", "INST": b"os\nsystem\n", "PERSID": b"x\n", "EXT1": b"\x01"}
+REFUSED_ARGS |= {"EXT2": b"\x01\x00", "EXT4": b"\x01\x00\x00\x00"}
+REFUSED = sorted(
+    op.name
+    for op in pickletools.opcodes
+    if op.name.endswith(("GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "PERSID", "BUFFER"))
+    or op.name.startswith("EXT")
+)
+DEEP_TUPLE = b"N" + b"\x85" * 200_000  # TUPLE1 200,000 times: hashing it overflows the C stack
+
+
+def opcode(name: str) -> bytes:
+    return next(op.code.encode("latin-1") for op in pickletools.opcodes if op.name == name)
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_every_opcode_outside_the_allow_list_is_refused_wherever_it_is(name: str) -> None:
+    """The old pre-check stopped at the first opcode it did not model: after ``NNb`` (BUILD on
+    None), a 200,000-deep tuple went unchecked to the unpickler and crashed the worker."""
+    body = b"\x80\x05NN" + opcode(name) + REFUSED_ARGS.get(name, b"") + b"0" + DEEP_TUPLE + b"."
+    with pytest.raises(BadRequest, match=rf"opcode {name} .*only plain data"):
+        check_pickle(body)
+
+
+def test_the_issue_prefixes_are_refused() -> None:
+    for prefix in (b"\x80\x04NNb0", b"\x80\x05\x97\x980"):  # BUILD on None; NEXT_BUFFER, READONLY_BUFFER
+        with pytest.raises(BadRequest, match="opcode"):
+            check_pickle(prefix + DEEP_TUPLE + b".")
+    with pytest.raises(BadRequest, match=f"nested over {MAX_NESTING} deep"):
+        check_pickle(b"\x80\x04" + DEEP_TUPLE + b".")
+
+
+def dag(depth: int, key: bool) -> bytes:
+    """Tuples that each hold the previous one twice (through the memo): 2**depth nodes."""
+    body = bytearray(b"\x80\x04" + (b"}" if key else b"") + b"N\x94")  # EMPTY_DICT; None, MEMOIZE
+    for level in range(depth):
+        get = b"j" + struct.pack("<I", level)  # LONG_BINGET
+        body += get + get + b"\x86\x94"  # TUPLE2, MEMOIZE
+    return bytes(body + (b"Ns." if key else b"."))  # SETITEM {dag: None}
+
+
+def test_memo_dag_is_refused_in_milliseconds_as_a_dict_key_or_a_value() -> None:
+    """A 430-byte DAG of depth 40 used as a dict key froze the worker: hashing visits 2**40 nodes."""
+    for key in (True, False):
+        body = dag(40, key)
+        assert len(body) < 500
+        started = time.perf_counter()
+        with pytest.raises(PayloadTooLarge, match=f"{MAX_PICKLE_NODES} values counted as a tree"):
+            check_pickle(body)
+        assert time.perf_counter() - started < 0.05
+    check_pickle(dag(10, key=False))  # 2**11 nodes: fine
+
+
+def test_shared_values_count_each_time_but_plain_sharing_passes() -> None:
+    image = b"\xff\xd8" * 1000
+    row = list(range(100))
+    check_pickle(pickle.dumps({"images": [image] * 1000, "rows": [row] * 100}))  # memo GETs of done values
+    with pytest.raises(PayloadTooLarge):
+        check_pickle(pickle.dumps({"rows": [list(range(1000))] * 1001}))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x80\x04]\x94h\x00a.",  # a list appended to itself: a cycle
+        # L = [], memoized; outer = [L, L]; then L is taken again and grown: the two uses undercounted
+        b"\x80\x04]\x94](h\x00h\x00e0h\x00(NNNe.",
+        b"\x80\x04}\x94h\x00h\x00s.",  # a dict set as its own key and value
+    ],
+)
+def test_a_container_reused_and_then_changed_is_refused(body: bytes) -> None:
+    with pytest.raises(BadRequest, match="after reusing it"):
+        check_pickle(body)
+
+
+@pytest.mark.parametrize("key", [(1, 2), 1.5, 2**61, frozenset({"a"})])
+def test_keys_that_hash_slowly_or_collide_are_refused(key) -> None:
+    body = pickle.dumps({key: 1}, protocol=5)
+    with pytest.raises(BadRequest, match="key that is not a string"):
+        check_pickle(body)
+
+
+def test_plain_keys_and_sets_pass() -> None:
+    data = {"a": 1, b"b": 2, 3: 3, -(2**60): 4, None: 5, True: 6, "s": {"x", 1}, "f": frozenset({b"y"})}
+    assert decode_body(pickle.dumps(data, protocol=5), "pickle") == data
+    with pytest.raises(BadRequest, match="set member"):
+        check_pickle(pickle.dumps({"s": {(1, 2)}}, protocol=5))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x80\x04N(a.",  # APPEND of an item below the MARK
+        b"\x80\x04(0t.",  # POP of the MARK, then a TUPLE without one
+        b"\x80\x04Nh\x05.",  # GET of an index never PUT
+        b"\x80\x04N(Ne.",  # APPENDS onto None
+        b"\x80\x04}(Nu.",  # SETITEMS with an odd number of items
+        b"\x80\x04N\xff.",  # an unknown opcode
+        b"\x80\x04N",  # truncated
+    ],
+)
+def test_streams_the_walk_cannot_follow_are_refused_not_handed_on(body: bytes) -> None:
+    try:
+        check_pickle(body)
+    except BadRequest:
+        return
+    with pytest.raises(BadRequest):  # only a stream the unpickler itself refuses may pass the walk
+        decode_body(body, "pickle")

@@ -20,7 +20,7 @@ from PIL import Image
 
 from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable
-from common.images import decode_image, parse_image_request
+from common.images import decode_images, parse_image_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.clip.weights import missing_weights
@@ -144,7 +144,7 @@ class AestheticScorer(Scorer):
     def decode(self, payload: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
         request = parse_image_request(payload, self.core)
-        images = [decode_image(data, self.core.max_pixels, i) for i, data in enumerate(request.images)]
+        images = decode_images(request.images, self.core)
         for index, image in enumerate(images):
             self._check_resize(image, index)
         return self.model.preprocess(images) if images else []

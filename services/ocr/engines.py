@@ -37,6 +37,10 @@ class OcrEngine(Protocol):
     def start(self, stage: StageFactory) -> None:
         """Wrap the engine's model calls as batched stages; called once, in ``setup``."""
 
+    def input_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """The size the engine resizes an image of this size to before its first model call,
+        from the size alone (None: it cannot); the scorer bounds the engine's work with it."""
+
     def prepare(self, image: Image.Image) -> Any:
         """Per-image work before the first model call; runs on the request thread."""
 
@@ -119,6 +123,34 @@ class RapidOCREngine:
             holder.session = ort.InferenceSession(
                 built._model_path, sess_options=options, providers=providers, provider_options=provider_options
             )
+
+    def input_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """The (width, height) of the detector input ``prepare`` makes of an image of this size,
+        computed from the size alone; None for an image RapidOCR cannot resize.
+
+        RapidOCR's steps, in its own arithmetic: shrink the longest side to ``max_side_len``,
+        enlarge the shortest to ``min_side_len``, pad a wide or low image's height (letterbox),
+        then enlarge the shortest side to the detector's ``limit_side_len``; each resize rounds
+        both sides to multiples of 32. The enlarging steps have no upper bound: a 200x1 strip
+        becomes 6016x1504 (9 Mpx), a 1000x1 one 30016x7488 (225 Mpx).
+        """
+        engine, det = self.engine, self._det_pre
+        if max(width, height) > engine.max_side_len:
+            width, height = _rescaled(width, height, engine.max_side_len / max(width, height))
+        if width and height and min(width, height) < engine.min_side_len:
+            width, height = _rescaled(width, height, engine.min_side_len / min(width, height))
+        if not width or not height:
+            return None  # RapidOCR raises ResizeImgError
+        ratio = engine.width_height_ratio
+        if height <= engine.min_height or (ratio != -1 and width / height > ratio):
+            height += 2 * engine._get_padding_h(height, width)
+        scale = 1.0  # the detector's resize rounds to 32 even when it keeps the scale
+        if det.limit_type == "max" and max(width, height) > det.limit_side_len:
+            scale = det.limit_side_len / max(width, height)
+        elif det.limit_type != "max" and min(width, height) < det.limit_side_len:
+            scale = det.limit_side_len / min(width, height)
+        width, height = _rescaled(width, height, scale)
+        return (width, height) if width and height else None
 
     def start(self, stage: StageFactory) -> None:
         self._detect = stage(self.detect_maps, "detect", max_batch=self.det_batch)
@@ -219,6 +251,12 @@ def check_providers(device: str, *in_use: list[str]) -> None:
         )
 
 
+def _rescaled(width: int, height: int, ratio: float) -> tuple[int, int]:
+    """RapidOCR's resize arithmetic: scale, truncate, round each side to a multiple of 32
+    (Python's round, half to even)."""
+    return int(round(int(width * ratio) / 32) * 32), int(round(int(height * ratio) / 32) * 32)
+
+
 class PaddleOCREngine:
     """PaddleOCR 2.x as flow_grpo calls it, one image per call, RGB arrays as flow_grpo passes.
 
@@ -252,6 +290,13 @@ class PaddleOCREngine:
     def start(self, stage: StageFactory) -> None:
         # PaddleOCR reads one image per call; the stage keeps all calls on one thread.
         self._read = stage(self.read_images, "read")
+
+    def input_size(self, width: int, height: int) -> tuple[int, int]:
+        """PaddleOCR's detector resize with its defaults (``det_limit_type="max"``, 960): the
+        longest side shrunk to 960, both sides rounded to multiples of 32, at least 32."""
+        scale = min(1.0, 960 / max(width, height))
+        width, height = (max(32, int(round(int(side * scale) / 32) * 32)) for side in (width, height))
+        return width, height
 
     def prepare(self, image: Image.Image) -> np.ndarray:
         return np.asarray(image)

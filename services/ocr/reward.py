@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import reprlib
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any, Literal
 
 from rapidfuzz.distance import Levenshtein
 
-from common.errors import Unprocessable
+from common.errors import Unprocessable, quote
 
 QUOTED = re.compile(r'"([^"]*)"')
 # Characters OCR confuses; folded on both sides when ``fold_confusions`` is on.
@@ -56,25 +55,33 @@ class RuleOptions:
             return self
         if not isinstance(overrides, dict):
             raise Unprocessable("metadata['ocr'] must be a dict of matching options")
-        fields = {f.name: f for f in dataclasses.fields(self)}
-        unknown = sorted((key for key in overrides if key not in fields), key=repr)  # keys of any type
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = [quote(key) for key in overrides if key not in fields]  # keys of any type, quoted bounded
         if unknown:
-            raise Unprocessable(f"unknown OCR option(s) {unknown}; known: {sorted(fields)}")
+            shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+            raise Unprocessable(f"unknown OCR option(s) {shown}; known: {', '.join(sorted(fields))}")
         for key, value in overrides.items():
-            current = getattr(self, key)
-            if isinstance(current, bool):
-                ok = isinstance(value, bool)
-            elif isinstance(current, float):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            else:
-                ok = value in _CHOICES[key]
-            if not ok:
-                # reprlib: a bounded repr, whatever the size or depth of the value
-                raise Unprocessable(f"metadata['ocr'][{key!r}] = {reprlib.repr(value)} is not a valid value")
+            if not _valid(getattr(self, key), key, value):
+                raise Unprocessable(f"metadata['ocr'][{key!r}] = {quote(value)} is not a valid value")
         return dataclasses.replace(self, **overrides)
 
 
 _CHOICES = {"target": ("first", "all"), "no_quotes": ("whole_prompt", "zero")}
+
+
+def _valid(current: Any, key: str, value: Any) -> bool:
+    """Whether ``value`` may replace the option ``key`` (now ``current``): a bool for a bool; a
+    finite number for a float (an int too large for a float is not one); one of the choices."""
+    if isinstance(current, bool):
+        return isinstance(value, bool)
+    if isinstance(current, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            return math.isfinite(float(value))
+        except OverflowError:  # an int of over 1024 bits
+            return False
+    return isinstance(value, str) and value in _CHOICES[key]
 
 
 def targets(prompt: str, options: RuleOptions) -> list[str] | None:
@@ -128,7 +135,7 @@ def check_targets(prompt: str, options: RuleOptions, index: int) -> list[str] | 
     for text in wanted or ():
         if not _normalize(text, options):
             raise Unprocessable(
-                f"prompts[{index}]: the quoted target text {text!r} is empty after normalization; "
+                f"prompts[{index}]: the quoted target text {quote(text)} is empty after normalization; "
                 "there is nothing to match"
             )
     return wanted

@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from PIL import Image, ImageDraw, ImageFont
 
-from common.config import describe, from_env
-from common.images import decode_image, parse_image_request
+from common.config import describe, env_name, from_env
+from common.errors import PayloadTooLarge, Unprocessable
+from common.images import check_image_sizes, load_image, open_image, parse_image_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
@@ -96,11 +97,28 @@ class OCRScorer(Scorer):
         request = parse_image_request(payload, self.core)
         options = self.options.override(request.metadata.get("ocr"))
         wanted = [check_targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]
-        items = []
-        for index, (data, targets) in enumerate(zip(request.images, wanted)):
-            image = decode_image(data, self.core.max_pixels, index)
-            items.append(OcrItem(self.engine.prepare(image), targets, options))
-        return items
+        images = [open_image(data, index) for index, data in enumerate(request.images)]
+        check_image_sizes(images, self.core)
+        for index, image in enumerate(images):
+            self._check_input_size(image, index)
+        return [
+            OcrItem(self.engine.prepare(load_image(image, index)), targets, options)
+            for index, (image, targets) in enumerate(zip(images, wanted))
+        ]
+
+    def _check_input_size(self, image: Image.Image, index: int) -> None:
+        """Bound the engine's work on one image before any pixel work: engines enlarge thin
+        images, and RapidOCR turns a 70-byte 200x1 PNG into a 9 Mpx detector input."""
+        width, height = image.size
+        size = self.engine.input_size(width, height)
+        if size is None:
+            raise Unprocessable(f"images[{index}] is {width}x{height}, too thin for the OCR engine to resize")
+        limit = self.settings.max_input_pixels
+        if size[0] * size[1] > limit:
+            raise PayloadTooLarge(
+                f"images[{index}] is {width}x{height}, which the OCR engine would read at {size[0]}x{size[1]} = "
+                f"{size[0] * size[1]} pixels; the limit is {limit} ({env_name('ocr', 'max_input_pixels')})"
+            )
 
     def score_request(self, items: Sequence[OcrItem]) -> list[float]:
         """The engine batches its model calls stage by stage across requests (see ``OcrEngine``)."""
