@@ -73,7 +73,7 @@ def interpreter_dirs() -> list[str]:
 
 
 def _visible_filesystem() -> list[str]:
-    """bwrap arguments for the zygote's root: system dirs, the interpreter, a tiny ``/tmp``.
+    """bwrap arguments for the zygote's root: system dirs, the interpreter, a root-only ``/tmp``.
 
     Every directory bwrap creates on the way to a bind is made 0755 first: bwrap would make
     it 0700, which the sandbox uids cannot cross (a Python under ``/root`` would not import).
@@ -87,7 +87,7 @@ def _visible_filesystem() -> list[str]:
     for path in SYSTEM_FILES:
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
-    args += ["--perms", "0711", "--size", str(1 << 20), "--tmpfs", "/tmp"]
+    args += ["--perms", "0711", "--tmpfs", "/tmp"]  # root's alone: each sample mounts its own over it
     for path in interpreter_dirs():
         parents = Path(path).parents
         for parent in reversed(list(parents)[:-1]):  # from the top, without "/"
