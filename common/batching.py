@@ -9,7 +9,7 @@ The model code does not know any of this.
 A request has one ``Deadline``, set when it arrives and shared by every stage it goes through.
 A stage refuses a request whole, never half-queued: with 413 when it has more items than the
 queue can ever hold, with a retryable 503 when the queue is full or when the wait it would have
-(estimated from the measured batch time) runs past its deadline, so that a balancer or client
+(at the fastest recent batch time: a lower bound) runs past its deadline, so that a balancer or client
 sends it elsewhere at once instead of after the timeout.
 """
 
@@ -22,6 +22,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -35,8 +36,9 @@ log = logging.getLogger(__name__)
 
 BatchFn = Callable[[Sequence[Any]], Sequence[Any]]
 
-# Weight of the newest batch in the running average of batch times (the wait estimate).
-BATCH_TIME_SMOOTHING = 0.2
+# Batches whose times the wait estimate looks at: the fastest of them, so that the estimate is
+# a lower bound (a burst's first batches run slower, sharing the cores with its decoding).
+RECENT_BATCHES = 32
 
 
 class Deadline:
@@ -93,10 +95,12 @@ class DynamicBatcher:
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self._on_batch = on_batch
+        self.name = name
         self._queue: list[_Entry] = []  # a heap: earliest deadline first
         self._sequence = itertools.count()
         self._window_start = 0.0
-        self._batch_seconds: float | None = None  # running average, once a batch has run
+        self._batch_times: deque[float] = deque(maxlen=RECENT_BATCHES)
+        self._batches = 0
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -114,12 +118,13 @@ class DynamicBatcher:
             heapq.heappop(self._queue).future.set_exception(Overloaded("scorer is shutting down"))
 
     def estimated_wait(self, expires: float, count: int) -> float | None:
-        """Seconds until ``count`` items due at ``expires`` would be scored: the batches of the
-        items due before them and their own, at the measured batch time. Call under the lock."""
-        if self._batch_seconds is None:
+        """At least how many seconds until ``count`` items due at ``expires`` are scored: the
+        batches of the items due before them and their own, each as fast as the fastest recent
+        batch. Call under the lock."""
+        if not self._batch_times:
             return None
         ahead = sum(1 for entry in self._queue if entry.expires <= expires)
-        return math.ceil((ahead + count) / self.max_batch) * self._batch_seconds
+        return math.ceil((ahead + count) / self.max_batch) * min(self._batch_times)
 
     def submit(self, items: Sequence[Any], deadline: Deadline) -> list[Future]:
         """Queue all ``items`` or none; one future per item, in order."""
@@ -139,7 +144,7 @@ class DynamicBatcher:
             wait = self.estimated_wait(deadline.expires, len(items))
             if remaining <= 0 or (wait is not None and wait > remaining):
                 raise Overloaded(
-                    f"the wait here (about {wait or 0:.0f}s, {len(self._queue)} items queued) runs past the "
+                    f"the wait at {self.name} (about {wait or 0:.0f}s, {len(self._queue)} items queued) runs past the "
                     f"request's deadline (in {max(0.0, remaining):.0f}s); retry on another node or later"
                 )
             if not self._queue:
@@ -167,9 +172,10 @@ class DynamicBatcher:
 
     def _record(self, count: int, seconds: float) -> None:
         with self._cond:
-            previous = self._batch_seconds
-            smoothed = seconds if previous is None else previous + BATCH_TIME_SMOOTHING * (seconds - previous)
-            self._batch_seconds = smoothed
+            self._batches += 1
+            # The first call pays lazy initialisation (the warm-up's): it is no measure of a batch.
+            if self._batches > 1:
+                self._batch_times.append(seconds)
         if self._on_batch is not None:
             self._on_batch(count, seconds)
 

@@ -66,6 +66,7 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmn
     final: Counter[str] = Counter()
     attempts_made: Counter[int] = Counter()
     latencies: list[float] = []
+    messages: dict[str, str] = {}  # one error message per status, to say why
     wrong = 0
     limit = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -77,9 +78,11 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmn
             try:
                 async with session.post(url + "/", data=body) as response:
                     content = await response.read()
+                    answer = parse_answer(content, response.headers.get("Content-Type", ""))
                     if response.status == 200:
-                        score = parse_answer(content, response.headers.get("Content-Type", ""))["scores"][0]
-                        wrong += score < 0.9
+                        wrong += answer["scores"][0] < 0.9
+                    else:
+                        messages.setdefault(str(response.status), str(answer.get("error")))
                     return str(response.status)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 return type(exc).__name__
@@ -114,6 +117,7 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmn
         "max_s": round(max(latencies), 2),
         "first_attempt": dict(sorted(first.items())),
         "attempts": dict(sorted(attempts_made.items())),
+        "error_messages": messages,
     }
 
 
