@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import requests
 
-from common.protocol import SafeUnpickler, WireFormat
+from common.wire import SafeUnpickler, WireFormat
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 

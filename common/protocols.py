@@ -5,7 +5,7 @@ size limit, ``decode`` of the body, wait for the model, ``items`` under the deco
 batcher or ``score_request``, ``answer`` from the results, ``encode`` of the answer; errors go
 through the protocol's ``status`` and ``encode`` too. A protocol only says what differs: its
 routes, its wire format, how a payload becomes items and results an answer, and which status
-its clients must see for an error. (``common.protocol`` holds the wire formats themselves.)
+its clients must see for an error. (``common.wire`` holds the wire formats themselves.)
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ScorerError
-from common.protocol import decode_body, encode_body, wire_format
 from common.scorer import Scored, Scorer
+from common.wire import decode_body, encode_body, wire_format
 
 
 @dataclass(frozen=True)

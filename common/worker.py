@@ -35,8 +35,8 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from common.config import from_env
 from common.framing import Arrival, RequestScan
-from common.protocol import encode_body, wire_format
 from common.settings import CoreSettings
+from common.wire import encode_body, wire_format
 
 # WSGI environ key: when the request was whole in the worker (monotonic clock). A request's
 # deadline counts from there, so time spent waiting for a free thread counts too.

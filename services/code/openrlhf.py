@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
-from common.protocol import decode_body
 from common.protocols import Protocol
+from common.wire import decode_body
 from services.code.grader import STATUSES
 from services.code.scorer import CodeScorer, Graded
 

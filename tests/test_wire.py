@@ -12,7 +12,7 @@ import time
 import pytest
 
 from common.errors import BadRequest, PayloadTooLarge
-from common.protocol import MAX_NESTING, MAX_PICKLE_NODES, check_pickle, decode_body, encode_body, wire_format
+from common.wire import MAX_NESTING, MAX_PICKLE_NODES, check_pickle, decode_body, encode_body, wire_format
 
 
 class CreatesFile:
