@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 STATUSES = (
     "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "sandbox_error",
 )  # fmt: skip
-# Why a sample got no verdict: the infrastructure failed, or its prompt was not in its query.
-NO_VERDICT = ("sandbox_error", "prompt_not_found")
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
 # What comparison needs of a stdin test's stdout (twice the longest expected output) or of a
