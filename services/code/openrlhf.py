@@ -3,20 +3,20 @@
 
 Request JSON ``{"query" | "outputs": [str], "prompts": [str], "labels": [any]}``; answer
 ``{"rewards", "scores", "extra_logs", "error_types"}``, one entry per sample in each list
-(every ``extra_logs`` value too: OpenRLHF logs each list's mean). NaN is written as the JSON
-constant, which Flask's own JSON provider refuses. OpenRLHF retries any failure, so a body it
-cannot decode or that is too large is a 422, which it does not retry.
+(every ``extra_logs`` value too: OpenRLHF logs each list's mean). Always JSON, encoded by
+``common.wire`` as the core's JSON twin is: NaN as the JSON constant, which Flask's own JSON
+provider refuses. OpenRLHF retries any failure, so a body it cannot decode or that is too large
+is a 422, which it does not retry.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
 from common.protocols import Protocol
-from common.wire import decode_body
+from common.wire import decode_body, encode_body
 from services.code.grader import STATUSES
 from services.code.scorer import CodeScorer, Graded
 
@@ -41,10 +41,6 @@ def answer(results: Sequence[Graded]) -> dict[str, Any]:
     }
 
 
-def encode(obj: dict[str, Any], _content_type: str | None) -> tuple[bytes, str]:
-    return json.dumps(obj, allow_nan=True).encode(), "application/json"
-
-
 def status(error: ScorerError) -> int:
     return Unprocessable.status if isinstance(error, BadRequest | PayloadTooLarge) else error.status
 
@@ -62,6 +58,6 @@ def protocol(scorer: CodeScorer) -> Protocol:
         decode=lambda body, _content_type: decode_body(body, "json"),
         items=items,
         answer=answer,  # type: ignore[arg-type]  # the code scorer's results are Graded
-        encode=encode,
+        encode=lambda obj, _content_type: encode_body(obj, "json"),
         status=status,
     )
