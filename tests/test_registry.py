@@ -1,0 +1,54 @@
+"""The registry: one entry per service, readable before any virtual environment exists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from common import registry
+from common.scorer import Scorer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
+    """``-S``: no site-packages, as the system python3 of a fresh machine has none of ours."""
+    names = subprocess.run(
+        [sys.executable, "-S", "-m", "common.registry", "names"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert names.stdout.split() == list(registry.SERVICES)
+    shell = subprocess.run(
+        [sys.executable, "-S", "-m", "common.registry", "shell", "code"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert "SYSTEM_PACKAGES=(bubblewrap)" in shell.stdout and "SYSTEM_COMMANDS=(bwrap)" in shell.stdout
+    unknown = subprocess.run(
+        [sys.executable, "-S", "-m", "common.registry", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert unknown.returncode == 2 and "unknown service 'nope'" in unknown.stderr
+
+
+def test_every_entry_is_whole() -> None:
+    ports = [service.port for service in registry.SERVICES.values()]
+    assert len(set(ports)) == len(ports)
+    for name, service in registry.SERVICES.items():
+        assert service.name == name
+        assert issubclass(registry.load_scorer_class(name), Scorer)
+        files = [*service.requirements, *service.gpu_requirements, *sum(service.engine_requirements.values(), ())]
+        assert all((ROOT / f).is_file() for f in files), files
+        assert set(service.system_packages) <= set(registry.SYSTEM_COMMANDS)
+
+
+def test_what_each_command_sets_up() -> None:
+    test = registry.setup_of("test", {})
+    assert test.venv == ".venv" and test.requirements[-1] == "requirements-dev.txt"
+    assert set(test.system_packages) == {"bubblewrap", "nginx"}
+    assert registry.setup_of("all", {}).venv == ""  # each service has its own
+    paddle = registry.setup_of("ocr", {"SCORER_OCR_ENGINE": "paddleocr"})
+    assert paddle.venv == ".venv-ocr-paddleocr" and paddle.requirements == ("requirements-ocr-paddle.txt",)
+    code = registry.setup_of("code", {})
+    assert code.flags == (
+        "--infra-failure-score=SCORER_CODE_INFRA_FAILURE_SCORE",
+        "--env=SCORER_CODE_ENV",
+    )
