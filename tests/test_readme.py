@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 import types
@@ -48,17 +49,21 @@ def test_the_example_entry_is_a_registry_entry() -> None:
     assert all((README.parent / f).is_file() for f in entry.requirements)
 
 
+def source_files(root: Path) -> list[Path]:
+    """Code and documentation, outside hidden folders (.git, the virtual environments)."""
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(folder, name) for name in names if Path(name).suffix in {".py", ".md", ".sh", ".conf"}]
+    return found
+
+
 def test_references_point_into_the_architecture_document() -> None:
     """Every ``ARCHITECTURE.md §N`` in the repository names a section that exists; nothing cites
     the design brief outside the repository."""
     root = README.parent
     headings = re.findall(r"^#+ (\d+(?:\.\d+)?)\.? ", (root / "docs" / "ARCHITECTURE.md").read_text(), re.MULTILINE)
-    files = [
-        path
-        for path in root.rglob("*")
-        if path.suffix in {".py", ".md", ".sh", ".conf"}
-        and not any(p.startswith(".") for p in path.relative_to(root).parts)
-    ]
+    files = source_files(root)
     cited = {
         (path.name, section)
         for path in files
