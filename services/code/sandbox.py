@@ -53,6 +53,9 @@ SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 # A zygote that dies sooner than this after its start counts as a quick restart: the next
 # restart waits (doubling per quick one, up to RESTART_PAUSE_MAX_S).
 QUICK_RESTART_S = 10.0
+# From this many slots on, one is kept from any single request for the others (fewer: a slot
+# kept idle would cost a lone request too large a share).
+RESERVE_FROM_SLOTS = 8
 RESTART_PAUSE_S = 0.2
 RESTART_PAUSE_MAX_S = 5.0
 
@@ -175,21 +178,25 @@ class _Ticket:
 class FairSlots:
     """Run slots (one uid each) lent round-robin between the requests waiting for one.
 
-    A freed slot goes straight to a waiter, taking the requests in turn, so a request of many
-    slow samples cannot keep one of a few (or of one) waiting longer than until the next slot
-    frees. Each request waits in its own line, so fairness holds per request, not per thread.
+    A freed slot goes straight to a waiter, taking the requests in turn, and from
+    ``RESERVE_FROM_SLOTS`` slots on no request holds every slot: the last one is kept for
+    another request (while only one request runs, it stays idle). So a request of many slow
+    samples keeps one of a few (or of one) waiting neither until it is done nor until its
+    next slot frees. Each request waits in its own line: fairness is per request, not thread.
     """
 
     def __init__(self, uids: range) -> None:
         self._lock = threading.Lock()
         self._free = list(reversed(uids))
+        self._most = len(uids) - (len(uids) >= RESERVE_FROM_SLOTS)  # slots one request may hold
+        self._held: dict[object, int] = {}
         self._waiting: OrderedDict[object, deque[_Ticket]] = OrderedDict()
 
     def acquire(self, owner: object, timeout: float) -> int | None:
         """A slot for ``owner`` (a request), or ``None`` when none came within ``timeout``."""
         with self._lock:
-            if self._free:  # free slots exist only while nobody waits
-                return self._free.pop()
+            if self._free and self._held.get(owner, 0) < self._most:
+                return self._lend(owner, self._free.pop())
             ticket = _Ticket()
             self._waiting.setdefault(owner, deque()).append(ticket)
         ticket.granted.wait(max(timeout, 0.0))
@@ -201,19 +208,27 @@ class FairSlots:
                     del self._waiting[owner]
             return ticket.uid
 
-    def release(self, uid: int) -> None:
+    def release(self, owner: object, uid: int) -> None:
         with self._lock:
-            if not self._waiting:
-                self._free.append(uid)
-                return
-            owner, line = next(iter(self._waiting.items()))
-            ticket = line.popleft()
-            if line:
-                self._waiting.move_to_end(owner)  # the next slot goes to the next request
-            else:
-                del self._waiting[owner]
-            ticket.uid = uid
-            ticket.granted.set()
+            self._held[owner] -= 1
+            if not self._held[owner]:
+                del self._held[owner]
+            # The first request in turn that may hold one more gets it, then goes last.
+            for waiter, line in self._waiting.items():
+                if self._held.get(waiter, 0) < self._most:
+                    ticket = line.popleft()
+                    if line:
+                        self._waiting.move_to_end(waiter)
+                    else:
+                        del self._waiting[waiter]
+                    ticket.uid = self._lend(waiter, uid)
+                    ticket.granted.set()
+                    return
+            self._free.append(uid)
+
+    def _lend(self, owner: object, uid: int) -> int:
+        self._held[owner] = self._held.get(owner, 0) + 1
+        return uid
 
 
 class Sandbox:
@@ -324,7 +339,7 @@ class Sandbox:
         try:
             yield uid
         finally:
-            self._slots.release(uid)
+            self._slots.release(owner, uid)
 
     def run(self, job: dict[str, Any], uid: int) -> Iterator[dict[str, Any]]:
         """Run ``job`` as ``uid``; yields one result per test. Raises ``SandboxFailure``.

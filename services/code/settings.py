@@ -13,7 +13,7 @@ class CodeSettings:
     infra_failure_score: Literal["nan", "zero"] | None = None
     # The environment (services/code/environments) that grades samples whose label is empty.
     env: str = ""
-    # Runs executing at once; a request waits for a slot without holding one.
+    # Runs executing at once (one request: one less); a request waits for a slot without holding one.
     max_parallel: int = 32
     # No request waits longer; a run still going then is judged as it stands.
     request_timeout_s: float = 150.0

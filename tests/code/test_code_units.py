@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 
 import pytest
 
@@ -15,7 +17,7 @@ from services.code import environments
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite, parse_label, result_matches, stdout_matches
-from services.code.sandbox import SandboxFailure
+from services.code.sandbox import FairSlots, SandboxFailure
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 
@@ -90,6 +92,29 @@ class FailingSandbox:
 
 
 SUITE = Suite("stdin", ["", ""], ["ok", "ok"])
+
+
+def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:
+    slots = FairSlots(range(8))
+    big, small, other = object(), object(), object()
+    assert [slots.acquire(big, 0) for _ in range(7)] == [0, 1, 2, 3, 4, 5, 6]
+    assert slots.acquire(big, 0.01) is None  # the last slot is kept for another request
+    assert slots.acquire(small, 0) == 7
+    granted: dict[str, int | None] = {}
+    waiters = [
+        threading.Thread(target=lambda name=name, owner=owner: granted.update({name: slots.acquire(owner, 5)}))
+        for name, owner in (("big", big), ("other", other))
+    ]
+    for waiter in waiters:
+        waiter.start()
+        time.sleep(0.05)  # in this order
+    slots.release(big, 0)  # big waits first and holds one: it may take it back
+    slots.release(small, 7)  # then the other request
+    for waiter in waiters:
+        waiter.join()
+    assert granted == {"big": 0, "other": 7}
+    pair = FairSlots(range(2))  # too few to keep one back
+    assert pair.acquire(big, 0) is not None and pair.acquire(big, 0) is not None
 
 
 def test_infrastructure_failure_is_rerun_once_then_masked(caplog) -> None:
