@@ -449,8 +449,8 @@ def test_sysv_shared_memory_is_bounded_and_dies_with_its_sample(server: Server) 
 def test_tmp_is_private_and_size_limited(server: Server) -> None:
     """The sandbox's /tmp had no size limit: a sample held 1.5 GB of RAM there."""
     fill = (
-        "import os, tempfile\nwritten = 0\ntry:\n    for i in range(20):\n"
-        "        with open(os.path.join(tempfile.gettempdir(), f'f{i}'), 'wb') as out:\n"
+        "import os\nwritten = 0\ntry:\n    for i in range(20):\n"
+        "        with open(os.path.join(os.environ['TMPDIR'], f'f{i}'), 'wb') as out:\n"
         "            out.write(b'x' * (10 << 20))\n        written += 10\nexcept OSError:\n    pass\n"
         "print('limited' if written < 200 else 'unlimited')"
     )
