@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,24 +57,43 @@ def samples(count: int) -> list[str]:
     return [names[i % len(names)] for i in range(count)]
 
 
-def bench_service(names: list[str], parallel: int) -> dict:
-    """One sample per request, all at once, as OpenRLHF sends them."""
+def assert_labels() -> dict[str, dict]:
+    """The environment's tests as assert labels: MBPP style (one test per assert) and
+    HumanEval style (one ``check`` with every assert: one test)."""
+    suite = load(ENV).suite
+    asserts = [f"assert {suite.fn_name}(*{args!r}) == {want!r}" for args, want in zip(suite.tests, suite.expected)]
+    check = "def check(candidate):\n" + "".join(f"    {a.replace(suite.fn_name, 'candidate', 1)}\n" for a in asserts)
+    return {
+        "assert, one test per assert": {"test": asserts},
+        "assert, one check()": {"test": check, "entry_point": suite.fn_name},
+    }
+
+
+def bench_service(names: list[str], parallel: int) -> dict[str, dict]:
+    """One sample per request, all at once, as OpenRLHF sends them: call-based labels (the
+    environment's), then the same tests as assert labels."""
     env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV}
+    labels = {"call-based": {}, **assert_labels()}
+    results = {}
     with gunicorn_server("code", env, threads=256) as server:
         url = server.url + "/reward/score"
-
-        def one(name: str) -> float:
-            body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [{}]}
-            return requests.post(url, json=body, timeout=300).json()["rewards"][0]
-
-        one("dp")
-        single = timed(lambda: one("dp"))
         isolation = requests.get(server.url + "/info").json()["model"]["isolation"]
-        with ThreadPoolExecutor(max(parallel, 64)) as pool:
-            start = time.perf_counter()
-            scores = list(pool.map(one, names))
-            seconds = time.perf_counter() - start
-    return {"scores": scores, "seconds": seconds, "single_s": single, "isolation": isolation}
+        for style, label in labels.items():
+
+            def one(name: str, label: dict = label) -> float:
+                body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [label]}
+                return requests.post(url, json=body, timeout=300).json()["rewards"][0]
+
+            one("dp")
+            single = timed(lambda: one("dp"))
+            with ThreadPoolExecutor(max(parallel, 64)) as pool:
+                start = time.perf_counter()
+                scores = list(pool.map(one, names))
+                seconds = time.perf_counter() - start
+            results[f"service, {style} (warm zygote, bwrap)"] = {
+                "scores": scores, "seconds": seconds, "single_s": single, "isolation": isolation
+            }  # fmt: skip
+    return results
 
 
 def timed(fn, repeat: int = 5) -> float:
@@ -132,22 +152,22 @@ def main() -> None:
     names = samples(args.samples)
     tests = len(load(ENV).suite.tests)
     results = {
-        "service (warm zygote, bwrap)": bench_service(names, args.parallel),
+        **bench_service(names, args.parallel),
         "fresh python3 per test": bench_fresh_python(names, args.parallel),
         "DeepGym 0.6.2 local": bench_deepgym(names, args.parallel),
     }
     verdicts = {design: [score == 1.0 for score in r["scores"]] for design, r in results.items()}
     agree = len({tuple(v) for v in verdicts.values()}) == 1
-    print(f"{args.samples} samples of {ENV} ({tests} tests each), {len(SOLUTIONS)} solutions, 2 cores")
+    print(f"{args.samples} samples of {ENV} ({tests} tests each), {len(SOLUTIONS)} solutions, {os.cpu_count()} cores")
     print("| design | isolation | samples/s | one sample (s) | per test (ms) |")
     print("|---|---|---|---|---|")
     for design, r in results.items():
         rate, single = args.samples / r["seconds"], r["single_s"]
-        print(f"| {design} | {r['isolation']} | {rate:.1f} | {single:.3f} | {1000 * single / tests:.1f} |")
+        print(f"| {design} | {r['isolation']} | {rate:.1f} | {single:.3f} | {1000 * single / tests:.2f} |")
     print(f"verdicts agree: {agree}")
     for name in SOLUTIONS:
         index = names.index(name)
-        print(f"  {name}: " + ", ".join(f"{d.split()[0]}={r['scores'][index]:.2f}" for d, r in results.items()))
+        print(f"  {name}: " + ", ".join(f"{d.split(' (')[0]}={r['scores'][index]:.2f}" for d, r in results.items()))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "code.json").write_text(json.dumps({"agree": agree, "results": results}, indent=1))

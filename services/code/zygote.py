@@ -59,7 +59,7 @@ LOADED = b'["loaded"]\n'
 # How often the candidate's CPU time is read while a test runs; a tests' process gets this
 # much more wall time than a test to report after its candidate was stopped.
 CPU_TICK_S = 0.05
-TESTER_GRACE_S = 1.0
+TESTER_GRACE_S = 2.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 

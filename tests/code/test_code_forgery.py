@@ -209,3 +209,17 @@ def test_call_cpu_limit_is_enforced_from_outside(server: Server, code: str) -> N
     honest = "def add(a, b):\n    burn(0.2)\n    return a + b"
     out = grade_labels(server, [CPU_BURN + code, CPU_BURN + honest], [label, label])
     assert out["rewards"] == [0.0, 1.0], out
+
+
+def test_candidate_answers_only_what_it_is_asked(server: Server) -> None:
+    """Answers written ahead of the calls, a nesting too deep to rebuild, an answer over the
+    output cap: each fails its test; an honest answer still passes."""
+    label = {"test": ["assert double(2) == 4", "assert double(3) == 6"]}
+    codes = [
+        "import os\nos.write(4, b'[\"loaded\"]\\n' + b'[\"result\", 4]\\n' * 50)\ndef double(x):\n    return 0",
+        "def double(x):\n    import os\n    os.write(4, b'[' * 100000 + b']' * 100000 + b'\\n')\n    os._exit(0)",
+        "def double(x):\n    return 'x' * (2 << 20)",
+        "def double(x):\n    return 2 * x",
+    ]
+    out = grade_labels(server, codes, [label] * 4)
+    assert out["rewards"] == [0.0, 0.0, 0.0, 1.0], out

@@ -3,6 +3,7 @@ grading rules (re-run, masking) with a fake sandbox, and the refusals at startup
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -20,6 +21,7 @@ from services.code.labels import Suite, parse_label, result_matches, stdout_matc
 from services.code.sandbox import FairSlots, SandboxFailure
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
+from services.code.zygote import from_plain, to_plain
 
 
 def test_last_fenced_block_after_special_tokens() -> None:
@@ -60,6 +62,33 @@ def test_comparison_is_on_data() -> None:
     assert not stdout_matches("0.3333334\n", "0.3333333")
     assert result_matches([1, [2, 3]], [1, [2, 3]]) and result_matches(5, [5])
     assert not result_matches(True, 1) and not result_matches("1", 1) and not result_matches([1], [1, 2])
+
+
+def test_plain_data_crosses_as_fresh_builtins() -> None:
+    value = [None, True, -1, 2**80, 1.5, float("inf"), "s", (1, [2]), {1: {"a"}, "k": frozenset({2})}, b"\x00"]
+    back = from_plain(json.dumps(to_plain(value)))
+    assert back == value and type(back[7]) is tuple and type(back[8][1]) is set and type(back[9]) is bytes
+
+    class Int(int):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    for bad in (object(), Int(1), [len], {1: iter([])}, range(3)):
+        with pytest.raises(TypeError):
+            to_plain(bad)
+    for text in ('{"t": 1}', '{"x": []}', '{"t": [], "s": []}', '{"b": "zz"}'):
+        with pytest.raises(ValueError):
+            from_plain(text)
+    with pytest.raises(TypeError):  # a list cannot be a dict key or a set member
+        from_plain('{"d": [[[1], 2]]}')
+
+
+def test_assert_labels_must_compile_and_may_carry_a_setup() -> None:
+    suite = parse_label({"test": "assert f(1)", "entry_point": "f", "setup": "def helper():\n    pass"})
+    assert suite.setup.startswith("def helper")
+    for bad in ({"test": "assert f(1"}, {"test": "assert f(1)", "setup": "def ("}, {"test": "x", "setup": 3}):
+        with pytest.raises(Unprocessable):
+            parse_label(bad)
 
 
 def test_environments_ship_at_least_eight_problems() -> None:
