@@ -532,9 +532,10 @@ class CallRun:
         self.tester: dict | None = None
         self._new_window()
 
-    def _new_window(self) -> None:
-        self.started = time.monotonic()
-        self.cpu_before = self._candidate_cpu()
+    def _new_window(self, cpu: float = 0.0) -> None:
+        """Test ``index`` starts now, with the candidate's CPU time at ``cpu``."""
+        self.started = self.cpu_read = time.monotonic()
+        self.cpu_before = cpu
         self.failure: str | None = None
         self.stderr = bytearray()
 
@@ -628,7 +629,16 @@ class CallRun:
 
     # -- pipes -----------------------------------------------------------------------------
     def _queue(self, fd: int, data: bytes) -> None:
+        """Write ``data`` to ``fd`` (non-blocking); what does not fit now waits its turn."""
         if fd not in self.outbox:
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                pass
+            except OSError:  # the reader is gone; its end is handled where it is read
+                return
+            if not data:
+                return
             self.outbox[fd] = bytearray()
             self.sel.register(fd, selectors.EVENT_WRITE, "write")
         self.outbox[fd] += data
@@ -664,14 +674,17 @@ class CallRun:
 
     # -- tests -----------------------------------------------------------------------------
     def _settle(self, **found: object) -> None:
-        """Send test ``index``'s outcome and open the next test's window."""
-        cpu = self._candidate_cpu() - self.cpu_before
-        message = {"index": self.index, "failure": self.failure, "cpu_s": round(cpu, 3),
+        """Send test ``index``'s outcome (a timeout if it used more CPU than its share, even
+        between two readings) and open the next test's window."""
+        cpu = self._candidate_cpu()
+        if cpu - self.cpu_before > self.job["cpu_s"]:
+            self.failure = "timeout"
+        message = {"index": self.index, "failure": self.failure, "cpu_s": round(cpu - self.cpu_before, 3),
                    "stderr": self.stderr[-STDERR_TAIL:].decode(errors="replace"), **found}  # fmt: skip
         send_msg(self.conn, message)
         self.index += 1
         self.waiting = None
-        self._new_window()
+        self._new_window(cpu)
 
     def _call_test(self) -> None:
         """Call-based: send the call of test ``index``."""
@@ -747,11 +760,15 @@ class CallRun:
                     self._on_answer(line)
 
     def _check_budget(self) -> None:
-        """Kill a candidate past its test's CPU or wall time; a tests' process stuck past it too."""
-        wall = time.monotonic() - self.started
-        if self.candidate is not None and (
-            wall > self.job["wall_s"] or self._candidate_cpu() - self.cpu_before > self.job["cpu_s"]
-        ):
+        """Kill a candidate past its test's CPU or wall time (its CPU time is read every
+        ``CPU_TICK_S``); a tests' process stuck past it too."""
+        now = time.monotonic()
+        wall = now - self.started
+        over_cpu = False
+        if self.candidate is not None and now - self.cpu_read >= CPU_TICK_S:
+            self.cpu_read = now
+            over_cpu = self._candidate_cpu() - self.cpu_before > self.job["cpu_s"]
+        if self.candidate is not None and (wall > self.job["wall_s"] or over_cpu):
             self._stop_candidate("timeout")
         if self.tester is not None and wall > self.job["wall_s"] + TESTER_GRACE_S:
             self._stop_tester()
