@@ -41,11 +41,6 @@ def server(tmp_path_factory) -> Iterator[Server]:
         yield srv
 
 
-# Until the sandbox's uids can import all of the standard library (copy, hashlib).
-NEEDS_STDLIB = pytest.mark.xfail(reason="HumanEval/32, /50 and /162 import copy or hashlib", strict=False)
-
-
-@NEEDS_STDLIB
 def test_human_eval_canonical_solutions_pass(server: Server) -> None:
     codes = [row["prompt"] + row["canonical_solution"] for row in HUMAN_EVAL]
     out = grade_labels(server, codes, [human_eval_label(row) for row in HUMAN_EVAL])
@@ -88,7 +83,6 @@ def test_assert_forgeries_score_zero_on_human_eval(server: Server, name: str) ->
     assert out["rewards"] == [0.0] * len(rows), out["error_types"]
 
 
-@NEEDS_STDLIB
 def test_prompt_helpers_come_from_the_setup_not_the_candidate(server: Server) -> None:
     """HumanEval/38 and /50 test ``decode(encode(s)) == s`` with the prompt's encoder: a
     candidate whose encoder and decoder are both the identity passes only if the tests take
