@@ -179,6 +179,36 @@ def _forbid_new_processes() -> None:
         (ret, 0, 0, allow), (ret, 0, 0, 0x50000 | EPERM), (ret, 0, 0, 0x50000 | ENOSYS), (ret, 0, 0, kill),
     ]  # fmt: skip
 
+    _seccomp(program)
+
+
+# Namespace syscalls by ABI: unshare, setns; and every CLONE_NEW* flag of clone.
+NAMESPACE_CALLS = {"x86_64": (272, 308), "aarch64": (97, 268)}
+CLONE_NEW_ANY = 0x7E020000
+
+
+def _forbid_namespaces() -> None:
+    """A seccomp filter: no ``unshare``, ``setns`` or ``clone`` into new namespaces
+    (``clone3`` answers ENOSYS, so threads and ``posix_spawn`` fall back to ``clone``).
+    Unprivileged, a user namespace would give a program its own mounts: a tmpfs beyond
+    ``tmp_bytes`` and beyond its rlimits."""
+    arch, clone, _, _ = SECCOMP_ARCH[os.uname().machine]
+    unshare, setns = NAMESPACE_CALLS[os.uname().machine]
+    allow, kill, eperm, enosys = 0x7FFF0000, 0x80000000, 0x50000 | EPERM, 0x50000 | ENOSYS
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    program = [
+        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill),  # another ABI (i386) is killed
+        (ld, 0, 0, 0), (jge, 9, 0, 0x40000000),  # x32 numbers: killed
+        (jeq, 6, 0, unshare), (jeq, 5, 0, setns), (jeq, 5, 0, CLONE3), (jeq, 0, 2, clone),
+        (ld, 0, 0, 16), (jset, 1, 0, CLONE_NEW_ANY),
+        (ret, 0, 0, allow), (ret, 0, 0, eperm), (ret, 0, 0, enosys), (ret, 0, 0, kill),
+    ]  # fmt: skip
+    _seccomp(program)
+
+
+def _seccomp(program: list[tuple[int, int, int, int]]) -> None:
+    """Install a seccomp filter (BPF instructions: code, jump if true, jump if false, k)."""
+
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
 
@@ -420,6 +450,7 @@ def _limit(job: dict, tests: int) -> None:
     """Resource limits of a test process running ``tests`` tests (set before dropping root).
 
     Its OOM score is the highest: if the node runs out of memory, a test dies, not the server.
+    It cannot make namespaces (``_forbid_namespaces``).
     """
     with open("/proc/self/oom_score_adj", "w") as oom:
         oom.write("1000")
@@ -436,6 +467,7 @@ def _limit(job: dict, tests: int) -> None:
         (resource.RLIMIT_STACK, (64 << 20, 64 << 20)),
     ):
         resource.setrlimit(res, value)
+    _forbid_namespaces()
 
 
 def _start_test(job: dict, start: int, workdir: str) -> tuple[int, dict[int, str]]:

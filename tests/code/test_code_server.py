@@ -590,3 +590,17 @@ def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
         assert out["rewards"] == [1.0] * len(out["rewards"]), (name, out)
         # The big request's first samples hold their slots 6 s, until 5 s after these were sent.
         assert took - sent < 4, (name, took - sent)
+
+
+def test_programs_cannot_make_namespaces(server: Server) -> None:
+    """Unprivileged, a user namespace gave a program mounts of its own: a tmpfs past its /tmp
+    limit and its rlimits. Threads, fork and subprocess still work."""
+    code = (
+        "import ctypes, os, subprocess, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "made = [flag for flag in (0x10000000, 0x00020000, 0x40000000) if libc.unshare(flag) == 0]\n"
+        "done = []\nthread = threading.Thread(target=done.append, args=[1])\nthread.start()\nthread.join()\n"
+        "echo = subprocess.run(['/usr/bin/echo', 'spawned'], capture_output=True, text=True).stdout.strip()\n"
+        "print('made ' + str(made) if made else 'refused', done, echo)"
+    )
+    out = grade(server.url, [code], {"inputs": [""], "outputs": ["refused [1] spawned"]})
+    assert out["rewards"] == [1.0], out
