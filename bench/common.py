@@ -10,6 +10,11 @@ from typing import Any
 
 import aiohttp
 
+# gunicorn reads ./gunicorn.conf.py unless told otherwise: a baseline server started from the
+# repository root would get this service's settings (128 threads turn ``-k sync`` into gthread,
+# post_fork hides the GPU). Baselines start with an empty configuration instead.
+NO_CONFIG = ["-c", "/dev/null"]
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
@@ -81,7 +86,7 @@ class ProcessServer:
             try:
                 requests.get(url + probe, timeout=2)
                 return
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or still loading
                 time.sleep(0.2)
         self.stop()
         raise TimeoutError(f"{command} did not answer on {url}")

@@ -35,6 +35,7 @@ import numpy as np
 import requests
 from PIL import Image
 
+from bench.common import NO_CONFIG
 from common.images import decode_image
 from services.aesthetic.scorer import DEFAULT_HEAD
 from tests.random_clip import save_random_clip
@@ -176,6 +177,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=512)
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32])
     parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: (a)'s best batch size)")
+    parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
     args = parser.parse_args()
 
     logs = ROOT / "bench" / "results"
@@ -192,7 +194,20 @@ def main() -> None:
         simple_port, service_port = free_port(), free_port()
         simple_env = {"CLIP_DIR": str(clip_dir), "HEAD_PATH": args.head, "DEVICE": args.device}
         simple_env["PRECISION"] = args.precision
-        simple_argv = [python, "-m", "gunicorn", "-w", "1", "-k", "sync", "-t", "600", "-b", f"127.0.0.1:{simple_port}"]
+        simple_argv = [
+            python,
+            "-m",
+            "gunicorn",
+            *NO_CONFIG,
+            "-w",
+            "1",
+            "-k",
+            "sync",
+            "-t",
+            "600",
+            "-b",
+            f"127.0.0.1:{simple_port}",
+        ]
         simple_argv += ["--pythonpath", str(ROOT), "bench.aesthetic.simple_server:app"]
         service_env = {
             "SCORER_SERVICE": "aesthetic",
@@ -232,12 +247,12 @@ def main() -> None:
 
     a, b, c = results["in_process"], results["simple"], results["service"]
     summary = {
-        "config": {k: v for k, v in vars(args).items() if k != "head"},
+        "config": {k: str(v) for k, v in vars(args).items() if k != "head"},
         "results": results,
         "service_vs_in_process": c["images_per_s"] / a["images_per_s"],
         "service_vs_simple": c["images_per_s"] / b["images_per_s"],
     }
-    out = logs / f"aesthetic-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = args.out or logs / f"aesthetic-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(summary, indent=2))
     print("\n| run | images/s | p50 s | p99 s |\n|---|---|---|---|")
     rows = [(f"(a) in-process, batch {a['best_batch']} (latency per batch)", a), ("(b) simple server", b)]
@@ -246,7 +261,7 @@ def main() -> None:
     print(
         f"\nservice / in-process = {summary['service_vs_in_process']:.3f}; "
         f"service / simple = {summary['service_vs_simple']:.2f}; model alone at batch {a['best_batch']}: "
-        f"{a['forward_only_images_per_s']:.2f} images/s  ({out.relative_to(ROOT)})"
+        f"{a['forward_only_images_per_s']:.2f} images/s  ({out})"
     )
 
 

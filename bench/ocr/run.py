@@ -21,10 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import ProcessServer, burst, median_of  # noqa: E402
+from bench.common import NO_CONFIG, ProcessServer, burst, median_of  # noqa: E402
 from common.images import decode_image  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.reward import RuleOptions, check_targets, reward  # noqa: E402
+from services.ocr.torch_engine import TorchOCREngine  # noqa: E402
 from tests.images import ocr_prompts, quoted, render_text  # noqa: E402
 from tests.server import free_port, gunicorn_server  # noqa: E402
 
@@ -55,7 +56,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--batches", default="1,4,8,16")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (needs onnxruntime-gpu)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (rapidocr: needs onnxruntime-gpu)")
+    parser.add_argument("--engine", default="rapidocr", choices=["rapidocr", "torch"])
+    parser.add_argument("--dtype", default="float32", help="the torch engine's precision on CUDA")
     parser.add_argument("--det-batch", type=int, default=None, help="the service's detection batch (its default)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ocr.json")
     args = parser.parse_args()
@@ -63,7 +66,10 @@ def main() -> None:
     prompts = ocr_prompts(args.requests)
     images = [render_text(quoted(prompt)) for prompt in prompts]
     bodies = one_image_bodies(images, prompts)
-    engine = RapidOCREngine(args.device, text_score=0.5, det_batch=1, rec_batch=64, threads=None)
+    if args.engine == "torch":
+        engine: RapidOCREngine = TorchOCREngine(args.device, 0.5, 1, 64, None, args.dtype)
+    else:
+        engine = RapidOCREngine(args.device, text_score=0.5, det_batch=1, rec_batch=64, threads=None)
     in_process(engine, images[:2], prompts[:2], 2)  # warm up
 
     rounds: list[dict[str, float]] = []
@@ -72,6 +78,7 @@ def main() -> None:
         sys.executable,
         "-m",
         "gunicorn",
+        *NO_CONFIG,
         "-w",
         "1",
         "-k",
@@ -82,10 +89,11 @@ def main() -> None:
         f"127.0.0.1:{port}",
         "bench.ocr.simple_server:app",
     ]
-    service_env = {"SCORER_DEVICE": args.device}
+    service_env = {"SCORER_DEVICE": args.device, "SCORER_OCR_ENGINE": args.engine, "SCORER_OCR_TORCH_DTYPE": args.dtype}
     if args.det_batch:
         service_env["SCORER_OCR_DET_BATCH"] = str(args.det_batch)
     simple_env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    simple_env.update(OCR_ENGINE=args.engine, OCR_DTYPE=args.dtype)
     with (
         gunicorn_server("ocr", service_env, threads=128) as ours,
         ProcessServer(simple_cmd, f"http://127.0.0.1:{port}", env=simple_env) as simple,
@@ -122,7 +130,8 @@ def main() -> None:
     summary["ours_vs_ceiling"] = median_of([{"r": r["ours_per_s"] / r["ceiling_per_s"]} for r in rounds], "r")
     summary["ours_vs_simple"] = median_of([{"r": r["ours_per_s"] / r["simple_per_s"]} for r in rounds], "r")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rounds": rounds, "median": summary}, indent=2))
+    config = {key: str(value) for key, value in vars(args).items()}
+    args.out.write_text(json.dumps({"config": config, "rounds": rounds, "median": summary}, indent=2))
     print("\n| | images/s | p50 s | p99 s |\n|---|---|---|---|")
     print(f"| in-process ceiling (batch {summary['ceiling_batch']:.0f}) | {summary['ceiling_per_s']:.2f} | | |")
     for name in ("ours", "simple"):

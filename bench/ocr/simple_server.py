@@ -19,9 +19,21 @@ from rapidfuzz.distance import Levenshtein
 from rapidocr_onnxruntime import RapidOCR
 
 app = Flask(__name__)
-# The CUDA provider where onnxruntime-gpu is installed and a GPU is visible, as a user would.
-_cuda = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and "CUDAExecutionProvider" in ort.get_available_providers()
-ocr = RapidOCR(use_cls=False, det_use_cuda=_cuda, rec_use_cuda=_cuda)
+_gpu_visible = bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
+if os.environ.get("OCR_ENGINE") == "torch":  # the same torch models as the service, one image per call
+    from services.ocr.torch_engine import TorchOCREngine
+
+    _engine = TorchOCREngine(
+        "cuda" if _gpu_visible else "cpu", 0.5, 1, 64, None, os.environ.get("OCR_DTYPE", "float32")
+    )
+
+    def ocr(image: np.ndarray) -> tuple[list, None]:
+        rgb = Image.fromarray(np.ascontiguousarray(image[:, :, ::-1]))
+        return [(None, text, confidence) for text, confidence in _engine.read([_engine.prepare(rgb)])[0]], None
+
+else:  # RapidOCR as is; the CUDA provider where onnxruntime-gpu is installed and a GPU is visible
+    _cuda = _gpu_visible and "CUDAExecutionProvider" in ort.get_available_providers()
+    ocr = RapidOCR(use_cls=False, det_use_cuda=_cuda, rec_use_cuda=_cuda)
 
 
 @app.post("/")

@@ -36,8 +36,11 @@ class TorchOCREngine(RapidOCREngine):
             raise ConfigError(f"SCORER_DEVICE={device} but torch {torch.__version__} sees no CUDA GPU")
         if dtype != "float32" and not device.startswith("cuda"):
             raise ConfigError(f"SCORER_OCR_TORCH_DTYPE={dtype} runs on CUDA only; use float32 on the CPU")
-        if threads and not device.startswith("cuda"):
-            torch.set_num_threads(threads)
+        if not device.startswith("cuda"):
+            # One intra-op thread unless told otherwise: the request threads are the parallelism, and
+            # idle OpenMP threads spin on the cores they need (on the shared 2-core machine a
+            # 2-thread detector call took 2.7x as long as a 1-thread one).
+            torch.set_num_threads(threads or 1)
         # RapidOCR on its CPU sessions gives the pipeline; its sessions' model files give the weights.
         self._load_pipeline(False, text_score, det_batch, rec_batch)
         self.device = torch.device(device)

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One GPU check, for a bare GPU machine (Python 3.12 with torch, transformers, onnx, onnxruntime,
+# numpy, pillow, prometheus-client, werkzeug, opencv-python-headless; no package index). Run from
+# the repository root, with .whl/ made beforehand by bench/gpu/wheels.sh; under 8 minutes:
+#
+#   bash bench/gpu/check.sh --out DIR            on the GPU
+#   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 2 min)
+#   ... --no-wheels                                  the interpreter's own packages, .whl/ or not
+#
+# Steps: the wheels installed with pip --no-index --target; the OCR service under gunicorn with
+# its workers pinned to the GPUs (/info of each); the OCR engines' agreement (ONNX Runtime on the
+# CPU against torch in float32/float16/bfloat16); the aesthetic three-way bench at ViT-L/14 size in
+# float16; the OCR three-way bench on the torch engine; the batching bench. Every figure goes to
+# DIR/check.json (each step's own JSON and log beside it). PYTHON picks the interpreter; without
+# .whl/ (or with --no-wheels) its own packages must have everything: the test venv does, and
+# tests/test_gpu_check.py runs --cpu-smoke --no-wheels with it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+PYTHON=${PYTHON:-python3}
+OUT="" SMOKE=0 WHEELS=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) OUT=$2; shift 2 ;;
+    --cpu-smoke) SMOKE=1; shift ;;
+    --no-wheels) WHEELS=0; shift ;;
+    *) echo "usage: bash bench/gpu/check.sh --out DIR [--cpu-smoke] [--no-wheels]" >&2; exit 2 ;;
+  esac
+done
+[ -n "$OUT" ] || { echo "check.sh: --out DIR is required" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+log() { printf '[check.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if [ $WHEELS = 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
+  SITE=$(mktemp -d)
+  trap 'rm -rf "$SITE"' EXIT
+  log "installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into $SITE"
+  "$PYTHON" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$SITE" .whl/*.whl
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+fi
+# The prompts and the aesthetic head live in shared/: beside the checkout, or inside it.
+if [ -z "${SCORER_SHARED_DIR:-}" ]; then
+  for dir in ../shared shared; do
+    if [ -d "$dir/data" ]; then export SCORER_SHARED_DIR=$(cd "$dir" && pwd); break; fi
+  done
+fi
+[ -n "${SCORER_SHARED_DIR:-}" ] || { log "no shared/ (prompts, aesthetic head) beside or inside the checkout"; exit 1; }
+HEAD=$SCORER_SHARED_DIR/models/laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth
+
+if [ $SMOKE = 1 ]; then
+  DEVICE=cpu
+  export CUDA_VISIBLE_DEVICES=""
+  AESTHETIC=(--size tiny --device cpu --precision float32 --requests 4 --rounds 1 --batch-sizes 4)
+  OCR=(--device cpu --engine torch --requests 2 --rounds 1 --batches 2)
+  AGREEMENT=(--device cpu --count 2 --batch 2)
+  BATCHING=(--concurrency 16 --rounds 1 --requests 2 --simple-requests 1)
+  LIMITS=(120 120 120 180 120)  # guards against a hang only: a shared CI machine can be slow
+else
+  DEVICE=cuda
+  export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+  AESTHETIC=(--size l14 --device cuda --precision float16 --requests 64 --rounds 3 --batch-sizes 8,16,32,64)
+  OCR=(--device cuda --engine torch --requests 64 --rounds 3 --batches 1,8,16,32)
+  AGREEMENT=(--device cuda --count 256 --batch 16)
+  BATCHING=(--concurrency 64,256 --rounds 3 --simple-requests 1)
+  LIMITS=(60 90 120 120 60)
+fi
+
+log "environment"
+"$PYTHON" - "$DEVICE" >"$OUT/environment.json" <<'PY'
+import json, platform, sys
+import flask, gunicorn, numpy, onnx, onnxruntime, rapidocr_onnxruntime, torch, transformers
+device = sys.argv[1]
+if device == "cuda" and not torch.cuda.is_available():
+    sys.exit(f"torch {torch.__version__} sees no CUDA GPU")
+print(json.dumps({
+    "python": platform.python_version(),
+    "torch": torch.__version__, "cuda": torch.version.cuda,
+    "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if device == "cuda" else [],
+    "transformers": transformers.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+    "onnxruntime_providers": onnxruntime.get_available_providers(), "numpy": numpy.__version__,
+    "flask": flask.__version__, "gunicorn": gunicorn.__version__,
+}, indent=2))
+PY
+cat "$OUT/environment.json" >&2
+
+# step NAME SECONDS COMMAND...: runs a step under a time limit, its output in NAME.log; a failed
+# step is recorded (its exit code in check.json) and the others still run.
+FAILED=()
+step() {
+  local name=$1 limit=$2
+  shift 2
+  log "$name"
+  if ! timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; then
+    FAILED+=("$name")
+    log "$name FAILED (see $OUT/$name.log):"
+    tail -20 "$OUT/$name.log" >&2
+  fi
+}
+
+# Time limits per step (seconds), in this order; together under 8 minutes on the GPU.
+step pinning "${LIMITS[0]}" "$PYTHON" -m bench.gpu.pinning --device "$DEVICE" --out "$OUT/pinning.json"
+step ocr_agreement "${LIMITS[1]}" "$PYTHON" -m bench.gpu.ocr_agreement "${AGREEMENT[@]}" --out "$OUT/ocr_agreement.json"
+step aesthetic "${LIMITS[2]}" "$PYTHON" -m bench.aesthetic.bench "${AESTHETIC[@]}" --head "$HEAD" --out "$OUT/aesthetic.json"
+step ocr "${LIMITS[3]}" "$PYTHON" -m bench.ocr.run "${OCR[@]}" --out "$OUT/ocr.json"
+step batching "${LIMITS[4]}" "$PYTHON" -m bench.batching.run "${BATCHING[@]}" --out "$OUT/batching.json"
+
+"$PYTHON" - "$OUT" "${FAILED[@]}" <<'PY'
+import json, sys
+from pathlib import Path
+out, failed = Path(sys.argv[1]), sys.argv[2:]
+steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching"]
+report = {"failed": failed}
+for step in steps:
+    path = out / f"{step}.json"
+    report[step] = json.loads(path.read_text()) if path.exists() and step not in failed else None
+(out / "check.json").write_text(json.dumps(report, indent=2))
+PY
+log "figures in $OUT/check.json"
+[ ${#FAILED[@]} -eq 0 ] || { log "failed steps: ${FAILED[*]}"; exit 1; }

@@ -1,0 +1,37 @@
+"""The GPU check script, end to end on the CPU with tiny sizes (``--cpu-smoke``), so that the one
+command a GPU machine runs keeps working: every step runs, every figure lands in check.json, and
+the answers it measures are right (the engines agree, no wrong score over HTTP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    run = subprocess.run(
+        ["bash", "bench/gpu/check.sh", "--out", str(tmp_path), "--cpu-smoke", "--no-wheels"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["failed"] == []
+    assert report["environment"]["gpus"] == []
+    assert report["pinning"]["problems"] == [] and report["pinning"]["workers"][0]["model"]["device"] == "cpu"
+    agreement = report["ocr_agreement"]["torch_cpu_float32"]
+    assert agreement["equal_scores"] == report["ocr_agreement"]["count"] and agreement["max_score_diff"] == 0
+    assert report["ocr"]["median"]["ours_agree"] == report["ocr"]["median"]["simple_agree"] == 2
+    assert report["aesthetic"]["results"]["service"]["images_per_s"] > 0
+    for result in report["batching"]["results"].values():
+        assert result["median"]["ours_wrong"] == result["median"]["simple_wrong"] == 0
