@@ -8,6 +8,7 @@ through its own ONNX path (``use_onnx``), given as local model files — the off
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -62,3 +63,19 @@ def test_paddleocr_without_models_is_not_ready_with_a_clear_reason(tmp_path) -> 
             time.sleep(0.5)
         assert ready.status_code == 503
         assert "SCORER_OCR_PADDLE_DET_DIR" in ready.json()["reason"]
+
+
+def test_paddleocr_asked_for_a_gpu_on_a_cpu_build_refuses_to_start(tmp_path) -> None:
+    """paddlepaddle's CPU build would serve on the CPU while the service says cuda."""
+    env = {**paddle_env(PYTHON), "SCORER_DEVICE": "cuda"}
+    with gunicorn_server("ocr", env, log_dir=tmp_path, python=PYTHON, require_ready=False) as server:
+        for _ in range(240):
+            ready = requests.get(server.url + "/ready", timeout=10)
+            if "loading" not in ready.json().get("reason", ""):
+                break
+            time.sleep(0.5)
+        assert ready.status_code == 503
+        assert "has no CUDA GPU" in ready.json()["reason"]
+        body = pickle.dumps({"images": [render_text("Open")], "prompts": ['a sign that says "Open"']})
+        refused = requests.post(server.url + "/", data=body, timeout=30)
+        assert refused.status_code == 503 and "has no CUDA GPU" in pickle.loads(refused.content)["error"]

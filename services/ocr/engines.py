@@ -275,6 +275,14 @@ class PaddleOCREngine:
                 "SCORER_OCR_ENGINE=paddleocr needs paddleocr and paddlepaddle installed "
                 "(pip install -r requirements-ocr-paddle.txt)"
             ) from exc
+        if device.startswith("cuda"):  # no silent CPU: a CPU build of paddlepaddle would run on the CPU
+            import paddle
+
+            if not paddle.device.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+                raise ConfigError(
+                    f"SCORER_DEVICE={device} but paddlepaddle {paddle.__version__} has no CUDA GPU; install the "
+                    "paddlepaddle-gpu build matching the node's CUDA, or set SCORER_DEVICE=cpu"
+                )
         use_onnx = models.get("det_model_dir", "").endswith(".onnx")
         self.config = dict(use_angle_cls=False, lang="en", use_gpu=device.startswith("cuda"), use_onnx=use_onnx)
         try:

@@ -232,6 +232,14 @@ class OnnxGraph(torch.nn.Module):
             self.nodes.append((node.op_type, list(node.input), list(node.output), attrs))
         for name, array in arrays.items():
             self._add_constant(name, array)
+        # After each node, the intermediate values no later node reads: freed as the graph runs,
+        # so memory holds the live activations only (all of them at once: many GB for a batch).
+        last_use = {name: index for index, (_, inputs, _, _) in enumerate(self.nodes) for name in inputs}
+        last_use[self.output_name] = len(self.nodes)
+        self._dead_after: list[list[str]] = [[] for _ in self.nodes]
+        for name, index in last_use.items():
+            if index < len(self.nodes) and name not in arrays:
+                self._dead_after[index].append(name)
 
     def _add_constant(self, name: str, array: np.ndarray) -> None:
         tensor = torch.from_numpy(np.array(array))
@@ -254,6 +262,8 @@ class OnnxGraph(torch.nn.Module):
     @torch.inference_mode()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         values: dict[str, Any] = {self.input_name: x}
-        for op, inputs, outputs, attrs in self.nodes:
+        for (op, inputs, outputs, attrs), dead in zip(self.nodes, self._dead_after):
             values[outputs[0]] = OPS[op]([self._value(name, values) for name in inputs], attrs)
+            for name in dead:
+                values.pop(name, None)
         return values[self.output_name]
