@@ -471,44 +471,22 @@ def _limit(job: dict, tests: int) -> None:
 
 
 def _start_test(job: dict, start: int, workdir: str) -> tuple[int, dict[int, str]]:
-    """Fork one test process; returns its pid and the read ends of its pipes by role."""
+    """Fork the process of stdin test ``start``; returns its pid and the read ends of its pipes by role."""
     stdin = os.memfd_create("stdin")
-    if job["kind"] == "stdin":
-        os.write(stdin, str(job["tests"][start]).encode())
-        os.lseek(stdin, 0, os.SEEK_SET)
+    os.write(stdin, str(job["tests"][start]).encode())
+    os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            os.dup2(stdin, 0)
-            os.dup2(pipes["stdout"][1], 1)
-            os.dup2(pipes["stderr"][1], 2)
-            os.dup2(pipes["result"][1], RESULT_FD)
-            os.closerange(RESULT_FD + 1, 65536)
-            _limit(job, len(job["tests"]) - start if job["kind"] == "call" else 1)
-            os.chdir(workdir)
-            os.setgroups([])
-            os.setgid(job["gid"])
-            os.setuid(job["uid"])
-            _prctl(PR_SET_NO_NEW_PRIVS, 1)
-            os.environ.clear()
-            os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            _harness(job)
-        finally:
-            os._exit(70)
+    fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
+    pid = _spawn(job, job["uid"], fds, workdir, lambda: _harness(job), tests=1)
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
     return pid, {read_end: role for role, (read_end, _) in pipes.items()}
 
 
-def _spawn(job: dict, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None]) -> int:
+def _spawn(job: dict, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None], tests: int) -> int:
     """Fork a process that keeps only ``fds`` (its number: ours), drops to ``uid`` with the
-    sample's rlimits, no groups and no new privileges, and runs ``body``."""
+    rlimits of ``tests`` tests, no groups and no new privileges, and runs ``body``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -519,7 +497,7 @@ def _spawn(job: dict, uid: int, fds: dict[int, int], cwd: str, body: typing.Call
             for target, source in high.items():
                 os.dup2(source, target)
             os.closerange(max(fds) + 1, 65536)
-            _limit(job, len(job["tests"]))
+            _limit(job, tests)
             os.chdir(cwd)
             os.setgroups([])
             os.setgid(uid)
@@ -583,7 +561,7 @@ class CallRun:
             _serve_calls(job)
 
         fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls[0], ANSWERS_FD: answers[1]}
-        pid = _spawn(job, job["uid"], fds, self.workdir, body)
+        pid = _spawn(job, job["uid"], fds, self.workdir, body, tests=len(job["tests"]))
         for fd in (null, calls[0], answers[1], out[1], err[1]):
             os.close(fd)
         os.set_blocking(calls[1], False)
@@ -639,7 +617,7 @@ class CallRun:
 
         fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
         fds[TRUSTED_FD] = conn.fileno()
-        pid = _spawn(job, job["test_uid"], fds, "/", body)
+        pid = _spawn(job, job["test_uid"], fds, "/", body, tests=len(job["tests"]))
         for fd in (null, requests[1], answers[0]):
             os.close(fd)
         os.set_blocking(answers[1], False)
@@ -880,29 +858,22 @@ def _clean_up(uid: int) -> None:
 
 
 def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: socket.socket) -> int:
-    """Run one test process from test ``start``, send a result per test it settled, and
-    return the index of the first test still to run.
-
-    Each test gets ``wall_s`` from the previous one's result; call-based tests all run in
-    this process until one fails to come back.
-    """
+    """Run stdin test ``start`` in a process of its own, send what it produced, and return
+    the index of the next test."""
     pid, fds = _start_test(job, start, workdir)
-    progress = started = time.monotonic()
+    started = time.monotonic()
     # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr, the
-    # start of the result pipe's non-result lines; counted: everything, up to the caps.
+    # start of the result pipe (a compile error); counted: everything, up to the caps.
     kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
     keep = {"stdout": job["keep_bytes"], "result": RESULT_KEEP}
     sizes = {"stdout": 0, "stderr": 0, "result": 0}
     caps = {"stdout": job["output_bytes"], "stderr": 1 << 62, "result": job["output_bytes"]}
-    pending = b""
-    current = start
-    loaded = False
     over = timed_out = False
     sel = selectors.DefaultSelector()
     for fd in fds:
         sel.register(fd, selectors.EVENT_READ)
     while sel.get_map() and not over:
-        remaining = min(progress + job["wall_s"], deadline) - time.monotonic()
+        remaining = min(started + job["wall_s"], deadline) - time.monotonic()
         if remaining <= 0:
             timed_out = True
             break
@@ -918,26 +889,8 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
                 continue
             if role == "stderr":
                 kept["stderr"] = (kept["stderr"] + data)[-STDERR_TAIL:]
-                continue
-            if role == "stdout":
-                kept["stdout"] += data[: keep["stdout"] - len(kept["stdout"])]
-                continue
-            *lines, pending = (pending + data).split(b"\n")
-            for line in lines:
-                try:
-                    message = json.loads(line)
-                except (ValueError, RecursionError):  # the solution wrote to the result pipe itself
-                    message = None
-                if not isinstance(message, dict):
-                    kept["result"] += line[: keep["result"] - len(kept["result"])]
-                elif message.get("index") == current:
-                    send_msg(conn, _settled(current, line))
-                    current += 1
-                    progress = time.monotonic()
-                elif message.get("loaded"):
-                    loaded = True
-                else:
-                    kept["result"] += line[: keep["result"] - len(kept["result"])]
+            else:
+                kept[role] += data[: keep[role] - len(kept[role])]
     sel.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -945,14 +898,12 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
     _clean_up(job["uid"])
     for fd in fds:
         os.close(fd)
-    if current > start and job["kind"] != "stdin":
-        return current
     exit_code = os.waitstatus_to_exitcode(status)
     cpu = usage.ru_utime + usage.ru_stime
-    over_cpu = exit_code in (-signal.SIGXCPU, -signal.SIGPROF) or (job["kind"] != "call" and cpu > job["cpu_s"])
     ended = {
+        "index": start,
         "exit": exit_code,
-        "timed_out": timed_out or over_cpu,
+        "timed_out": timed_out or exit_code == -signal.SIGXCPU or cpu > job["cpu_s"],
         "output_exceeded": over,
         "stdout_truncated": sizes["stdout"] > keep["stdout"],
         "cpu_s": round(cpu, 4),
@@ -961,17 +912,8 @@ def _run_process(job: dict, start: int, workdir: str, deadline: float, conn: soc
         "stderr": kept["stderr"].decode(errors="replace"),
         "result": kept["result"].decode(errors="replace"),
     }
-    # A call-based process that died before its function was found failed for every test.
-    last = len(job["tests"]) if job["kind"] == "call" and not loaded else current + 1
-    for index in range(current, last):
-        send_msg(conn, {**ended, "index": index})
-    return last
-
-
-def _settled(index: int, line: bytes) -> dict:
-    """A test its process reported itself (a call's result, or an assert run's nonce)."""
-    return {"index": index, "exit": 0, "timed_out": False, "output_exceeded": False, "stdout": "", "stderr": "",
-            "result": line.decode(errors="replace")}  # fmt: skip
+    send_msg(conn, ended)
+    return start + 1
 
 
 def supervise(conn: socket.socket) -> None:
