@@ -16,6 +16,15 @@ import aiohttp
 NO_CONFIG = ["-c", "/dev/null"]
 
 
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM (``timeout`` in bench/gpu/check.sh) into an exit through the context managers
+    and ``finally`` blocks, so the servers a bench started (in their own sessions) stop with it."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]

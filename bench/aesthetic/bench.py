@@ -35,7 +35,7 @@ import numpy as np
 import requests
 from PIL import Image
 
-from bench.common import NO_CONFIG
+from bench.common import NO_CONFIG, stop_on_sigterm
 from common.images import decode_image
 from services.aesthetic.scorer import DEFAULT_HEAD
 from tests.random_clip import save_random_clip
@@ -179,6 +179,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: (a)'s best batch size)")
     parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
     args = parser.parse_args()
+    stop_on_sigterm()
 
     logs = ROOT / "bench" / "results"
     logs.mkdir(parents=True, exist_ok=True)

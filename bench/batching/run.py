@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from PIL import Image  # noqa: E402
 
 from bench.batching.synthetic import SyntheticSettings, image_score, model_call  # noqa: E402
-from bench.common import NO_CONFIG, ProcessServer, burst  # noqa: E402
+from bench.common import NO_CONFIG, ProcessServer, burst, stop_on_sigterm  # noqa: E402
 from tests.server import free_port  # noqa: E402
 
 
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--simple-requests", type=int, default=2, help="the same for the (slow) simple server")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "batching.json")
     args = parser.parse_args(argv)
+    stop_on_sigterm()
 
     settings = SyntheticSettings(args.fixed_ms, args.per_item_ms)
     env = {"SCORER_SYNTHETIC_FIXED_MS": str(args.fixed_ms), "SCORER_SYNTHETIC_PER_ITEM_MS": str(args.per_item_ms)}

@@ -60,7 +60,7 @@ else
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   AESTHETIC=(--size l14 --device cuda --precision float16 --requests 64 --rounds 3 --batch-sizes 8,16,32,64)
   OCR=(--device cuda --engine torch --requests 64 --rounds 3 --batches 1,8,16,32)
-  AGREEMENT=(--device cuda --count 256 --batch 16)
+  AGREEMENT=(--device cuda --count 128 --batch 16)
   BATCHING=(--concurrency 64,256 --rounds 3 --simple-requests 1)
   LIMITS=(60 90 120 120 60)
 fi
@@ -68,7 +68,8 @@ fi
 log "environment"
 "$PYTHON" - "$DEVICE" >"$OUT/environment.json" <<'PY'
 import json, platform, sys
-import flask, gunicorn, numpy, onnx, onnxruntime, rapidocr_onnxruntime, torch, transformers
+from importlib.metadata import version
+import flask, gunicorn, numpy, onnx, onnxruntime, rapidocr_onnxruntime, torch, transformers  # all importable
 device = sys.argv[1]
 if device == "cuda" and not torch.cuda.is_available():
     sys.exit(f"torch {torch.__version__} sees no CUDA GPU")
@@ -78,23 +79,26 @@ print(json.dumps({
     "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if device == "cuda" else [],
     "transformers": transformers.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
     "onnxruntime_providers": onnxruntime.get_available_providers(), "numpy": numpy.__version__,
-    "flask": flask.__version__, "gunicorn": gunicorn.__version__,
+    "flask": version("flask"), "gunicorn": gunicorn.__version__, "rapidocr": version("rapidocr-onnxruntime"),
 }, indent=2))
 PY
 cat "$OUT/environment.json" >&2
 
 # step NAME SECONDS COMMAND...: runs a step under a time limit, its output in NAME.log; a failed
-# step is recorded (its exit code in check.json) and the others still run.
+# step is named in check.json's "failed" and the others still run (a step stopped by its limit
+# stops the servers it started: bench.common.stop_on_sigterm).
 FAILED=()
 step() {
   local name=$1 limit=$2
   shift 2
   log "$name"
+  local started=$SECONDS
   if ! timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; then
     FAILED+=("$name")
     log "$name FAILED (see $OUT/$name.log):"
     tail -20 "$OUT/$name.log" >&2
   fi
+  echo $((SECONDS - started)) >"$OUT/$name.seconds"
 }
 
 # Time limits per step (seconds), in this order; together under 8 minutes on the GPU.
@@ -104,16 +108,18 @@ step aesthetic "${LIMITS[2]}" "$PYTHON" -m bench.aesthetic.bench "${AESTHETIC[@]
 step ocr "${LIMITS[3]}" "$PYTHON" -m bench.ocr.run "${OCR[@]}" --out "$OUT/ocr.json"
 step batching "${LIMITS[4]}" "$PYTHON" -m bench.batching.run "${BATCHING[@]}" --out "$OUT/batching.json"
 
-"$PYTHON" - "$OUT" "${FAILED[@]}" <<'PY'
+"$PYTHON" - "$OUT" ${FAILED[@]+"${FAILED[@]}"} <<'PY'
 import json, sys
 from pathlib import Path
 out, failed = Path(sys.argv[1]), sys.argv[2:]
 steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching"]
-report = {"failed": failed}
+report = {"failed": failed, "seconds": {}}
 for step in steps:
     path = out / f"{step}.json"
     report[step] = json.loads(path.read_text()) if path.exists() and step not in failed else None
+    if (out / f"{step}.seconds").exists():
+        report["seconds"][step] = int((out / f"{step}.seconds").read_text())
 (out / "check.json").write_text(json.dumps(report, indent=2))
 PY
-log "figures in $OUT/check.json"
+log "figures in $OUT/check.json ($SECONDS s in all)"
 [ ${#FAILED[@]} -eq 0 ] || { log "failed steps: ${FAILED[*]}"; exit 1; }

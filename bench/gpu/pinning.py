@@ -14,6 +14,7 @@ from pathlib import Path
 
 import requests
 
+from bench.common import stop_on_sigterm
 from common.devices import visible_gpus
 from tests.server import gunicorn_server
 
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    stop_on_sigterm()
 
     gpus = visible_gpus() if args.device == "cuda" else []
     env = {"SCORER_WORKERS": "", "SCORER_DEVICE": "auto" if gpus else "cpu"}

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import NO_CONFIG, ProcessServer, burst, median_of  # noqa: E402
+from bench.common import NO_CONFIG, ProcessServer, burst, median_of, stop_on_sigterm  # noqa: E402
 from common.images import decode_image  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.reward import RuleOptions, check_targets, reward  # noqa: E402
@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--det-batch", type=int, default=None, help="the service's detection batch (its default)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ocr.json")
     args = parser.parse_args()
+    stop_on_sigterm()
 
     prompts = ocr_prompts(args.requests)
     images = [render_text(quoted(prompt)) for prompt in prompts]
