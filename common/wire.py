@@ -25,30 +25,28 @@ JSON_MIMETYPE = "application/json"
 
 # Opcodes per pickle: a request of a thousand images with rich metadata needs tens of
 # thousands; more is an attack on memory (each opcode can push an object) or on time (the
-# pre-check walks about 500,000 opcodes a second).
-MAX_PICKLE_OPCODES = 250_000
+# pre-check walks 200,000 to 500,000 opcodes a second).
+MAX_PICKLE_OPCODES = 100_000
 # Nodes of the decoded data counted as a tree, a value reached twice through the pickle memo
 # counting twice: the work of hashing, comparing or printing it. 430 bytes of tuples that each
 # hold the previous one twice are 2**40 nodes, hours of hashing with the GIL held.
 MAX_PICKLE_NODES = 1_000_000
-# Containers nested deeper than this are refused: hashing a tuple recurses in C without a
-# recursion check, and a 200 KB pickle of nested tuples crashes the worker (SIGSEGV).
+# Containers (and the MARKs that open them) nested deeper than this are refused: hashing a
+# tuple recurses in C without a recursion check, and a 200 KB pickle of nested tuples crashed
+# the worker (SIGSEGV).
 MAX_NESTING = 64
 # A dict key or set member must hash in constant time without collisions an attacker can choose:
 # str and bytes hashes are salted per process, and ints below 2**61 are their own hash.
 _KEY_INT_BOUND = 2**61 - 1
 PLAIN_DATA = "only plain data (dict, list, tuple, str, bytes, int, float, bool, None) is accepted"
 
-_TEXT_OPCODES = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"}
-_BYTES_OPCODES = {"BINBYTES", "SHORT_BINBYTES", "BINBYTES8"}
-_INT_OPCODES = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"}
-_OTHER_SCALARS = {
-    "NONE": True,
-    "NEWTRUE": True,
-    "NEWFALSE": True,
-    "FLOAT": False,
-    "BINFLOAT": False,
-    "BYTEARRAY8": False,
+# The scalar opcodes, and whether what they push may be a dict key (None: an int, if small).
+_SCALARS: dict[str, bool | None] = {
+    **dict.fromkeys(("STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE"), True),
+    **dict.fromkeys(("BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8"), True),
+    **dict.fromkeys(("NONE", "NEWTRUE", "NEWFALSE"), True),
+    **dict.fromkeys(("FLOAT", "BINFLOAT", "BYTEARRAY8"), False),
+    **dict.fromkeys(("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"), None),
 }
 _EMPTY_CONTAINERS = {"EMPTY_LIST": "list", "EMPTY_TUPLE": "tuple", "EMPTY_DICT": "dict", "EMPTY_SET": "set"}
 _FROM_MARK = {"LIST": "list", "TUPLE": "tuple", "DICT": "dict", "FROZENSET": "frozenset"}
@@ -91,10 +89,8 @@ class _Value:
             raise BadRequest(f"pickle has containers nested over {MAX_NESTING} deep")
 
 
-def _scalar(name: str, arg: Any) -> _Value:
-    if name in _INT_OPCODES:
-        return _Value("scalar", key=-_KEY_INT_BOUND < arg < _KEY_INT_BOUND)
-    return _Value("scalar", key=name in _TEXT_OPCODES or name in _BYTES_OPCODES or _OTHER_SCALARS[name])
+# Scalars are never changed, so every one of a kind can share one record.
+_KEY_SCALAR, _OTHER_SCALAR = _Value("scalar", key=True), _Value("scalar")
 
 
 class _Stack:
@@ -153,8 +149,10 @@ def check_pickle(body: bytes) -> None:
             if count > MAX_PICKLE_OPCODES:
                 raise PayloadTooLarge(f"pickle of over {MAX_PICKLE_OPCODES} opcodes")
             name = op.name
-            if name in _INT_OPCODES or name in _TEXT_OPCODES or name in _BYTES_OPCODES or name in _OTHER_SCALARS:
-                stack.items.append(_scalar(name, arg))
+            if name in _SCALARS:
+                key = _SCALARS[name]
+                key = -_KEY_INT_BOUND < arg < _KEY_INT_BOUND if key is None else key
+                stack.items.append(_KEY_SCALAR if key else _OTHER_SCALAR)
             elif name in _EMPTY_CONTAINERS:
                 stack.items.append(_Value(_EMPTY_CONTAINERS[name]))
             elif name in _FROM_MARK:
@@ -174,6 +172,8 @@ def check_pickle(body: bytes) -> None:
                     raise ValueError("odd number of items for SETITEMS")
                 stack.target(_ADD_FROM_MARK[name]).add(items)
             elif name == "MARK":
+                if len(stack.marks) >= MAX_NESTING:
+                    raise BadRequest(f"pickle has MARKs nested over {MAX_NESTING} deep")
                 stack.marks.append(len(stack.items))
             elif name == "POP":
                 if stack.marks and stack.marks[-1] == len(stack.items):
@@ -185,6 +185,8 @@ def check_pickle(body: bytes) -> None:
             elif name == "DUP":
                 stack.items.append(_shared(stack.top()))
             elif name in _GETS:
+                if arg not in memo:
+                    raise ValueError(f"{name} of memo index {arg}, which no PUT stored")
                 stack.items.append(_shared(memo[arg]))
             elif name in _PUTS:
                 if arg < 0:
@@ -192,9 +194,11 @@ def check_pickle(body: bytes) -> None:
                 memo[arg] = stack.top()
             elif name == "MEMOIZE":
                 memo[len(memo)] = stack.top()
-            elif name not in ("PROTO", "FRAME", "STOP"):
+            elif name == "STOP":
+                stack.pop(1)  # the result
+            elif name not in ("PROTO", "FRAME"):
                 raise BadRequest(f"pickle opcode {name} ({_purpose(name)}) is refused; {PLAIN_DATA}")
-    except (ValueError, KeyError) as exc:  # truncated, unknown opcode, bad memo index, stack misuse
+    except ValueError as exc:  # truncated, unknown opcode, bad memo index, stack misuse
         raise BadRequest(f"body is not a valid pickle: {describe_error(exc)}") from None
 
 

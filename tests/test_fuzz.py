@@ -1,9 +1,14 @@
 """Fuzzing of request decoding against the running OCR service: any bytes, any nesting of plain
-data, wrong types, huge declared sizes. Every answer is a score per image or a clear 4xx; no
-500, no hang, no worker death.
+data, wrong types, huge declared sizes; pickles written opcode by opcode (every opcode of
+pickletools' table, the memo, shared substructures, deep and wide shapes) and images of extreme
+sizes in every format Pillow writes. Every answer is a score per image or a clear 4xx, from the
+worker that was there before: no 500, no hang, no worker death; a 4xx within 5 s, a 200 within
+5 s per image read.
 
-Bounded in the suite (SCORER_FUZZ_EXAMPLES per property, default 60); for a long run:
+Bounded in the suite (each property's own count, a few hundred requests in all); for a long
+run, SCORER_FUZZ_EXAMPLES sets every property's count:
     SCORER_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest tests/test_fuzz.py
+What a long run finds becomes a fixed case here (``test_found_by_fuzzing``).
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import socket
 import struct
+import time
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -25,10 +33,25 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from common.client import parse_answer
+from tests.server import Server
 
-EXAMPLES = int(os.environ.get("SCORER_FUZZ_EXAMPLES", "60"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 CLEAR_ERRORS = {400, 413, 415, 422}
+# A refusal slower than this is a finding, and so is a 200 slower than this per image read: a
+# request that costs seconds beyond the work its images ask for is a way to stall a node.
+ANSWER_WITHIN_S = 5.0
+
+
+def fuzz(examples: int) -> settings:
+    """``examples`` per property in the suite; SCORER_FUZZ_EXAMPLES overrides them all."""
+    return settings(
+        max_examples=int(os.environ.get("SCORER_FUZZ_EXAMPLES", examples)),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+    )
+
+
+FUZZ = fuzz(40)
 
 
 def tiny(fmt: str) -> bytes:
@@ -138,22 +161,47 @@ def deep_pickle(payload: dict[str, Any], depth: int) -> bytes:
     return body.replace(marker, b"]" * depth + b"a" * (depth - 1), 1)
 
 
-def check(url: str, body: bytes, content_type: str = "application/octet-stream") -> None:
-    response = requests.post(url + "/", data=body, headers={"Content-Type": content_type}, timeout=30)
+@dataclass
+class Target:
+    """The server under fuzzing and the worker it had when fuzzing began."""
+
+    server: Server
+    workers: list[int]
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+def check(target: Target, body: bytes, content_type: str = "application/octet-stream") -> None:
+    """One request: a score per image or a clear 4xx, in time, from the worker that was there before."""
+    started = time.perf_counter()
+    try:
+        response = requests.post(target.url + "/", data=body, headers={"Content-Type": content_type}, timeout=60)
+    except requests.RequestException as exc:  # the worker died under the request
+        raise AssertionError(f"no answer ({exc}); body {body[:200]!r}\n{target.server.logs()}") from None
+    seconds = time.perf_counter() - started
     answer = parse_answer(response.content, response.headers.get("Content-Type", ""))
+    assert target.server.worker_pids() == target.workers, f"worker replaced; body {body[:200]!r}"
     if response.status_code == 200:
         assert isinstance(answer["scores"], list) and all(isinstance(s, float) for s in answer["scores"]), answer
+        # Images within every limit are read, each up to SCORER_OCR_MAX_INPUT_PIXELS: the budget
+        # is per image read (on a loaded 2-core CPU, RapidOCR takes 2-3 s at the tests' 1.5 Mpx).
+        budget = ANSWER_WITHIN_S * max(1, len(answer["scores"]))
+        assert seconds < budget, f"200 in {seconds:.1f}s for {len(answer['scores'])} images; body {body[:200]!r}"
         return
+    assert seconds < ANSWER_WITHIN_S, f"{response.status_code} in {seconds:.1f}s: {answer}; body {body[:200]!r}"
     assert response.status_code in CLEAR_ERRORS, (response.status_code, answer, body[:200])
     assert isinstance(answer.get("error"), str) and len(answer["error"]) > 10, answer
+    assert len(response.content) < 4096, f"an error body of {len(response.content)} bytes"
 
 
 @pytest.fixture(scope="module")
-def fuzzed(ocr_server):
-    """The shared OCR server; after the module, its worker must be the one it started with."""
-    workers = ocr_server.worker_pids()
-    yield ocr_server.url
-    assert ocr_server.worker_pids() == workers, ocr_server.logs()
+def fuzzed(ocr_server) -> Target:
+    """The shared OCR server; after the module, its worker must still be the one it started with."""
+    target = Target(ocr_server, ocr_server.worker_pids())
+    yield target
+    assert ocr_server.worker_pids() == target.workers, ocr_server.logs()
     assert requests.get(ocr_server.url + "/health", timeout=5).status_code == 200
 
 
@@ -199,12 +247,12 @@ def test_deep_tuples_are_refused_before_they_are_hashed(fuzzed) -> None:
     """Hashing a tuple nested 200,000 deep (a dict key) overflows the C stack: a worker crash."""
     for key in (b"N" + b"\x85" * 200_000, b"(" * 200_000 + b"N" + b"t" * 200_000):
         check(fuzzed, b"\x80\x04}" + key + b"Ns.")
-    check(fuzzed, b"\x80\x04" + b"N" * 1_100_000 + b".")  # more opcodes than any request needs
+    check(fuzzed, b"\x80\x04" + b"N" * 300_000 + b".")  # more opcodes than any request needs
 
 
-def raw_request(url: str, head: bytes, body: bytes = b"") -> bytes:
+def raw_request(target: Target, head: bytes, body: bytes = b"") -> bytes:
     """Send a hand-written request, close our side, and read the whole answer."""
-    host, port = url.removeprefix("http://").split(":")
+    host, port = target.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(head + body)
         sock.shutdown(socket.SHUT_WR)
@@ -222,3 +270,276 @@ def test_huge_declared_content_length_is_refused_before_reading(fuzzed) -> None:
 def test_body_shorter_than_declared_is_a_clear_400(fuzzed) -> None:
     answer = raw_request(fuzzed, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", b"\x80\x05")
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+
+
+# --- Pickles written opcode by opcode -------------------------------------------------------
+
+OPCODES = {op.name: op for op in pickletools.opcodes}
+CODE = {name: op.code.encode("latin-1") for name, op in OPCODES.items()}
+# Names a hostile GLOBAL/INST/STACK_GLOBAL would load.
+GLOBALS = [("os", "system"), ("posix", "system"), ("builtins", "eval"), ("subprocess", "Popen"), ("io", "BytesIO")]
+GLOBALS += [("copyreg", "_reconstructor"), ("collections", "OrderedDict"), ("builtins", "set"), ("__main__", "x")]
+texts = st.text(st.characters(blacklist_characters="\n\r", blacklist_categories=["Cs"]), max_size=12)
+ints = st.integers(-(2**70), 2**70) | st.sampled_from(
+    [0, 1, -1, 255, 256, 65535, 2**31 - 1, -(2**31), 2**61 - 1, 2**61]
+)
+
+
+def _sized(fmt: str, payload: bytes) -> bytes:
+    return struct.pack(fmt, len(payload)) + payload
+
+
+@st.composite
+def opcode_argument(draw, name: str) -> bytes:
+    """A well-formed argument for opcode ``name``, by the kind pickletools' table gives it."""
+    kind = OPCODES[name].arg.name if OPCODES[name].arg else None
+    small = st.integers(0, 6)  # memo indexes, ext codes and lengths that hit
+    if kind is None:
+        return b""
+    if kind == "decimalnl_short":
+        return b"%d\n" % draw(small if name in ("GET", "PUT") else ints)
+    if kind == "decimalnl_long":
+        return b"%dL\n" % draw(ints)
+    if kind in ("uint1", "uint2", "int4", "uint4", "uint8"):
+        fmt = {"uint1": "<B", "uint2": "<H", "int4": "<i", "uint4": "<I", "uint8": "<Q"}[kind]
+        bits = struct.calcsize(fmt) * 8
+        low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if fmt == "<i" else (0, 2**bits - 1)
+        if name == "PROTO":
+            return bytes([draw(st.integers(0, 6))])
+        if name == "FRAME":
+            return struct.pack(fmt, draw(st.integers(0, 64)))
+        return struct.pack(fmt, draw(small | st.integers(low, high)))
+    if kind in ("long1", "long4"):
+        return _sized("<B" if kind == "long1" else "<i", pickle.encode_long(draw(ints)))
+    if kind == "stringnl":
+        return b"'" + draw(st.text("abcXYZ012 ", max_size=8)).encode() + b"'\n"
+    if kind in ("string1", "bytes1", "string4", "bytes4", "bytes8", "bytearray8"):
+        fmt = {"1": "<B", "4": "<I", "8": "<Q"}[kind[-1]]
+        return _sized(fmt, draw(st.binary(max_size=16)))
+    if kind == "unicodestringnl":
+        return draw(texts).encode("raw-unicode-escape").replace(b"\n", b"") + b"\n"
+    if kind.startswith("unicodestring"):
+        return _sized({"1": "<B", "4": "<I", "8": "<Q"}[kind[-1]], draw(texts).encode("utf-8", "surrogatepass"))
+    if kind == "floatnl":
+        return repr(draw(st.floats())).encode() + b"\n"
+    if kind == "float8":
+        return struct.pack(">d", draw(st.floats()))
+    if kind == "stringnl_noescape_pair":
+        module, attribute = draw(st.sampled_from(GLOBALS))
+        return f"{module}\n{attribute}\n".encode()
+    if kind == "stringnl_noescape":
+        return b"1\n"
+    raise AssertionError(f"no argument generator for {kind}")
+
+
+SCALAR_OPCODES = [name for name, op in OPCODES.items() if not op.stack_before and len(op.stack_after) == 1]
+SCALAR_OPCODES = [name for name in SCALAR_OPCODES if not name.startswith(("EMPTY_", "GET", "BINGET", "LONG_BINGET"))]
+PUTS = ["PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"]
+GETS = ["GET", "BINGET", "LONG_BINGET"]
+
+
+class Program:
+    """A pickle being written: its bytes and the memo indexes it has stored so far."""
+
+    def __init__(self) -> None:
+        self.memo: list[int] = []
+
+    def put(self, draw) -> bytes:
+        name = draw(st.sampled_from(PUTS))
+        index = len(self.memo) if name == "MEMOIZE" else draw(st.integers(0, 300))
+        if name == "BINPUT":
+            index %= 256
+        self.memo.append(index)
+        return CODE[name] + (b"" if name == "MEMOIZE" else _index_argument(name, index))
+
+    def get(self, draw) -> bytes:
+        index = draw(st.sampled_from(self.memo))
+        name = draw(st.sampled_from(GETS if index < 256 else ["GET", "LONG_BINGET"]))
+        return CODE[name] + _index_argument(name, index)
+
+
+def _index_argument(name: str, index: int) -> bytes:
+    if name in ("PUT", "GET"):
+        return b"%d\n" % index
+    return struct.pack("<B" if name.startswith("BIN") else "<I", index)
+
+
+@st.composite
+def value_opcodes(draw, program: Program, depth: int = 0) -> bytes:
+    """Opcodes that push one value (when the draws keep to plain data): scalars; containers built
+    every way the protocol allows; memo PUTs and GETs (shared substructures); deep, wide and DAG
+    shapes; and, now and then, any opcode at all with its argument."""
+    kinds = ["scalar", "scalar", "container", "deep", "wide", "dag", "hostile"]
+    if program.memo:
+        kinds += ["get", "get", "reuse_then_change"]
+    kind = draw(st.sampled_from(kinds if depth < 3 else ["scalar", "get"] if program.memo else ["scalar"]))
+    if kind == "scalar":
+        name = draw(st.sampled_from(SCALAR_OPCODES))
+        body = CODE[name] + draw(opcode_argument(name))
+    elif kind == "get":
+        body = program.get(draw)
+    elif kind == "container":
+        items = [draw(value_opcodes(program, depth + 1)) for _ in range(draw(st.integers(0, 4)))]
+        body = _container(draw, items)
+    elif kind == "deep":  # nested as deep as a limit, or far past it: tuples, lists, frozensets
+        levels = draw(st.sampled_from([63, 64, 65, 1000, 100_000]) | st.integers(1, 70))
+        closing = draw(st.sampled_from([b"l", b"t", b"\x91"]))
+        body = draw(st.sampled_from([b"N" + b"\x85" * levels, b"(" * levels + b"N" + closing * levels]))
+    elif kind == "wide":
+        count = draw(st.sampled_from([1000, 100_000, 250_001]) | st.integers(0, 50))
+        body = b"(" + b"K\x01" * count + draw(st.sampled_from([b"l", b"t", b"\x91"]))
+    elif kind == "dag":  # each level holds the previous one twice, through the memo
+        body = b"N" + program.put(draw)
+        for _ in range(draw(st.integers(1, 45))):
+            get = CODE["LONG_BINGET"] + struct.pack("<I", program.memo[-1])
+            body += get + get + b"\x86" + program.put(draw)
+    elif kind == "reuse_then_change":  # a container used twice, then grown
+        body = b"]" + program.put(draw)
+        body += b"]" + b"(" + program.get(draw) + program.get(draw) + b"e0" + program.get(draw) + b"(NNe"
+    else:
+        name = draw(st.sampled_from(sorted(OPCODES)))
+        body = b"N" + CODE[name] + draw(opcode_argument(name))
+    if draw(st.integers(0, 4)) == 0:
+        body += program.put(draw)
+    return body
+
+
+def _container(draw, items: list[bytes]) -> bytes:
+    """Push a list, tuple, dict, set or frozenset of ``items``, in one of the ways pickle allows."""
+    kind = draw(st.sampled_from(["list", "tuple", "dict", "set", "frozenset"]))
+    joined = b"".join(items)
+    if kind == "list":
+        return draw(
+            st.sampled_from([b"(" + joined + b"l", b"](" + joined + b"e", b"]" + b"".join(i + b"a" for i in items)])
+        )
+    if kind == "tuple":
+        if len(items) <= 3 and draw(st.booleans()):
+            return joined + [b")", b"\x85", b"\x86", b"\x87"][len(items)]
+        return b"(" + joined + b"t"
+    if kind == "dict":
+        pairs = items + [b"N"] * (len(items) % 2)
+        joined = b"".join(pairs)
+        return draw(
+            st.sampled_from(
+                [
+                    b"(" + joined + b"d",
+                    b"}(" + joined + b"u",
+                    b"}" + b"".join(pairs[i] + pairs[i + 1] + b"s" for i in range(0, len(pairs), 2)),
+                ]
+            )
+        )
+    if kind == "set":
+        return b"\x8f(" + joined + b"\x90"
+    return b"(" + joined + b"\x91"
+
+
+@st.composite
+def opcode_pickles(draw) -> bytes:
+    """A whole pickle written opcode by opcode: a value alone, or a value at one site of an
+    otherwise valid request (an image, a prompt, the metadata, an OCR option, a dict key)."""
+    program = Program()
+    value = draw(value_opcodes(program))
+    noise = b"".join(draw(st.lists(st.sampled_from([b"0", b"2", b"(", b"1", b"(0"]), max_size=2)))
+    image = b"B" + _sized("<I", IMAGES[1])  # BINBYTES
+    images, prompts = b"](" + image + b"e", b'](\x8c\x03"a"e'
+    site = draw(st.sampled_from(["alone", "image", "prompt", "metadata", "ocr", "option", "key"]))
+    fields = {
+        "image": (b"](" + value + b"e", prompts, b"}"),
+        "prompt": (images, b"](" + value + b"e", b"}"),
+        "metadata": (images, prompts, value),
+        "ocr": (images, prompts, b"}\x8c\x03ocr" + value + b"s"),
+        "option": (images, prompts, b"}\x8c\x03ocr}\x8c\x06target" + value + b"ss"),
+        "key": (images, prompts, b"}\x8c\x03ocr}" + value + b"\x88ss"),
+    }
+    proto = b"\x80" + bytes([draw(st.integers(2, 5))])
+    if site == "alone":
+        return proto + value + noise + b"."
+    images, prompts, metadata = fields[site]
+    return (
+        proto
+        + b"}(\x8c\x06images"
+        + images
+        + b"\x8c\x07prompts"
+        + prompts
+        + b"\x8c\x08metadata"
+        + metadata
+        + b"u"
+        + noise
+        + b"."
+    )
+
+
+@fuzz(200)
+@given(body=opcode_pickles())
+def test_opcode_level_pickles(fuzzed, body: bytes) -> None:
+    check(fuzzed, body)
+
+
+# --- Images of extreme sizes, in every format Pillow writes -----------------------------------
+
+Image.init()
+# Formats Pillow can write here (the server reads JPEG, PNG and WebP; the others must be a 422).
+FORMATS = sorted(set(Image.SAVE) - {"PDF", "EPS", "BUFR", "GRIB", "HDF5", "WMF", "PALM", "XBM", "SPIDER", "MPO"})
+MODES = ["1", "L", "LA", "P", "RGB", "RGBA", "CMYK", "I;16", "I", "F"]
+SIDES = st.sampled_from([1, 2, 3, 7, 29, 30, 31, 32, 33, 61, 64, 255, 256, 735, 736, 737, 1999, 2000, 2001, 2048, 2049])
+SIDES |= st.integers(1, 2100)
+
+
+@st.composite
+def encoded_images(draw) -> bytes:
+    """An image of extreme size, mode and format (animated, progressive, interlaced, or cut short)."""
+    width, height = draw(SIDES), draw(SIDES)
+    mode, fmt = draw(st.sampled_from(MODES)), draw(st.sampled_from(FORMATS))
+    if width * height <= 4096:
+        image = Image.frombytes("L", (width, height), draw(st.binary(min_size=width * height, max_size=width * height)))
+        image = image.convert(mode) if mode not in ("I;16",) else image
+    else:
+        image = Image.new(mode, (width, height), draw(st.integers(0, 255)))
+    options = draw(
+        st.sampled_from(
+            [{}, {"progressive": True}, {"interlace": 1}, {"lossless": True}, {"quality": 1}, {"save_all": True}]
+        )
+    )
+    if options.get("save_all"):
+        options["append_images"] = [image.copy()]
+    out = io.BytesIO()
+    try:
+        image.save(out, fmt, **options)
+    except (OSError, ValueError, KeyError, TypeError):  # a mode this format cannot hold
+        out = io.BytesIO()
+        image.convert("RGB").save(out, "PNG")
+    data = out.getvalue()
+    if draw(st.integers(0, 5)) == 0:
+        data = data[: draw(st.integers(0, len(data)))]
+    return data
+
+
+@fuzz(60)
+@given(images=st.lists(encoded_images(), min_size=1, max_size=3), copies=st.integers(1, 6))
+def test_images_of_extreme_sizes_and_formats(fuzzed, images: list[bytes], copies: int) -> None:
+    images = images * copies  # the same objects again: sent once, referenced through the memo
+    check(fuzzed, pickle.dumps({"images": images, "prompts": ['"a"'] * len(images)}))
+
+
+# --- What fuzzing found, kept as fixed cases ---------------------------------------------------
+
+ANIMATED_WEBP = (
+    b"RIFF|\x00\x00\x00WEBPVP8X\n\x00\x00\x00\x12\x00\x00\x00\xff\x00\x00\x83\x00\x00ANIM\x06\x00\x00\x00\x00\x00\x00"
+    b"\x00\x00\x00ANMFP\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02ALPH\x02\x00\x00"
+    b"\x00\x00\x00VP8 .\x00\x00\x000\x01\x00\x9d\x01*\x01\x00\x01\x00\x01@&%\xa0\x00\x03p\x00\xfe\xfaE\xcb\xff\xd6"
+    b"\xaf\xad\xbfh\xd2\xaf\xff\xfb\x07\x7f\xff\xa5c\xff\xf4\xac~\xbd\x00\x00\x00"
+)
+FOUND = {
+    # 100,000 MARKs before the first LIST: the walk took a second before nesting stopped it.
+    "marks nested 100,000 deep": b"\x80\x04" + b"(" * 100_000 + b"N" + b"l" * 100_000 + b".",
+    # STOP under a MARK: the walk passed it to the unpickler, which refused it (now the walk does).
+    "stop under a mark": b"\x80\x04}(.",
+    # A 256x132 animated WebP 4 times: read at 1440x736, a 200 in 13 s on a loaded CPU; legitimate
+    # work, hence the fuzzer's budget per image read.
+    "animated webp 4 times": pickle.dumps({"images": [ANIMATED_WEBP] * 4, "prompts": ['"a"'] * 4}),
+}
+
+
+@pytest.mark.parametrize("name", list(FOUND))
+def test_found_by_fuzzing(fuzzed, name: str) -> None:
+    check(fuzzed, FOUND[name])

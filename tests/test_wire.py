@@ -174,6 +174,7 @@ def test_plain_keys_and_sets_pass() -> None:
         b"\x80\x04}(Nu.",  # SETITEMS with an odd number of items
         b"\x80\x04N\xff.",  # an unknown opcode
         b"\x80\x04N",  # truncated
+        b"\x80\x04}(.",  # STOP with only a MARK above the result (found by fuzzing)
     ],
 )
 def test_streams_the_walk_cannot_follow_are_refused_not_handed_on(body: bytes) -> None:
@@ -183,3 +184,11 @@ def test_streams_the_walk_cannot_follow_are_refused_not_handed_on(body: bytes) -
         return
     with pytest.raises(BadRequest):  # only a stream the unpickler itself refuses may pass the walk
         decode_body(body, "pickle")
+
+
+def test_marks_nested_past_the_limit_are_refused_at_once() -> None:
+    """Found by fuzzing: 100,000 MARKs before the first LIST kept the walk busy for a second."""
+    started = time.perf_counter()
+    with pytest.raises(BadRequest, match=f"MARKs nested over {MAX_NESTING} deep"):
+        check_pickle(b"\x80\x04" + b"(" * 100_000 + b"N" + b"l" * 100_000 + b".")
+    assert time.perf_counter() - started < 0.05
