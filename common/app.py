@@ -19,7 +19,7 @@ from common import __version__, metrics
 from common.batching import Deadline, request_deadline
 from common.config import describe, from_env
 from common.devices import GPU_ENV
-from common.errors import BadRequest, PayloadTooLarge, RequestTimeout, ScorerError, Unauthorized
+from common.errors import BadRequest, PayloadTooLarge, RequestTimeout, ScorerError, Unauthorized, describe_error
 from common.protocols import Protocol, core_protocol
 from common.registry import load_scorer_class
 from common.runtime import ScorerRuntime
@@ -40,7 +40,7 @@ def read_body(limit: int) -> bytes:
     except ReadTimedOut as exc:
         raise RequestTimeout(str(exc)) from None
     except (ParseException, NoMoreData) as exc:  # bad chunked framing, a body cut short
-        raise BadRequest(f"malformed request body: {type(exc).__name__}: {exc}") from None
+        raise BadRequest(f"malformed request body: {describe_error(exc)}") from None
     if len(body) > limit:
         raise PayloadTooLarge(f"body over the limit of {limit} bytes")
     return body
@@ -103,7 +103,7 @@ def create_app(scorer: Scorer | None = None) -> Flask:
     @app.errorhandler(Exception)
     def internal_error(error: Exception) -> Response:
         log.exception("internal error on %s %s", request.method, request.path)
-        return answer({"error": f"internal error: {type(error).__name__}: {error}"}, 500)
+        return answer({"error": f"internal error: {describe_error(error)}"}, 500)
 
     @app.after_request
     def count(response: Response) -> Response:

@@ -192,3 +192,21 @@ def test_marks_nested_past_the_limit_are_refused_at_once() -> None:
     with pytest.raises(BadRequest, match=f"MARKs nested over {MAX_NESTING} deep"):
         check_pickle(b"\x80\x04" + b"(" * 100_000 + b"N" + b"l" * 100_000 + b".")
     assert time.perf_counter() - started < 0.05
+
+
+def test_input_quoted_in_errors_is_bounded_and_shows_no_address() -> None:
+    import io
+
+    from common.errors import QUOTE_CHARS, describe_error, quote
+
+    dag: tuple = ()
+    for _ in range(60):  # 2**60 nodes: a full repr would never end
+        dag = (dag, dag)
+    values = (dag, 10**5000, "x" * 10**6, {i: [i] * 1000 for i in range(1000)}, io.BytesIO())
+    started = time.perf_counter()
+    for value in values:
+        text = quote(value)
+        assert len(text) <= QUOTE_CHARS and "0x" not in text, text
+    assert time.perf_counter() - started < 0.1
+    message = describe_error(OSError("cannot identify image file <_io.BytesIO object at 0x7f3a2c1b9e40>" + "y" * 10**4))
+    assert "0x" not in message and len(message) < 300, message

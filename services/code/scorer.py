@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, env_name, from_env
-from common.errors import Unprocessable
+from common.errors import Unprocessable, quote
 from common.protocols import Protocol
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
@@ -197,7 +197,9 @@ class CodeScorer(Scorer):
                 f"a label has no tests and this server has no environment ({env_name(SECTION, 'env')} / --env)"
             )
         if parsed and parsed != self.environment.name:
-            raise Unprocessable(f"label asks for environment {parsed!r}; this server serves {self.environment.name!r}")
+            raise Unprocessable(
+                f"label asks for environment {quote(parsed)}; this server serves {self.environment.name!r}"
+            )
         return self.environment.suite
 
     def decode(self, payload: dict[str, Any]) -> list[Sample]:
