@@ -24,7 +24,7 @@ from PIL import Image
 
 from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable
-from common.images import decode_image, parse_image_request
+from common.images import decode_images, parse_image_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.clip.preprocess import resized_size
@@ -207,7 +207,7 @@ class ClipRewardScorer(Scorer):
     def decode(self, payload: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
         request = parse_image_request(payload, self.core)
-        images = [decode_image(data, self.core.max_pixels, i) for i, data in enumerate(request.images)]
+        images = decode_images(request.images, self.core)
         for index, image in enumerate(images):
             self._check_resize(image, index)
         return self._pairs(self.model, images, request.prompts) if images else []
