@@ -573,6 +573,7 @@ class CallRun:
             self.sel.register(fd, selectors.EVENT_READ, role)
 
     def _candidate_cpu(self) -> float:
+        """The running candidate's CPU time so far (its last reading if it just ended)."""
         if self.candidate is None:
             return 0.0
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -786,6 +787,7 @@ class CallRun:
             self._fail_rest()
 
     def run(self) -> None:
+        """Until every test is settled (or the sample's deadline: the rest are skipped)."""
         if self.job["kind"] == "assert":
             self._start_tester()
         while self.index < self.total:
@@ -808,6 +810,7 @@ class CallRun:
             self._check_budget()
 
     def close(self) -> None:
+        """Kill and reap both processes (the supervisor's clean-up then finds none of theirs)."""
         self._stop_tester()
         self.waiting = None
         self.index = self.total
