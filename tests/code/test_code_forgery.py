@@ -20,9 +20,6 @@ from tests.code.test_code_server import ENV, reward
 from tests.server import Server, gunicorn_server
 
 HUMAN_EVAL = [json.loads(line) for line in gzip.open(Path(__file__).with_name("data") / "HumanEval.jsonl.gz", "rt")]
-# The problems the forgeries are tried on: all on which each attack worked before, including
-# the three whose tests call helpers from the prompt (32 poly, 38 and 50 the encoders).
-FORGERY_PROBLEMS = (0, 4, 12, 16, 23, 30, 32, 38, 50, 53, 55, 87, 101, 113, 126, 150)
 
 
 def grade_labels(server: Server, codes: list[str], labels: list[dict]) -> dict:
@@ -48,7 +45,8 @@ def test_human_eval_canonical_solutions_pass(server: Server) -> None:
     assert failed == [], out["error_types"]
 
 
-# "pass" as the body, plus one line (all but the last two worked on every problem above).
+# "pass" as the body, plus one line. Before, each of the first five scored 1.0 on all 164
+# problems, the always-true __eq__ on 154; the exits scored 0 already.
 FORGERIES = {
     # The run's nonce from the harness's frame, its pass line on the result pipe.
     "nonce from the frame": (
@@ -76,11 +74,10 @@ FORGERIES = {
 
 @pytest.mark.parametrize("name", FORGERIES)
 def test_assert_forgeries_score_zero_on_human_eval(server: Server, name: str) -> None:
-    rows = [HUMAN_EVAL[i] for i in FORGERY_PROBLEMS]
     line = FORGERIES[name]
-    codes = [row["prompt"] + "    pass\n" + line.replace("ENTRY", row["entry_point"]) for row in rows]
-    out = grade_labels(server, codes, [human_eval_label(row) for row in rows])
-    assert out["rewards"] == [0.0] * len(rows), out["error_types"]
+    codes = [row["prompt"] + "    pass\n" + line.replace("ENTRY", row["entry_point"]) for row in HUMAN_EVAL]
+    out = grade_labels(server, codes, [human_eval_label(row) for row in HUMAN_EVAL])
+    assert out["rewards"] == [0.0] * len(HUMAN_EVAL), out["error_types"]
 
 
 def test_prompt_helpers_come_from_the_setup_not_the_candidate(server: Server) -> None:
