@@ -512,10 +512,9 @@ def _spawn(job: dict, uid: int, fds: dict[int, int], cwd: str, body: typing.Call
     return pid
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU time of process ``pid`` and all its threads so far, read from outside it."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rpartition(b")")[2].split()
+def _cpu_seconds(stat: int) -> float:
+    """CPU time so far of a process and all its threads, from its ``/proc/<pid>/stat`` (open)."""
+    fields = os.pread(stat, 1024, 0).rpartition(b")")[2].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
@@ -566,7 +565,7 @@ class CallRun:
             os.close(fd)
         os.set_blocking(calls[1], False)
         self.candidate = {"pid": pid, "calls": calls[1], "answers": answers[0], "loaded": False, "pending": b"",
-                          "cpu": 0.0, "stdout_bytes": 0}  # fmt: skip
+                          "cpu": 0.0, "stdout_bytes": 0, "stat": os.open(f"/proc/{pid}/stat", os.O_RDONLY)}  # fmt: skip
         for fd, role in ((answers[0], "answers"), (out[0], "stdout"), (err[0], "stderr")):
             os.set_blocking(fd, False)
             self.candidate[role] = fd
@@ -577,7 +576,7 @@ class CallRun:
         if self.candidate is None:
             return 0.0
         with contextlib.suppress(OSError, ValueError, IndexError):
-            self.candidate["cpu"] = _cpu_seconds(self.candidate["pid"])
+            self.candidate["cpu"] = _cpu_seconds(self.candidate["stat"])
         return self.candidate["cpu"]
 
     def _stop_candidate(self, failure: str | None) -> None:
@@ -596,6 +595,7 @@ class CallRun:
             os.close(cand[role])
         self._drop_outbox(cand["calls"])
         os.close(cand["calls"])
+        os.close(cand["stat"])
         self.failure = self.failure or failure
         if not cand["loaded"]:  # it never got to answer: every test still to run fails alike
             self._fail_rest()
