@@ -8,6 +8,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -101,11 +102,15 @@ def test_environments_ship_at_least_eight_problems() -> None:
 
 
 class FailingSandbox:
-    """Fails the first ``failures`` runs as the infrastructure would."""
+    """Fails the first ``failures`` runs of each program in ``programs`` (of every program when
+    ``None``) as the infrastructure would. Counted per program, so that a re-run's outcome does
+    not depend on how the grader's threads happened to interleave."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, programs: set[str] | None = None) -> None:
         self.failures = failures
-        self.calls = 0
+        self.programs = programs
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
 
     def slot(self, owner: object, timeout: float):
         import contextlib
@@ -113,8 +118,10 @@ class FailingSandbox:
         return contextlib.nullcontext(61000)
 
     def run(self, job, uid):
-        self.calls += 1
-        if self.calls <= self.failures:
+        with self._lock:
+            self.calls[job["code"]] += 1
+            calls = self.calls[job["code"]]
+        if (self.programs is None or job["code"] in self.programs) and calls <= self.failures:
             raise SandboxFailure("worker died")
         ran = {"exit": 0, "timed_out": False, "output_exceeded": False, "stdout": "ok", "stderr": "", "result": ""}
         yield from ({**ran, "index": i} for i in range(len(job["tests"])))
@@ -149,18 +156,21 @@ def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:
 def test_infrastructure_failure_is_rerun_once_then_masked(caplog) -> None:
     settings = CodeSettings(infra_failure_score="nan", retry_pause_s=0.01)
     once = FailingSandbox(failures=1)
-    assert Grader(settings, once).grade([Sample("x", SUITE)])[0].score == 1.0 and once.calls == 2
+    assert Grader(settings, once).grade([Sample("x", SUITE)])[0].score == 1.0 and once.calls["x"] == 2
     twice = FailingSandbox(failures=2)
     with caplog.at_level(logging.WARNING):
         verdict = Grader(settings, twice).grade([Sample("x", SUITE)])[0]
-    assert verdict.status == "sandbox_error" and verdict.score is None and twice.calls == 2
+    assert verdict.status == "sandbox_error" and verdict.score is None and twice.calls["x"] == 2
     assert "without a verdict" in caplog.text
 
 
 def test_more_than_5_of_100_masked_is_a_warning(caplog) -> None:
-    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.3), FailingSandbox(failures=12))
+    programs = [f"print({i})" for i in range(94)]
+    # 12 runs fail once and pass on their re-run; only the 6 samples without a prompt stay masked.
+    failing = FailingSandbox(failures=1, programs=set(programs[:12]))
+    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.01), failing)
     with caplog.at_level(logging.WARNING):
-        grader.grade([Sample("x", SUITE)] * 94 + [Sample("x", None)] * 6)
+        grader.grade([Sample(code, SUITE) for code in programs] + [Sample("x", None)] * 6)
     assert "6 of the last 100" in caplog.text
 
 
