@@ -133,10 +133,16 @@ def load_open_clip_checkpoint(path: Path, model_cfg: dict[str, Any]) -> CLIPMode
     config = hf_config(model_cfg)
     try:
         converted = hf_state_dict({k: v.float() for k, v in state.items() if isinstance(v, torch.Tensor)}, config)
-        model = CLIPModel(config)
-        model.load_state_dict(converted, strict=True)
-    except (KeyError, RuntimeError) as exc:  # a missing parameter, or shapes of another architecture
+        # From a state dict, transformers builds the model without initialising it first (a
+        # random ViT-H/14 takes a minute on a CPU).
+        model, info = CLIPModel.from_pretrained(None, config=config, state_dict=converted, output_loading_info=True)
+    except (KeyError, RuntimeError, ValueError) as exc:  # a missing parameter, or shapes of another architecture
         raise CheckpointError(
             f"{path} does not fit the open_clip architecture {json.dumps(model_cfg)}: {type(exc).__name__}: {exc}"
         ) from None
+    problems = {key: value for key, value in info.items() if value and key != "error_msgs"} | (
+        {"errors": info["error_msgs"]} if info.get("error_msgs") else {}
+    )
+    if problems:
+        raise CheckpointError(f"{path} does not fit the open_clip architecture {json.dumps(model_cfg)}: {problems}")
     return model.eval()
