@@ -152,7 +152,7 @@ parse_flags() {
     case $1 in
       --port) export SCORER_PORT=$2; shift 2; continue ;;
       --workers) export SCORER_WORKERS=$2; shift 2; continue ;;
-      -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     esac
     [ $# -ge 2 ] || { log "$1 needs a value"; exit 2; }
     matched=
@@ -209,7 +209,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
-  -h|--help) sed -n '2,16p' "$0" ;;
+  -h|--help) sed -n '2,15p' "$0" ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
     parse_flags "$command" "$@"
