@@ -76,6 +76,21 @@ class InProcess:
         return time.perf_counter() - started
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` and its children (a gunicorn master's workers):
+    on a shared machine, what a server spends per image, whatever the other jobs take."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
 def bodies(images: list[bytes], prompts: list[str]) -> list[bytes]:
     return [pickle.dumps({"images": [image], "prompts": [prompt]}) for image, prompt in zip(images, prompts)]
 
@@ -130,19 +145,25 @@ def main() -> None:
             name: ([], []) for name in ("in_process", "simple", "service")
         }
         shared, unshared = [], []
+        cpu: dict[str, list[float]] = {name: [] for name in runs}
         servers = []
         try:
             servers.append(serve(simple_argv, simple_env, simple_port, logs / "clip-simple.log"))
             servers.append(serve(service_argv, service_env, service_port, logs / "clip-service.log"))
             urls = {"simple": f"http://127.0.0.1:{simple_port}/", "service": f"http://127.0.0.1:{service_port}/"}
+            pids = {"simple": servers[0].pid, "service": servers[1].pid}
             for url in urls.values():  # warm-up rounds
                 burst(url, requests_of)
             for index in range(args.rounds):
                 for name, (seconds, latencies) in runs.items():
                     if name == "in_process":
+                        cpu_before = time.process_time()
                         took, round_latencies = in_process.round(images, prompts, best_batch)
+                        cpu[name].append(time.process_time() - cpu_before)
                     else:
+                        cpu_before = cpu_seconds(pids[name])
                         result = burst(urls[name], requests_of)
+                        cpu[name].append(cpu_seconds(pids[name]) - cpu_before)
                         if result["statuses"] != {200: len(requests_of)}:
                             raise RuntimeError(f"{name}: statuses {result['statuses']}")
                         took, round_latencies = result["wall_s"], result["latencies"]
@@ -156,7 +177,11 @@ def main() -> None:
                 stop(process)
 
     results = {
-        name: {"images_per_s": statistics.median(len(images) / s for s in seconds), **percentiles(latencies)}
+        name: {
+            "images_per_s": statistics.median(len(images) / s for s in seconds),
+            "cpu_s_per_image": statistics.median(cpu[name]) / len(images),
+            **percentiles(latencies),
+        }
         for name, (seconds, latencies) in runs.items()
     }
     results["in_process"].update(best_batch=best_batch, sweep=sweep)
@@ -171,10 +196,12 @@ def main() -> None:
     }
     out = logs / f"clip-pickscore-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(summary, indent=2))
-    print("\n| run | images/s | p50 s | p99 s |\n|---|---|---|---|")
+    print("\n| run | images/s | CPU s per image | p50 s | p99 s |\n|---|---|---|---|---|")
     rows = [(f"(a) in-process, batch {a['best_batch']} (latency per batch)", a), ("(b) simple server", b)]
     for label, r in [*rows, ("(c) pickscore service", c)]:
-        print(f"| {label} | {r['images_per_s']:.2f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} |")
+        print(
+            f"| {label} | {r['images_per_s']:.2f} | {r['cpu_s_per_image']:.3f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} |"
+        )
     print(
         f"\nservice / in-process = {summary['service_vs_in_process']:.3f}; "
         f"service / simple = {summary['service_vs_simple']:.2f}; towers alone on {args.requests} pairs: "
