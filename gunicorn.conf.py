@@ -31,8 +31,8 @@ os.environ["SCORER_SERVICE"] = service.name
 
 # Before a worker imports torch: its OpenMP threads then sleep between parallel regions instead
 # of spinning. Spinning threads take the cores from the request threads' decoding (and from the
-# other services of the node): a PickScore request cost 76-146 ms of CPU spinning, 10 ms passive,
-# on 2 shared cores (bench/clip/README.md).
+# other services of the node): a request to a tiny PickScore cost 76-146 ms of CPU spinning, 10 ms
+# passive, on 2 shared cores (bench/clip/README.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Before anything imports prometheus_client: its metrics pick their storage at import time.
