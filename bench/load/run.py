@@ -200,6 +200,7 @@ def main() -> None:
     with gunicorn_server("ocr", env, workers=args.workers) as server:
         for scenario in args.scenarios.split(","):
             print(f"{scenario}: {args.requests} requests at concurrency {args.concurrency}", flush=True)
+            load_before = os.getloadavg()[0]  # the machine is shared: how busy it was
             if scenario == "steady":
                 result = asyncio.run(_load(server.url, bodies, args.concurrency, client))
             elif scenario == "chaos":
@@ -218,6 +219,7 @@ def main() -> None:
                 result = asyncio.run(_load_with_slow_clients(server, bodies, args.concurrency, client, slow))
             else:
                 raise SystemExit(f"unknown scenario {scenario!r}")
+            result["load_average"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
             results[scenario] = result
             print(json.dumps(result), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
