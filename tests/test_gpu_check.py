@@ -33,5 +33,6 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
     assert agreement["equal_scores"] == report["ocr_agreement"]["count"] and agreement["max_score_diff"] == 0
     assert report["ocr"]["median"]["ours_agree"] == report["ocr"]["median"]["simple_agree"] == 2
     assert report["aesthetic"]["results"]["service"]["images_per_s"] > 0
+    assert report["pickscore"]["results"]["service"]["images_per_s"] > 0
     for result in report["batching"]["results"].values():
         assert result["median"]["ours_wrong"] == result["median"]["simple_wrong"] == 0

@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=512)
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: (a)'s best batch size)")
+    parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
     args = parser.parse_args()
 
     logs = ROOT / "bench" / "results"
@@ -196,8 +197,8 @@ def main() -> None:
         "service_vs_in_process": c["images_per_s"] / a["images_per_s"],
         "service_vs_simple": c["images_per_s"] / b["images_per_s"],
     }
-    out = logs / f"clip-pickscore-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(summary, indent=2))
+    out = args.out or logs / f"clip-pickscore-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(summary, indent=2, default=str))
     print("\n| run | images/s | CPU s per image | p50 s | p99 s |\n|---|---|---|---|---|")
     rows = [(f"(a) in-process, batch {a['best_batch']} (latency per batch)", a), ("(b) simple server", b)]
     for label, r in [*rows, ("(c) pickscore service", c)]:
@@ -208,7 +209,7 @@ def main() -> None:
         f"\nservice / in-process = {summary['service_vs_in_process']:.3f}; "
         f"service / simple = {summary['service_vs_simple']:.2f}; towers alone on {args.requests} pairs: "
         f"{dedupe['shared_prompts_s']:.3f} s with {args.prompts} prompts, {dedupe['distinct_prompts_s']:.3f} s "
-        f"with {args.requests} distinct ({out.relative_to(ROOT)})"
+        f"with {args.requests} distinct ({out})"
     )
 
 
