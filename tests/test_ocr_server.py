@@ -301,10 +301,12 @@ def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -
     assert slowest < timeout_s + 1.5, f"an answer took {slowest:.1f}s, past the {timeout_s}s deadline"
     refusals = [took for status, _, took in outcomes if status == 503]
     assert min(refusals) < timeout_s / 2, "no request was refused early"
-    # Arrival order: the served ones are (nearly all) the earliest.
-    served = sorted(index for index, status in enumerate(statuses) if status == 200)
-    late = sum(1 for index in served if index >= len(served) + 8)
-    assert late <= len(served) // 10, f"served out of arrival order: {served}"
+    # Arrival order: a request served is done before those that arrived after it (the queue
+    # admits later ones again once it has drained, and two decode slots give some jitter).
+    done = sorted((index, sent + took) for index, (status, sent, took) in enumerate(outcomes) if status == 200)
+    pairs = [(a, b) for i, a in enumerate(done) for b in done[i + 1 :]]
+    overtaken = sum(1 for (_, first), (_, later) in pairs if later < first - 0.5)
+    assert overtaken <= len(pairs) // 20, f"{overtaken} of {len(pairs)} served out of arrival order"
 
 
 def png(width: int, height: int) -> bytes:
