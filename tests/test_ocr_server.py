@@ -275,7 +275,7 @@ def test_a_request_that_can_never_fit_the_queue_is_413(tmp_path) -> None:
 def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -> None:
     """More one-image requests at once than a 6 s deadline lets the node score: each is answered
     by its deadline (once, across both OCR stages), those it cannot serve with an early 503, and
-    the ones served are the first to arrive."""
+    the ones served are served in arrival order."""
     count, timeout_s = 96, 6.0
     with gunicorn_server("ocr", {"SCORER_REQUEST_TIMEOUT_S": str(timeout_s)}, log_dir=tmp_path) as server:
         body = pickle.dumps({"images": [render_text("Hello", size=256)], "prompts": ['"Hello"']})
