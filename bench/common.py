@@ -16,6 +16,17 @@ import aiohttp
 NO_CONFIG = ["-c", "/dev/null"]
 
 
+def simple_gunicorn(port: int, app: str) -> list[str]:
+    """The command of a baseline server: ``app`` under gunicorn with one sync worker (a slow
+    model call may take its time: 600 s), on ``127.0.0.1:port``, importable from the repository."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    worker = ["-w", "1", "-k", "sync", "-t", "600", "-b", f"127.0.0.1:{port}"]
+    return [sys.executable, "-m", "gunicorn", *NO_CONFIG, *worker, "--pythonpath", str(root), app]
+
+
 def stop_on_sigterm() -> None:
     """Turn SIGTERM (``timeout`` in bench/gpu/check.sh) into an exit through the context managers
     and ``finally`` blocks, so the servers a bench started (in their own sessions) stop with it."""

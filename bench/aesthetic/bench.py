@@ -35,7 +35,7 @@ import numpy as np
 import requests
 from PIL import Image
 
-from bench.common import NO_CONFIG, stop_on_sigterm
+from bench.common import simple_gunicorn, stop_on_sigterm
 from common.images import decode_image
 from services.aesthetic.scorer import DEFAULT_HEAD
 from tests.random_clip import save_random_clip
@@ -195,21 +195,7 @@ def main() -> None:
         simple_port, service_port = free_port(), free_port()
         simple_env = {"CLIP_DIR": str(clip_dir), "HEAD_PATH": args.head, "DEVICE": args.device}
         simple_env["PRECISION"] = args.precision
-        simple_argv = [
-            python,
-            "-m",
-            "gunicorn",
-            *NO_CONFIG,
-            "-w",
-            "1",
-            "-k",
-            "sync",
-            "-t",
-            "600",
-            "-b",
-            f"127.0.0.1:{simple_port}",
-        ]
-        simple_argv += ["--pythonpath", str(ROOT), "bench.aesthetic.simple_server:app"]
+        simple_argv = simple_gunicorn(simple_port, "bench.aesthetic.simple_server:app")
         service_env = {
             "SCORER_SERVICE": "aesthetic",
             "SCORER_BIND": f"127.0.0.1:{service_port}",

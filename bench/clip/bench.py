@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.aesthetic.bench import ROOT, free_port, make_images, percentiles, serve, stop
-from bench.common import NO_CONFIG, burst
+from bench.common import burst, simple_gunicorn
 from common.settings import CoreSettings
 from services.clip.scorer import PickScoreScorer
 from tests.clip_models import save_random_clip_model
@@ -129,10 +129,7 @@ def main() -> None:
         python = sys.executable
         simple_port, service_port = free_port(), free_port()
         simple_env = {"MODEL_DIR": str(model_dir), "DEVICE": args.device, "PRECISION": args.precision}
-        # No configuration file: gunicorn would otherwise read this repository's gunicorn.conf.py.
-        simple_argv = [python, "-m", "gunicorn", *NO_CONFIG, "-w", "1", "-k", "sync", "-t", "600"]
-        simple_argv += ["-b", f"127.0.0.1:{simple_port}"]
-        simple_argv += ["--pythonpath", str(ROOT), "bench.clip.simple_server:app"]
+        simple_argv = simple_gunicorn(simple_port, "bench.clip.simple_server:app")
         service_env = {
             "SCORER_SERVICE": "pickscore",
             "SCORER_BIND": f"127.0.0.1:{service_port}",

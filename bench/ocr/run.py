@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import NO_CONFIG, ProcessServer, burst, median_of, stop_on_sigterm  # noqa: E402
+from bench.common import ProcessServer, burst, median_of, simple_gunicorn, stop_on_sigterm  # noqa: E402
 from common.images import decode_image  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.reward import RuleOptions, check_targets, reward  # noqa: E402
@@ -75,21 +75,7 @@ def main() -> None:
 
     rounds: list[dict[str, float]] = []
     port = free_port()
-    simple_cmd = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        *NO_CONFIG,
-        "-w",
-        "1",
-        "-k",
-        "sync",
-        "-t",
-        "600",
-        "-b",
-        f"127.0.0.1:{port}",
-        "bench.ocr.simple_server:app",
-    ]
+    simple_cmd = simple_gunicorn(port, "bench.ocr.simple_server:app")
     service_env = {"SCORER_DEVICE": args.device, "SCORER_OCR_ENGINE": args.engine, "SCORER_OCR_TORCH_DTYPE": args.dtype}
     if args.det_batch:
         service_env["SCORER_OCR_DET_BATCH"] = str(args.det_batch)
