@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from common.config import ConfigError, env_name
+
 GPU_ENV = "SCORER_GPU"  # set per worker by gunicorn.conf.py's post_fork
 
 
@@ -31,3 +33,12 @@ def choose_device(setting: str) -> str:
     if setting != "auto":
         return setting
     return "cuda" if os.environ.get(GPU_ENV) else "cpu"
+
+
+def require_torch_device(device: str) -> None:
+    """Refuse a ``cuda`` device that torch cannot see (a CPU build, no driver): the model would
+    otherwise fail later, or run elsewhere than ``/info`` says. Imports torch: call it in setup."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"{env_name('', 'device')}={device} but torch {torch.__version__} sees no CUDA GPU")

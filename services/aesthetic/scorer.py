@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from PIL import Image
 
 from common.config import ConfigError, env_name, from_env
+from common.devices import require_torch_device
 from common.errors import Unprocessable
 from common.images import decode_images, parse_image_request
 from common.scorer import Scorer
@@ -85,12 +86,9 @@ class AestheticScorer(Scorer):
         problem = self._missing_head() or self._missing_clip(allow_download=True)
         if problem:
             raise ConfigError(problem)
-        import torch  # here, not at module level: see services/aesthetic/model.py
+        from services.aesthetic.model import AestheticModel, HeadError  # not at module level: see model.py
 
-        from services.aesthetic.model import AestheticModel, HeadError
-
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"{env_name('', 'device')}={device} but torch {torch.__version__} sees no CUDA GPU")
+        require_torch_device(device)
         settings = self.settings
         micro_batch = settings.micro_batch or (GPU_MICRO_BATCH if device.startswith("cuda") else CPU_MICRO_BATCH)
         try:

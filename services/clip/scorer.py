@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from PIL import Image
 
 from common.config import ConfigError, env_name, from_env
+from common.devices import require_torch_device
 from common.errors import Unprocessable
 from common.images import decode_images, parse_image_request
 from common.scorer import Scorer
@@ -157,13 +158,10 @@ class ClipRewardScorer(Scorer):
         problem = self.missing(allow_download=True)
         if problem:
             raise ConfigError(problem)
-        import torch  # here, not at module level: see services/clip/model.py
-
-        from services.clip.model import ClipRewardModel, Recipe
+        from services.clip.model import ClipRewardModel, Recipe  # not at module level: see model.py
         from services.clip.open_clip_checkpoint import CheckpointError
 
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"{env_name('', 'device')}={device} but torch {torch.__version__} sees no CUDA GPU")
+        require_torch_device(device)
         settings = self.settings
         micro_batch = settings.micro_batch or (GPU_MICRO_BATCH if device.startswith("cuda") else CPU_MICRO_BATCH)
         recipe = Recipe(self.checkpoint, self.float_resize, self.open_clip_text, self.logit_scale)

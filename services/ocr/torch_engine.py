@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from common.config import ConfigError
+from common.devices import require_torch_device
 from services.ocr.engines import RapidOCREngine
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -32,8 +33,7 @@ class TorchOCREngine(RapidOCREngine):
 
         from services.ocr.onnx_graph import OnnxGraph
 
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"SCORER_DEVICE={device} but torch {torch.__version__} sees no CUDA GPU")
+        require_torch_device(device)
         if dtype != "float32" and not device.startswith("cuda"):
             raise ConfigError(f"SCORER_OCR_TORCH_DTYPE={dtype} runs on CUDA only; use float32 on the CPU")
         if not device.startswith("cuda"):
