@@ -46,20 +46,17 @@ def _conv_padding(pads: list[int]) -> tuple[tuple[int, ...], tuple[int, ...] | N
     return (0,) * rank, tuple(explicit)
 
 
+def _conv_options(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Stride, dilation and groups: ONNX's Conv and ConvTranspose attributes, and their defaults."""
+    return {"stride": attrs.get("strides", 1), "dilation": attrs.get("dilations", 1), "groups": attrs.get("group", 1)}
+
+
 def _conv(inputs: list[Any], attrs: dict[str, Any]) -> torch.Tensor:
     x, weight, *bias = inputs
     padding, explicit = _conv_padding(attrs.get("pads", [0, 0, 0, 0]))
     if explicit is not None:
         x = F.pad(x, explicit)
-    return F.conv2d(
-        x,
-        weight,
-        bias[0] if bias else None,
-        stride=attrs.get("strides", 1),
-        padding=padding,
-        dilation=attrs.get("dilations", 1),
-        groups=attrs.get("group", 1),
-    )
+    return F.conv2d(x, weight, bias[0] if bias else None, padding=padding, **_conv_options(attrs))
 
 
 def _conv_transpose(inputs: list[Any], attrs: dict[str, Any]) -> torch.Tensor:
@@ -67,15 +64,7 @@ def _conv_transpose(inputs: list[Any], attrs: dict[str, Any]) -> torch.Tensor:
     padding, explicit = _conv_padding(attrs.get("pads", [0, 0, 0, 0]))
     if explicit is not None or attrs.get("output_padding") or attrs.get("output_shape"):
         raise NotImplementedError("ConvTranspose with asymmetric pads or an output shape")
-    return F.conv_transpose2d(
-        x,
-        weight,
-        bias[0] if bias else None,
-        stride=attrs.get("strides", 1),
-        padding=padding,
-        dilation=attrs.get("dilations", 1),
-        groups=attrs.get("group", 1),
-    )
+    return F.conv_transpose2d(x, weight, bias[0] if bias else None, padding=padding, **_conv_options(attrs))
 
 
 def _batch_norm(inputs: list[Any], attrs: dict[str, Any]) -> torch.Tensor:
