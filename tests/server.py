@@ -73,6 +73,16 @@ class Server:
             time.sleep(0.2)
         raise TimeoutError(f"server not ready after {timeout}s:\n{self.logs()}")
 
+    def settled_ready(self, tries: int, pause: float) -> requests.Response:
+        """``/ready`` once the model's setup has come to a verdict (its reason no longer says
+        loading), or the last answer after ``tries`` polls ``pause`` seconds apart."""
+        for _ in range(tries):
+            ready = requests.get(self.url + "/ready", timeout=10)
+            if "loading" not in ready.json().get("reason", ""):
+                break
+            time.sleep(pause)
+        return ready
+
     def logs(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")[-5000:]

@@ -40,11 +40,7 @@ def test_workers_are_pinned_one_per_gpu_and_replacements_reuse_it(tmp_path) -> N
         assert len(pids) == 2  # one per visible GPU, without SCORER_WORKERS
         seen = gpus_seen(server)
         assert sorted(seen.values()) == ["3", "5"] and set(seen) == set(pids)
-        for _ in range(100):  # setup runs in the background: wait for its verdict
-            ready = requests.get(server.url + "/ready", timeout=10).json()
-            if "loading" not in ready["reason"]:
-                break
-            time.sleep(0.3)
+        ready = server.settled_ready(tries=100, pause=0.3).json()  # setup runs in the background
         assert ready["ready"] is False and "sees no CUDA GPU" in ready["reason"]
 
         victim = next(pid for pid, gpu in seen.items() if gpu == "5")

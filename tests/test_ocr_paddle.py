@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import time
 from pathlib import Path
 
 import pytest
@@ -56,11 +55,7 @@ def test_paddleocr_engine_scores_like_flow_grpo(tmp_path) -> None:
 def test_paddleocr_without_models_is_not_ready_with_a_clear_reason(tmp_path) -> None:
     env = {"SCORER_OCR_ENGINE": "paddleocr", "SCORER_OCR_PADDLE_DET_DIR": str(tmp_path / "missing.onnx")}
     with gunicorn_server("ocr", env, log_dir=tmp_path, python=PYTHON, require_ready=False) as server:
-        for _ in range(240):
-            ready = requests.get(server.url + "/ready", timeout=10)
-            if "loading" not in ready.json().get("reason", ""):
-                break
-            time.sleep(0.5)
+        ready = server.settled_ready(tries=240, pause=0.5)
         assert ready.status_code == 503
         assert "SCORER_OCR_PADDLE_DET_DIR" in ready.json()["reason"]
 
@@ -69,11 +64,7 @@ def test_paddleocr_asked_for_a_gpu_on_a_cpu_build_refuses_to_start(tmp_path) -> 
     """paddlepaddle's CPU build would serve on the CPU while the service says cuda."""
     env = {**paddle_env(PYTHON), "SCORER_DEVICE": "cuda"}
     with gunicorn_server("ocr", env, log_dir=tmp_path, python=PYTHON, require_ready=False) as server:
-        for _ in range(240):
-            ready = requests.get(server.url + "/ready", timeout=10)
-            if "loading" not in ready.json().get("reason", ""):
-                break
-            time.sleep(0.5)
+        ready = server.settled_ready(tries=240, pause=0.5)
         assert ready.status_code == 503
         assert "has no CUDA GPU" in ready.json()["reason"]
         body = pickle.dumps({"images": [render_text("Open")], "prompts": ['a sign that says "Open"']})
