@@ -118,6 +118,24 @@ def _line(out: typing.TextIO, obj: dict) -> None:
     out.flush()
 
 
+def _fresh_std_streams() -> None:
+    """New ``sys.stdin``/``stdout``/``stderr`` over fds 0-2 (the ones this body was given), which
+    stay open if the candidate closes the objects."""
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)))
+
+
+def _compile_or_exit(job: dict, out: typing.TextIO, report: typing.Callable[[str], object]) -> types.CodeType:
+    """The candidate's code compiled; a compile error is written to ``out`` as ``report(message)``
+    and ends the process."""
+    try:
+        return compile(job["code"], "<solution>", "exec")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        _line(out, report(f"{type(exc).__name__}: {exc}"))
+        os._exit(0)
+
+
 # -- plain data: what crosses between the candidate's process and the tests ----------------
 # JSON, with the containers JSON lacks tagged as one-key objects: {"t": [...]} a tuple,
 # {"s": [...]} a set, {"f": [...]} a frozenset, {"d": [[key, value], ...]} a dict, {"b": hex}
@@ -262,14 +280,8 @@ def _serve_calls(job: dict) -> None:
     """
     calls = os.fdopen(CALLS_FD, "rb", buffering=1 << 16)
     out = os.fdopen(ANSWERS_FD, "w", closefd=True)
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
-    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)))
-    try:
-        code = compile(job["code"], "<solution>", "exec")
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        _line(out, ["compile_error", f"{type(exc).__name__}: {exc}"])
-        os._exit(0)
+    _fresh_std_streams()
+    code = _compile_or_exit(job, out, lambda message: ["compile_error", message])
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(code, namespace)
@@ -421,14 +433,8 @@ def _harness(job: dict) -> None:
     """Body of a stdin test process: compile (a compile error is the one thing reported on
     fd 3, which is closed before the program runs: nothing it writes counts but its stdout), run."""
     out = os.fdopen(RESULT_FD, "w", closefd=True)
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
-    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)))
-    try:
-        code = compile(job["code"], "<solution>", "exec")
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        _line(out, {"compile_error": f"{type(exc).__name__}: {exc}"})
-        os._exit(0)
+    _fresh_std_streams()
+    code = _compile_or_exit(job, out, lambda message: {"compile_error": message})
     out.close()
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     status = 0
