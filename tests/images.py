@@ -13,6 +13,13 @@ SHARED = Path(os.environ.get("SCORER_SHARED_DIR") or Path(__file__).resolve().pa
 OCR_PROMPTS = SHARED / "data" / "flow_grpo_ocr_test_prompts.txt"
 
 
+def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
+    """``image`` as a file of format ``fmt`` (JPEG at PIL's default quality, 75)."""
+    out = io.BytesIO()
+    image.save(out, fmt)
+    return out.getvalue()
+
+
 def render_text(text: str, size: int = 512, fmt: str = "JPEG") -> bytes:
     """``text`` in black on white, as large as fits on one line (JPEG quality 75, PIL's default)."""
     image = Image.new("RGB", (size, size), "white")
@@ -25,15 +32,11 @@ def render_text(text: str, size: int = 512, fmt: str = "JPEG") -> bytes:
             break
         font_size -= 4
     draw.text(((size - (right - left)) // 2, (size - (bottom - top)) // 2), text, fill="black", font=font)
-    out = io.BytesIO()
-    image.save(out, fmt)
-    return out.getvalue()
+    return encode(image, fmt)
 
 
 def blank(size: int = 512, fmt: str = "JPEG") -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (size, size), (200, 180, 160)).save(out, fmt)
-    return out.getvalue()
+    return encode(Image.new("RGB", (size, size), (200, 180, 160)), fmt)
 
 
 def ocr_prompts(count: int | None = None) -> list[str]:

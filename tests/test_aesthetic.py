@@ -24,16 +24,11 @@ from transformers import CLIPModel, CLIPProcessor
 from common.config import ConfigError
 from common.settings import CoreSettings
 from services.aesthetic.scorer import DEFAULT_HEAD, AestheticScorer
+from tests.images import encode
 from tests.random_clip import save_random_clip
 from tests.server import ROOT, gunicorn_server, running_server
 
 pytestmark = pytest.mark.skipif(not DEFAULT_HEAD.is_file(), reason=f"LAION head not at {DEFAULT_HEAD}")
-
-
-def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
-    out = io.BytesIO()
-    image.save(out, fmt)
-    return out.getvalue()
 
 
 def sample_images(count: int) -> list[bytes]:

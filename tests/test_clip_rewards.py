@@ -8,7 +8,6 @@ preprocessing), in the shape flow_grpo calls them; ``run.sh test`` builds that e
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
@@ -29,6 +28,7 @@ from common.config import ConfigError
 from common.settings import CoreSettings
 from services.clip.scorer import ClipRewardScorer, ClipScoreScorer, HPSv2Scorer, PickScoreScorer
 from tests.clip_models import TINY_OPEN_CLIP, save_processor, save_random_clip_model
+from tests.images import encode
 from tests.server import ROOT, gunicorn_server
 
 REFERENCE_PYTHON = os.environ.get("SCORER_TEST_REFERENCE_PYTHON")
@@ -49,12 +49,6 @@ PROMPTS = [
     "一只猫 🐈 on a   mat\n\twith\u00a0spaces",
     "word " * 120,  # past the 77-token context
 ]
-
-
-def encode(image: Image.Image, fmt: str) -> bytes:
-    out = io.BytesIO()
-    image.save(out, fmt)
-    return out.getvalue()
 
 
 def sample_images(count: int) -> list[bytes]:
