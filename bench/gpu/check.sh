@@ -55,7 +55,7 @@ if [ $SMOKE = 1 ]; then
   PICKSCORE=(--size tiny --device cpu --precision float32 --requests 4 --prompts 2 --rounds 1 --batch-sizes 4)
   OCR=(--device cpu --engine torch --requests 2 --rounds 1 --batches 2)
   AGREEMENT=(--device cpu --count 2 --batch 2)
-  BATCHING=(--concurrency 16 --rounds 1 --requests 2 --simple-requests 1)
+  BATCHING=(--cases 16:8 --rounds 1 --requests 2 --simple-requests 1)
   LIMITS=(120 120 120 180 120 180)  # guards against a hang only: a shared CI machine can be slow
 else
   DEVICE=cuda
@@ -66,7 +66,7 @@ else
   PICKSCORE=(--size b14 --device cuda --precision float16 --requests 64 --prompts 4 --rounds 3 --batch-sizes 8,32,64)
   OCR=(--device cuda --engine torch --requests 64 --rounds 3 --batches 1,8,16,32)
   AGREEMENT=(--device cuda --count 128 --batch 16)
-  BATCHING=(--concurrency 64,256 --rounds 3 --simple-requests 1)
+  BATCHING=(--cases 64:32,256:64,64:64,256:256 --rounds 3 --simple-requests 1)
   LIMITS=(45 75 105 105 60 50)
 fi
 
