@@ -66,7 +66,7 @@ else
   PICKSCORE=(--size b14 --device cuda --precision float16 --requests 64 --prompts 4 --rounds 3 --batch-sizes 8,32,64)
   OCR=(--device cuda --engine torch --requests 64 --rounds 3 --batches 1,8,16,32)
   AGREEMENT=(--device cuda --count 128 --batch 16)
-  BATCHING=(--cases 64:32,256:64 --rounds 3 --simple-requests 1)
+  BATCHING=(--cases 64:32,256:64 --rounds 3 --requests 4 --simple-requests 1)
   LIMITS=(45 75 105 105 60 50)
 fi
 
