@@ -27,6 +27,32 @@ def simple_gunicorn(port: int, app: str) -> list[str]:
     return [sys.executable, "-m", "gunicorn", *NO_CONFIG, *worker, "--pythonpath", str(root), app]
 
 
+def pickle_image_app(score: Callable[[list[Any], list[str]], list[float]]) -> Any:
+    """The baseline servers' request handling, the way a user's first server does it: a Flask app
+    whose ``POST /`` takes a pickled ``{"images": [bytes], "prompts": [str]}``, opens the images
+    with PIL, calls ``score(images, prompts)`` under ``torch.no_grad`` and answers the pickled
+    ``{"scores", "outputs"}``. Trusted benchmark traffic only: a real server must not unpickle
+    network bodies."""
+    import io
+    import pickle
+
+    import torch
+    from flask import Flask, Response, request
+    from PIL import Image
+
+    app = Flask(__name__)
+
+    @app.post("/")
+    def answer() -> Response:
+        payload = pickle.loads(request.get_data())
+        images = [Image.open(io.BytesIO(data)).convert("RGB") for data in payload["images"]]
+        with torch.no_grad():
+            scores = score(images, payload["prompts"])
+        return Response(pickle.dumps({"scores": scores, "outputs": scores}), mimetype="application/octet-stream")
+
+    return app
+
+
 def stop_on_sigterm() -> None:
     """Turn SIGTERM (``timeout`` in bench/gpu/check.sh) into an exit through the context managers
     and ``finally`` blocks, so the servers a bench started (in their own sessions) stop with it."""

@@ -8,15 +8,13 @@ preprocessing as the service, so the difference measured is the serving alone.
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 
 import torch
-from flask import Flask, Response, request
 from PIL import Image
 from transformers import AutoImageProcessor, CLIPModel
 
+from bench.common import pickle_image_app
 from services.aesthetic.model import DTYPES, AestheticHead, image_features
 
 device = os.environ.get("DEVICE", "cpu")
@@ -27,17 +25,12 @@ head = AestheticHead()
 head.load_state_dict(torch.load(os.environ["HEAD_PATH"], map_location="cpu", weights_only=True))
 head = head.to(device).eval()
 
-app = Flask(__name__)
+
+def score(images: list[Image.Image], prompts: list[str]) -> list[float]:
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device, dtype)
+    embeddings = image_features(clip, pixels).float()
+    embeddings = embeddings / embeddings.norm(dim=-1, keepdim=True)
+    return head(embeddings).squeeze(-1).tolist()
 
 
-@app.post("/")
-def score() -> Response:
-    # Trusted benchmark traffic only: a real server must not unpickle network bodies.
-    payload = pickle.loads(request.get_data())
-    images = [Image.open(io.BytesIO(data)).convert("RGB") for data in payload["images"]]
-    with torch.no_grad():
-        pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device, dtype)
-        embeddings = image_features(clip, pixels).float()
-        embeddings = embeddings / embeddings.norm(dim=-1, keepdim=True)
-        scores = head(embeddings).squeeze(-1).tolist()
-    return Response(pickle.dumps({"scores": scores, "outputs": scores}), mimetype="application/octet-stream")
+app = pickle_image_app(score)

@@ -8,15 +8,13 @@ formula as the service, so the difference measured is the serving alone.
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 
 import torch
-from flask import Flask, Response, request
 from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
+from bench.common import pickle_image_app
 from services.clip.towers import DTYPES, image_features, normalised, text_features
 
 device = os.environ.get("DEVICE", "cpu")
@@ -25,18 +23,13 @@ model = CLIPModel.from_pretrained(os.environ["MODEL_DIR"], dtype=dtype).to(devic
 image_processor = CLIPImageProcessorPil.from_pretrained(os.environ["MODEL_DIR"])
 tokenizer = CLIPTokenizer.from_pretrained(os.environ["MODEL_DIR"])
 
-app = Flask(__name__)
+
+def score(images: list[Image.Image], prompts: list[str]) -> list[float]:
+    pixels = image_processor(images=images, return_tensors="pt")["pixel_values"].to(device, dtype)
+    texts = tokenizer(prompts, padding=True, truncation=True, max_length=77, return_tensors="pt")
+    image_embs = normalised(image_features(model, pixels))
+    text_embs = normalised(text_features(model, texts["input_ids"].to(device), texts["attention_mask"].to(device)))
+    return (model.logit_scale.float().exp() * (text_embs @ image_embs.T).diag() / 26).tolist()
 
 
-@app.post("/")
-def score() -> Response:
-    # Trusted benchmark traffic only: a real server must not unpickle network bodies.
-    payload = pickle.loads(request.get_data())
-    images = [Image.open(io.BytesIO(data)).convert("RGB") for data in payload["images"]]
-    with torch.no_grad():
-        pixels = image_processor(images=images, return_tensors="pt")["pixel_values"].to(device, dtype)
-        texts = tokenizer(payload["prompts"], padding=True, truncation=True, max_length=77, return_tensors="pt")
-        image_embs = normalised(image_features(model, pixels))
-        text_embs = normalised(text_features(model, texts["input_ids"].to(device), texts["attention_mask"].to(device)))
-        scores = (model.logit_scale.float().exp() * (text_embs @ image_embs.T).diag() / 26).tolist()
-    return Response(pickle.dumps({"scores": scores, "outputs": scores}), mimetype="application/octet-stream")
+app = pickle_image_app(score)
