@@ -546,7 +546,8 @@ def test_killing_the_zygote_twice_loses_at_most_the_runs_in_flight(tmp_path) -> 
     """Killed twice 1.3 s apart, 78 of 320 samples were lost: the threads that found it dead
     each restarted it, killing each other's new zygote (48 restarts in a second)."""
     with gunicorn_server("code", ENV, threads=8, log_dir=tmp_path) as srv:
-        code = "import time\ntime.sleep(0.05)\nprint(int(input()) + 1)"
+        # 320 runs of 0.3 s on at most 31 slots take over 3 s: both kills land while runs go on.
+        code = "import time\ntime.sleep(0.3)\nprint(int(input()) + 1)"
         body = {"outputs": [code] * 320, "prompts": ["p"] * 320, "labels": [{"inputs": ["1"], "outputs": ["2"]}] * 320}
         answer: dict = {}
         request = threading.Thread(target=lambda: answer.update(reward(srv.url, body)))
@@ -554,6 +555,7 @@ def test_killing_the_zygote_twice_loses_at_most_the_runs_in_flight(tmp_path) -> 
         time.sleep(0.6)
         os.kill(_zygote(srv.process.pid), 9)
         time.sleep(1.3)
+        assert request.is_alive(), "the request ended before the second kill: the test proves nothing"
         os.kill(_zygote(srv.process.pid), 9)
         request.join()
         lost = [r for r in answer["rewards"] if r != r]
