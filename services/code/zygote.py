@@ -180,6 +180,11 @@ def from_plain(text: str | bytes) -> object:
 # x86-64 and arm64 syscall numbers; new processes are refused, threads are not.
 SECCOMP_ARCH = {"x86_64": (0xC000003E, 56, 57, 58), "aarch64": (0xC00000B7, 220, 0xFFFFFFFF, 0xFFFFFFFF)}
 CLONE3, CLONE_THREAD, EPERM, ENOSYS = 435, 0x10000, 1, 38
+# Classic BPF instructions of the filters (load word, jump if equal / greater or equal / bits
+# set, return) and the filters' verdicts.
+BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+SECCOMP_ALLOW, SECCOMP_KILL = 0x7FFF0000, 0x80000000
+SECCOMP_EPERM, SECCOMP_ENOSYS = 0x50000 | EPERM, 0x50000 | ENOSYS
 
 
 def _forbid_new_processes() -> None:
@@ -187,14 +192,14 @@ def _forbid_new_processes() -> None:
     ENOSYS, so threads fall back to ``clone``). The candidate's process is then the only one
     its code runs in, and its CPU time, threads included, is all in ``/proc/<pid>/stat``."""
     arch, clone, fork, vfork = SECCOMP_ARCH[os.uname().machine]
-    allow, kill = 0x7FFF0000, 0x80000000
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    ld, jeq, jge, jset, ret = BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET
+    allow, kill = SECCOMP_ALLOW, SECCOMP_KILL
     program = [
         (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill),  # another ABI (i386) is killed
         (ld, 0, 0, 0), (jge, 9, 0, 0x40000000),  # x32 numbers: killed
         (jeq, 7, 0, CLONE3), (jeq, 5, 0, fork), (jeq, 4, 0, vfork), (jeq, 0, 2, clone),
         (ld, 0, 0, 16), (jset, 0, 1, CLONE_THREAD),
-        (ret, 0, 0, allow), (ret, 0, 0, 0x50000 | EPERM), (ret, 0, 0, 0x50000 | ENOSYS), (ret, 0, 0, kill),
+        (ret, 0, 0, allow), (ret, 0, 0, SECCOMP_EPERM), (ret, 0, 0, SECCOMP_ENOSYS), (ret, 0, 0, kill),
     ]  # fmt: skip
 
     _seccomp(program)
@@ -212,8 +217,8 @@ def _forbid_namespaces() -> None:
     ``tmp_bytes`` and beyond its rlimits."""
     arch, clone, _, _ = SECCOMP_ARCH[os.uname().machine]
     unshare, setns = NAMESPACE_CALLS[os.uname().machine]
-    allow, kill, eperm, enosys = 0x7FFF0000, 0x80000000, 0x50000 | EPERM, 0x50000 | ENOSYS
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    ld, jeq, jge, jset, ret = BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET
+    allow, kill, eperm, enosys = SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_EPERM, SECCOMP_ENOSYS
     program = [
         (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill),  # another ABI (i386) is killed
         (ld, 0, 0, 0), (jge, 9, 0, 0x40000000),  # x32 numbers: killed
