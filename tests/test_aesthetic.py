@@ -28,8 +28,6 @@ from tests.images import encode
 from tests.random_clip import save_random_clip
 from tests.server import ROOT, gunicorn_server, running_server
 
-pytestmark = pytest.mark.skipif(not DEFAULT_HEAD.is_file(), reason=f"LAION head not at {DEFAULT_HEAD}")
-
 
 def sample_images(count: int) -> list[bytes]:
     """Varied images (noise, gradients, shapes; several sizes and formats)."""

@@ -9,6 +9,7 @@ ready tensors and runs the model, in micro-batches.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Sequence
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 
 SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
-# The sibling ``shared/`` of the checkout (the repo root is two levels above this package).
-DEFAULT_HEAD = Path(__file__).resolve().parents[2].parent / "shared" / "models" / HEAD_FILE
+# Shipped with the service, as flow_grpo ships it (weights/README.md: origin, licence, checksum).
+WEIGHTS = Path(__file__).resolve().parent / "weights"
+DEFAULT_HEAD = WEIGHTS / HEAD_FILE
 GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
 
 
@@ -111,12 +113,14 @@ class AestheticScorer(Scorer):
 
     def _missing_head(self) -> str | None:
         path = Path(self.settings.head).expanduser()
-        if path.is_file():
-            return None
-        return (
-            f"aesthetic head not found: {env_name(SECTION, 'head')}={str(path)!r} (run.sh --head); it is the "
-            f"released sac+logos+ava1-l14-linearMSE.pth, by default ../shared/models/{HEAD_FILE}"
-        )
+        if not path.is_file():
+            return (
+                f"aesthetic head not found: {env_name(SECTION, 'head')}={str(path)!r} (run.sh --head); it is the "
+                f"released sac+logos+ava1-l14-linearMSE.pth, shipped as {DEFAULT_HEAD}"
+            )
+        if path.resolve() == DEFAULT_HEAD and not _shipped_head_intact():
+            return f"the shipped aesthetic head {DEFAULT_HEAD} does not match {WEIGHTS / 'SHA256SUMS'}: restore it"
+        return None
 
     def _missing_clip(self, allow_download: bool) -> str | None:
         setting = env_name(SECTION, "clip")
@@ -163,3 +167,9 @@ class AestheticScorer(Scorer):
             "scale": self.settings.scale,
             "offset": self.settings.offset,
         }
+
+
+def _shipped_head_intact() -> bool:
+    """Whether the shipped head's SHA-256 is the one recorded beside it (3.7 MB: milliseconds)."""
+    expected = (WEIGHTS / "SHA256SUMS").read_text().split()[0]
+    return hashlib.sha256(DEFAULT_HEAD.read_bytes()).hexdigest() == expected
