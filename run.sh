@@ -6,7 +6,8 @@
 #   bash run.sh aesthetic [--port N] [--workers N] [--clip DIR_OR_HUB_ID] [--head PATH]
 #   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
 #   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
-#   bash run.sh test [pytest args]    install everything, run the test suite
+#   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
+#                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #
 # Services, ports and requirements come from common/registry.py. Missing system packages
@@ -152,7 +153,7 @@ parse_flags() {
     case $1 in
       --port) export SCORER_PORT=$2; shift 2; continue ;;
       --workers) export SCORER_WORKERS=$2; shift 2; continue ;;
-      -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
     esac
     [ $# -ge 2 ] || { log "$1 needs a value"; exit 2; }
     matched=
@@ -185,6 +186,15 @@ command=${1:-all}
 [ $# -gt 0 ] && shift
 case $command in
   test)
+    # `-m unit`: the quick in-process loop needs only the test environment.
+    unit_only=
+    for ((i = 1; i < $#; i++)); do
+      if [ "${!i}" = -m ] && j=$((i + 1)) && [ "${!j}" = unit ]; then unit_only=1; fi
+    done
+    if [ -n "$unit_only" ]; then
+      ensure_venv test
+      exec "$VENV/bin/python" -m pytest "$@"
+    fi
     ensure_system_packages test
     ensure_venv test
     tests_venv=$VENV
@@ -209,7 +219,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
-  -h|--help) sed -n '2,15p' "$0" ;;
+  -h|--help) sed -n '2,/^set /{/^#/p}' "$0" ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
     parse_flags "$command" "$@"

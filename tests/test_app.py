@@ -25,6 +25,8 @@ from common.protocols import Protocol
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 
+pytestmark = pytest.mark.unit
+
 
 class LengthScorer(Scorer):
     """Scores each prompt by its length and keeps every batch it was given."""

@@ -10,6 +10,8 @@ import pytest
 from common.batching import BatchedCall, Deadline, DynamicBatcher, OrderedSlots, request_deadline
 from common.errors import Overloaded, PayloadTooLarge
 
+pytestmark = pytest.mark.unit
+
 
 def later(seconds: float = 60.0) -> Deadline:
     return Deadline(seconds)

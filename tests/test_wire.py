@@ -14,6 +14,8 @@ import pytest
 from common.errors import BadRequest, PayloadTooLarge
 from common.wire import MAX_NESTING, MAX_PICKLE_NODES, check_pickle, decode_body, encode_body, wire_format
 
+pytestmark = pytest.mark.unit
+
 
 class CreatesFile:
     def __init__(self, path: str) -> None:

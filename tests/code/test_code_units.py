@@ -24,6 +24,8 @@ from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 from services.code.zygote import from_plain, to_plain
 
+pytestmark = pytest.mark.unit
+
 
 def test_last_fenced_block_after_special_tokens() -> None:
     text = "first\n```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```<|im_end|><|endoftext|>"
