@@ -112,6 +112,7 @@ ensure_venv() {
   stamp=$(cat "${REQUIREMENTS[@]}" | sha256sum | cut -d' ' -f1)
   if has_gpu; then stamp+=-gpu; fi
   if [ "$(cat "$dir/.installed" 2>/dev/null)" != "$stamp" ]; then
+    local started=$SECONDS
     log "installing $1 requirements into $dir"
     "$dir/bin/python" -m pip install -q --upgrade pip
     local args=() f
@@ -125,6 +126,7 @@ ensure_venv() {
       "$dir/bin/python" -m pip install -q "${args[@]}"
     fi
     echo "$stamp" >"$dir/.installed"
+    log "$dir ready ($((SECONDS - started)) s, $(du -sh "$dir" | cut -f1))"
   fi
   VENV=$dir
 }
@@ -137,10 +139,10 @@ start() {
   SCORER_SERVICE=$service exec "$VENV/bin/python" -m gunicorn -c "$ROOT/gunicorn.conf.py"
 }
 
-# preflight SERVICE: says why SERVICE cannot start on this node (non-zero), or nothing.
+# preflight SERVICE: says why SERVICE cannot start on this node (non-zero), or nothing. The
+# checks are standard library only: they run before (and instead of) building its environment.
 preflight() {
-  ensure_venv "$1"
-  SCORER_SERVICE=$1 "$VENV/bin/python" -m common.preflight
+  "$PYTHON" -m common.preflight "$1"
 }
 
 # parse_flags COMMAND ARGS...: --port and --workers, and the flags of COMMAND's services
@@ -167,15 +169,22 @@ parse_flags() {
 
 start_all() {
   local pids=() service
+  local services=() venv
   for service in $("$PYTHON" -m common.registry names); do
-    if ! (preflight "$service"); then
-      log "skipping $service (see the reason above)"
+    log "checking $service"
+    if ! preflight "$service"; then
+      log "skipping $service (the reason is above)"
       continue
     fi
+    services+=("$service")
+  done
+  [ ${#services[@]} -gt 0 ] || { log "no service can start"; exit 1; }
+  # Environments first, one at a time (services sharing one build it once), then the servers.
+  for service in "${services[@]}"; do ensure_venv "$service"; done
+  for service in "${services[@]}"; do
     (start "$service") &
     pids+=($!)
   done
-  [ ${#pids[@]} -gt 0 ] || { log "no service can start"; exit 1; }
   trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait' INT TERM
   wait -n "${pids[@]}"
   kill -TERM "${pids[@]}" 2>/dev/null || true

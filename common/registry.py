@@ -30,7 +30,7 @@ class Service:
     scorer: str
     # False: one worker whatever the GPUs (the code verifier runs sandboxes on the CPU).
     uses_gpu: bool
-    # pip requirement files, core first; installed into ``.venv-<name>``.
+    # pip requirement files, core first; installed into ``.venv-<venv>``.
     requirements: tuple[str, ...]
     # Packages installed after them with ``pip install --no-deps`` (a dependency they would pull is wrong).
     no_deps: tuple[str, ...] = ()
@@ -43,6 +43,13 @@ class Service:
     # Its own settings that ``run.sh`` takes as flags: "infra_failure_score" is
     # ``--infra-failure-score V``, which sets ``SCORER_CODE_INFRA_FAILURE_SCORE=V``.
     flags: tuple[str, ...] = ()
+    # The virtual environment's name (``.venv-<venv>``), shared by services with the same
+    # requirements; unset: the service's name.
+    venv: str = ""
+    # "module:function" answering why the service cannot start on this node (``None``: it can),
+    # called as ``function(name)``; standard library only, since ``run.sh`` calls it with the
+    # system python3 before it builds the environment (``python3 -m common.preflight NAME``).
+    preflight: str = ""
 
     def flag_variables(self) -> tuple[str, ...]:
         """``--flag=VARIABLE`` for each flag, as ``run.sh`` reads them."""
@@ -73,8 +80,10 @@ SERVICES: dict[str, Service] = {
             port=18080,
             scorer="services.aesthetic.scorer:AestheticScorer",
             uses_gpu=True,
-            requirements=("requirements.txt", "requirements-aesthetic.txt"),
+            requirements=("requirements.txt", "requirements-clip.txt"),
             flags=("clip", "head"),
+            venv="clip",
+            preflight="services.aesthetic.settings:preflight",
         ),
         *(
             Service(
@@ -82,8 +91,10 @@ SERVICES: dict[str, Service] = {
                 port=port,
                 scorer=f"services.clip.scorer:{scorer}",
                 uses_gpu=True,
-                requirements=("requirements.txt", "requirements-aesthetic.txt", "requirements-clip.txt"),
+                requirements=("requirements.txt", "requirements-clip.txt"),
                 flags=("model", "processor"),
+                venv="clip",
+                preflight="services.clip.settings:preflight",
             )
             for name, port, scorer in (
                 ("pickscore", 18081, "PickScoreScorer"),
@@ -99,6 +110,7 @@ SERVICES: dict[str, Service] = {
             requirements=("requirements.txt", "requirements-code.txt"),
             system_packages=("bubblewrap",),
             flags=("infra_failure_score", "env"),
+            preflight="services.code.preflight:preflight",
         ),
     )
 }
@@ -182,7 +194,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             flags=service.flag_variables(),
         )
     return Setup(
-        venv=f".venv-{service.name}",
+        venv=f".venv-{service.venv or service.name}",
         port=service.port,
         requirements=service.requirements,
         no_deps=service.no_deps,

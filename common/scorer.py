@@ -118,11 +118,6 @@ class Scorer(ABC):
         batcher = DynamicBatcher(fn, size, wait, max(self.core.max_queue, size), record, f"{self.name}-{stage}")
         return BatchedCall(batcher, self.core.request_timeout_s)
 
-    def preflight(self) -> str | None:
-        """Why this scorer cannot start here (e.g. weights not found), without loading; None if
-        it can. ``run.sh`` with no argument skips a service that answers a reason."""
-        return None
-
     def info(self) -> dict[str, Any]:
         """Model description for ``GET /info``."""
         return {}

@@ -26,6 +26,7 @@ from services.code import environments, sandbox
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample, Verdict
 from services.code.labels import Suite, parse_label
+from services.code.preflight import preflight
 from services.code.settings import CodeSettings
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,6 @@ else:
 """
 
 SECTION = "code"
-INFRA_HELP = (
-    f"{env_name(SECTION, 'infra_failure_score')} (run.sh --infra-failure-score) must be set to 'nan' or "
-    "'zero': the reward of a sample the sandbox infrastructure failed to grade. 'nan' is recommended "
-    "with OpenRLHF's --algo.dynamic_filtering_enable, which then drops that prompt's group; 'zero' "
-    "scores it as if the code had failed, which biases training against correct code when the "
-    "infrastructure is at fault. There is no default because the right choice depends on the trainer."
-)
 
 
 class Graded(Scored):
@@ -84,10 +78,9 @@ class CodeScorer(Scorer):
         super().__init__(core)
         self.settings = from_env(CodeSettings, SECTION)
         s = self.settings
-        if s.infra_failure_score is None:
-            raise ConfigError(INFRA_HELP)
-        if os.geteuid() != 0:
-            raise ConfigError("the code sandbox must start as root to run each test under its own unprivileged uid")
+        problem = preflight()
+        if problem:
+            raise ConfigError(problem)
         self.environment = self._load_environment(s.env) if s.env else None
         self.isolation = self._choose_isolation()
         self.sandbox: sandbox.Sandbox | None = None

@@ -9,7 +9,7 @@ from typing import Literal
 @dataclass(frozen=True)
 class CodeSettings:
     # What a sample left without a verdict scores: "nan" (for OpenRLHF's dynamic filtering,
-    # which drops the prompt group) or "zero". No default on purpose: see scorer.INFRA_HELP.
+    # which drops the prompt group) or "zero". No default on purpose: see preflight.INFRA_HELP.
     infra_failure_score: Literal["nan", "zero"] | None = None
     # The environment (services/code/environments) that grades samples whose label is empty.
     env: str = ""
