@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 STATUSES = (
     "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "sandbox_error",
+    "prompt_not_found",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5

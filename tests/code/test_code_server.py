@@ -156,6 +156,7 @@ def test_openrlhf_query_with_chat_template_and_truncated_prompt(server: Server) 
     assert out["rewards"][:2] == [1.0, 1.0] and out["scores"][:2] == [1.0, 1.0]
     assert out["rewards"][2] != out["rewards"][2]  # NaN, sent as the JSON constant
     assert out["error_types"][2] == "prompt_not_found"
+    assert out["extra_logs"]["prompt_not_found"] == [0.0, 0.0, 1.0]
     for values in out["extra_logs"].values():
         assert len(values) == 3
 
