@@ -8,7 +8,6 @@ installing anything for it. The scorers run the same checks when they start.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -20,8 +19,7 @@ def reason(service: str) -> str | None:
     check = registry.get(service).preflight
     if not check:
         return None
-    module_name, function = check.split(":")
-    return getattr(importlib.import_module(module_name), function)(service)
+    return registry.load_class(check)(service)
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from common.scorer import Scorer
@@ -50,6 +50,9 @@ class Service:
     # called as ``function(name)``; standard library only, since ``run.sh`` calls it with the
     # system python3 before it builds the environment (``python3 -m common.preflight NAME``).
     preflight: str = ""
+    # "module:Class" of each wire protocol it speaks beside the core's (a ``WireProtocol``
+    # subclass, on the same request path: common/protocols.py).
+    protocols: tuple[str, ...] = ()
 
     def flag_variables(self) -> tuple[str, ...]:
         """``--flag=VARIABLE`` for each flag, as ``run.sh`` reads them."""
@@ -111,6 +114,7 @@ SERVICES: dict[str, Service] = {
             system_packages=("bubblewrap",),
             flags=("infra_failure_score", "env"),
             preflight="services.code.preflight:preflight",
+            protocols=("services.code.openrlhf:OpenRLHFProtocol",),
         ),
     )
 }
@@ -137,10 +141,15 @@ def get(name: str) -> Service:
         raise ValueError(f"unknown service {name!r}; choose one of {', '.join(SERVICES)}") from None
 
 
+def load_class(path: str) -> Any:
+    """The class (or function) a "module:name" path names, imported."""
+    module_name, name = path.split(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
 def load_scorer_class(name: str) -> type[Scorer]:
     """Import the scorer class of service ``name``."""
-    module_name, class_name = get(name).scorer.split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return load_class(get(name).scorer)
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:

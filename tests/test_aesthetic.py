@@ -194,7 +194,7 @@ def test_micro_batches_and_scale_in_process(
 ) -> None:
     scorer = make_scorer(monkeypatch, clip=str(clip_dir), micro_batch="3", scale="0.1", offset="-0.1")
     scorer.setup("cpu")
-    items = scorer.decode({"images": images[:7], "prompts": ["p"] * 7})
+    items = scorer.prepare({"images": images[:7], "prompts": ["p"] * 7})
     assert all(item.shape == (3, 224, 224) and item.dtype == torch.float32 for item in items)
     scores = scorer.score(items)
     np.testing.assert_allclose(scores, [s * 0.1 - 0.1 for s in expected[:7]], rtol=1e-5, atol=1e-5)

@@ -182,14 +182,14 @@ def test_a_shared_prompt_is_encoded_once_and_batches_do_not_change_scores(
         lambda _module, _args, output: text_rows.append(output.last_hidden_state.shape[0])
     )
     prompts = [PROMPTS[i % 3] for i in range(len(images))]
-    batched = scorer.score(scorer.decode({"images": images, "prompts": prompts}))
+    batched = scorer.score(scorer.prepare({"images": images, "prompts": prompts}))
     hook.remove()
     assert sum(text_rows) == 3
     alone = [
-        scorer.score(scorer.decode({"images": [image], "prompts": [prompt]}))[0]
+        scorer.score(scorer.prepare({"images": [image], "prompts": [prompt]}))[0]
         for image, prompt in zip(images, prompts)
     ]
-    reversed_batch = scorer.score(scorer.decode({"images": images[::-1], "prompts": prompts[::-1]}))[::-1]
+    reversed_batch = scorer.score(scorer.prepare({"images": images[::-1], "prompts": prompts[::-1]}))[::-1]
     np.testing.assert_allclose(batched, alone, atol=1e-5)
     np.testing.assert_allclose(batched, reversed_batch, atol=1e-5)
     assert np.std(batched) > 1e-3
@@ -205,7 +205,7 @@ def test_pickscore_follows_its_formula(
     scaled.setup("cpu")
     payload = {"images": images[:4], "prompts": pairs(4)}
     np.testing.assert_allclose(
-        np.multiply(default.score(default.decode(payload)), 26 / 100), scaled.score(scaled.decode(payload)), atol=1e-6
+        np.multiply(default.score(default.prepare(payload)), 26 / 100), scaled.score(scaled.prepare(payload)), atol=1e-6
     )
     assert default.model is not None
     assert default.model.factor == pytest.approx(np.exp(4.2) / 26, rel=1e-5)

@@ -85,7 +85,7 @@ class AestheticScorer(Scorer):
                 "the aspect ratio is too extreme"
             )
 
-    def decode(self, payload: dict[str, Any]) -> list[Any]:
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
         request = parse_image_request(payload, self.core)
         images = decode_images(request.images, self.core)
@@ -109,4 +109,3 @@ class AestheticScorer(Scorer):
             "scale": self.settings.scale,
             "offset": self.settings.offset,
         }
-

@@ -118,7 +118,7 @@ class ClipRewardScorer(Scorer):
                 f"{self.core.max_pixels}; the aspect ratio is too extreme"
             )
 
-    def decode(self, payload: dict[str, Any]) -> list[Any]:
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
         request = parse_image_request(payload, self.core)
         images = decode_images(request.images, self.core)

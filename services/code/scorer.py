@@ -19,7 +19,6 @@ from typing import Any
 
 from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable, quote
-from common.protocols import Protocol
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 from services.code import environments, sandbox
@@ -195,7 +194,7 @@ class CodeScorer(Scorer):
             )
         return self.environment.suite
 
-    def decode(self, payload: dict[str, Any]) -> list[Sample]:
+    def prepare(self, payload: dict[str, Any]) -> list[Sample]:
         if "responses" not in payload:
             raise Unprocessable("body needs 'responses' (one string per sample), 'prompts' and 'labels'")
         return self.samples(payload["responses"], payload.get("prompts"), payload.get("labels"), from_query=False)
@@ -222,8 +221,3 @@ class CodeScorer(Scorer):
             "environments": environments.names(),
             "settings": asdict(self.settings),
         }
-
-    def protocols(self) -> list[Protocol]:
-        from services.code.openrlhf import protocol
-
-        return [protocol(self)]
