@@ -13,10 +13,11 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from common.batching import current_deadline
 from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable, quote
 from common.scorer import Scored, Scorer
@@ -77,6 +78,13 @@ class CodeScorer(Scorer):
         super().__init__(core)
         self.settings = from_env(CodeSettings, SECTION)
         s = self.settings
+        if s.request_timeout_s is not None:
+            log.warning(
+                "%s is deprecated: the deadline of every request is SCORER_REQUEST_TIMEOUT_S",
+                env_name(SECTION, "request_timeout_s"),
+            )
+            if "SCORER_REQUEST_TIMEOUT_S" not in os.environ:
+                self.core = replace(core, request_timeout_s=s.request_timeout_s)
         problem = preflight()
         if problem:
             raise ConfigError(problem)
@@ -114,7 +122,7 @@ class CodeScorer(Scorer):
         self.sandbox = sandbox.Sandbox(self.isolation, s.max_parallel, s.uid_base)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
-        self.grader = Grader(s, self.sandbox)
+        self.grader = Grader(s, self.sandbox, self.core.request_timeout_s)
         probe = Sample("print(input())", Suite("stdin", ["ok\n"], ["ok"]))
         verdict = self.grader.grade([probe])[0]
         if verdict.status != "passed":
@@ -202,7 +210,7 @@ class CodeScorer(Scorer):
     def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
         if self.grader is None:
             raise RuntimeError("the code sandbox is not started")
-        return self.grader.grade(samples) if samples else []
+        return self.grader.grade(samples, current_deadline()) if samples else []
 
     def reward(self, verdict: Verdict) -> float:
         """A verdict's reward; a sample without one gets ``infra_failure_score``."""
