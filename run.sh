@@ -100,30 +100,68 @@ ensure_system_packages() {
   fi
 }
 
+# ensure_uv: uv, pinned in requirements-uv.txt, in .venv-uv (built with pip, once). uv does not
+# read pip's configuration, so pip's index, find-links, constraint and certificate settings
+# (pip config list: files and PIP_* variables) are handed to it in UV_ARGS / SSL_CERT_FILE: a
+# node whose pip is pointed at local wheels (a CPU torch, say) gets the same packages.
+UV=
+# pip takes the best match across all its indexes; uv, by default, the first index that has a package.
+UV_ARGS=(--index-strategy unsafe-best-match)
+ensure_uv() {
+  [ -z "$UV" ] || return 0
+  local dir=$ROOT/.venv-uv stamp key value item
+  stamp=$(sha256sum <"$ROOT/requirements-uv.txt" | cut -d' ' -f1)
+  if [ ! -x "$dir/bin/uv" ] || [ "$(cat "$dir/.installed" 2>/dev/null)" != "$stamp" ]; then
+    log "installing uv into $dir"
+    "$PYTHON" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q -r "$ROOT/requirements-uv.txt"
+    echo "$stamp" >"$dir/.installed"
+  fi
+  UV=$dir/bin/uv
+  while IFS='=' read -r key value; do
+    value=${value#\'}
+    value=${value%\'}
+    case ${key##*.} in
+      find-links) for item in $value; do UV_ARGS+=(--find-links "$item"); done ;;
+      extra-index-url) for item in $value; do UV_ARGS+=(--extra-index-url "$item"); done ;;
+      index-url) UV_ARGS+=(--index-url "$value") ;;
+      constraint) for item in $value; do UV_ARGS+=(--constraint "$item"); done ;;
+      cert) export SSL_CERT_FILE=${SSL_CERT_FILE:-$value} ;;
+    esac
+  done < <("$dir/bin/python" -m pip config list 2>/dev/null)
+}
+
+# uv_install DIR ARGS...: `uv pip install ARGS` into the environment DIR, with pip's settings.
+uv_install() {
+  local dir=$1
+  shift
+  "$UV" pip install -q --python "$dir/bin/python" "${UV_ARGS[@]}" "$@"
+}
+
 # ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages.
 # Installs only when the requirement files changed since the last install.
 ensure_venv() {
   plan "$1"
+  ensure_uv
   local dir=$ROOT/$VENV stamp
   if [ ! -x "$dir/bin/python" ]; then
     log "creating $dir"
-    "$PYTHON" -m venv "$dir"
+    "$UV" venv -q --python "$PYTHON" "$dir"
   fi
   stamp=$(cat "${REQUIREMENTS[@]}" | sha256sum | cut -d' ' -f1)
   if has_gpu; then stamp+=-gpu; fi
   if [ "$(cat "$dir/.installed" 2>/dev/null)" != "$stamp" ]; then
     local started=$SECONDS
     log "installing $1 requirements into $dir"
-    "$dir/bin/python" -m pip install -q --upgrade pip
     local args=() f
     for f in "${REQUIREMENTS[@]}"; do args+=(-r "$f"); done
-    "$dir/bin/python" -m pip install -q "${args[@]}"
-    if [ ${#NO_DEPS[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q --no-deps "${NO_DEPS[@]}"; fi
+    uv_install "$dir" "${args[@]}"
+    if [ ${#NO_DEPS[@]} -gt 0 ]; then uv_install "$dir" --no-deps "${NO_DEPS[@]}"; fi
     if [ ${#GPU_REQUIREMENTS[@]} -gt 0 ] && has_gpu; then
       log "GPU found: installing ${GPU_REQUIREMENTS[*]}"
       args=()
       for f in "${GPU_REQUIREMENTS[@]}"; do args+=(-r "$f"); done
-      "$dir/bin/python" -m pip install -q "${args[@]}"
+      uv_install "$dir" "${args[@]}"
     fi
     echo "$stamp" >"$dir/.installed"
     log "$dir ready ($((SECONDS - started)) s, $(du -sh "$dir" | cut -f1))"
