@@ -121,8 +121,7 @@ def create_app(scorer: Scorer | None = None) -> Flask:
         def view() -> Response:
             payload = protocol.decode(read_body(core.max_body_bytes), request.content_type)
             runtime.wait_ready()
-            items = runtime.decode(protocol.items, payload)
-            return answer(protocol.answer(runtime.run(items)))
+            return answer(protocol.answer(runtime.score(protocol.items, payload)))
 
         return view
 

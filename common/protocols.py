@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.config import env_name
 from common.errors import ScorerError
 from common.scorer import Scored, Scorer
-from common.wire import decode_body, encode_body, wire_format
+from common.wire import JsonCap, decode_body, encode_body, wire_format
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,11 @@ def core_protocol(scorer: Scorer) -> Protocol:
     """``POST /`` and ``/score``: a pickled dict (flow_grpo, deepgen_rl, VeRL-Omni), or the same
     dict as JSON when the request says ``Content-Type: application/json``; the answer in the
     request's format."""
+    json_cap = JsonCap(scorer.core.max_json_values, env_name("", "max_json_values"))
     return Protocol(
         name="core",
         routes=("/", "/score"),
-        decode=lambda body, content_type: decode_body(body, wire_format(content_type)),
+        decode=lambda body, content_type: decode_body(body, wire_format(content_type), json_cap),
         items=scorer.decode,
         answer=collate,
         encode=lambda obj, content_type: encode_body(obj, wire_format(content_type)),

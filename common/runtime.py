@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import metrics
-from common.batching import Deadline, OrderedSlots, current_deadline
+from common.batching import Deadline, OrderedSlots, WorkBudget, current_deadline
+from common.config import env_name
 from common.devices import choose_device
 from common.errors import NotReady
 from common.scorer import Scorer
@@ -34,6 +35,8 @@ class ScorerRuntime:
         # and holds back the first items the model could already be working on; requests get
         # their turn in arrival order.
         self._decoding = OrderedSlots(scorer.core.decode_threads or os.cpu_count() or 1)
+        # Decoded images and model inputs of the requests in the worker, in bytes (``hold_work``).
+        self.work = WorkBudget(scorer.core.max_queue_bytes, env_name("", "max_queue_bytes"))
         self._ready = threading.Event()
         self._done = threading.Event()
         self.setup_error: str | None = None
@@ -70,6 +73,12 @@ class ScorerRuntime:
         self._done.wait(max(0.0, min(self.scorer.core.ready_wait_s, self._deadline().remaining())))
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
+
+    def score(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
+        """A request's items (``decode``), then its results (``run``), the work bytes its items
+        hold counted from when they are declared until its results are in."""
+        with self.work.request():
+            return self.run(self.decode(to_items, payload))
 
     def decode(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
         """``to_items(payload)`` (a protocol's, e.g. the scorer's ``decode``), at most

@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from common.config import env_name
 from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
 from common.protocols import Protocol
-from common.wire import decode_body, encode_body
+from common.wire import JsonCap, decode_body, encode_body
 from services.code.grader import STATUSES
-from services.code.scorer import CodeScorer, Graded
+from services.code.scorer import SECTION, CodeScorer, Graded
 
 ROUTES = ("/reward/score", "/get_reward")
 
@@ -46,6 +47,8 @@ def status(error: ScorerError) -> int:
 
 
 def protocol(scorer: CodeScorer) -> Protocol:
+    json_cap = JsonCap(scorer.settings.max_json_values, env_name(SECTION, "max_json_values"))
+
     def items(payload: dict[str, Any]) -> list[Any]:
         key = "query" if "query" in payload else "outputs"
         if key not in payload:
@@ -55,7 +58,7 @@ def protocol(scorer: CodeScorer) -> Protocol:
     return Protocol(
         name="openrlhf",
         routes=ROUTES,
-        decode=lambda body, _content_type: decode_body(body, "json"),
+        decode=lambda body, _content_type: decode_body(body, "json", json_cap),
         items=items,
         answer=answer,  # type: ignore[arg-type]  # the code scorer's results are Graded
         encode=lambda obj, _content_type: encode_body(obj, "json"),
