@@ -125,8 +125,11 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         def view() -> Response:
             payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
             runtime.wait_ready()
-            items = runtime.prepare(protocol.items, payload)
-            results = runtime.score(items)
+            # The bytes its items hold (decoded images, model inputs) count from when they are
+            # declared until its results are in.
+            with runtime.work.request():
+                items = runtime.prepare(protocol.items, payload)
+                results = runtime.score(items)
             return answer(protocol.answer(results))
 
         return view

@@ -9,8 +9,13 @@ The model code does not know any of this.
 A request has one ``Deadline``, set when it arrives and shared by every stage it goes through.
 A stage refuses a request whole, never half-queued: with 413 when it has more items than the
 queue can ever hold, with a retryable 503 when the queue is full or when the wait it would have
-(at the fastest recent batch time: a lower bound) runs past its deadline, so that a balancer or client
-sends it elsewhere at once instead of after the timeout.
+(at the median recent batch time) runs past its deadline, so that a balancer or client sends it
+elsewhere at once instead of after the timeout. Work between stages checks the deadline too
+(``check_deadline``).
+
+A worker's request work in memory (decoded images, model inputs, items waiting for a model
+call) is bounded in bytes (``WorkBudget``): a request holds the bytes its work will take,
+estimated before it is made (``hold_work``), until it is answered.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import heapq
 import itertools
 import logging
 import math
+import statistics
 import threading
 import time
 from collections import deque
@@ -36,8 +42,8 @@ log = logging.getLogger(__name__)
 
 BatchFn = Callable[[Sequence[Any]], Sequence[Any]]
 
-# Batches whose times the wait estimate looks at: the fastest of them, so that the estimate is
-# a lower bound (a burst's first batches run slower, sharing the cores with its decoding).
+# Batches whose times the wait estimate looks at: their median, so that neither one fast batch
+# (a few small items) nor one slow one sets it.
 RECENT_BATCHES = 32
 
 
@@ -68,6 +74,81 @@ def request_deadline(deadline: Deadline) -> Iterator[Deadline]:
 
 def current_deadline() -> Deadline | None:
     return _current_deadline.get()
+
+
+def check_deadline(stage: str) -> None:
+    """A retryable 503 when the request being served is past its deadline: work that does not
+    look at the clock (an image decode, a rule) is not interrupted, so it is checked between."""
+    deadline = current_deadline()
+    if deadline is not None and deadline.remaining() <= 0:
+        raise Overloaded(f"the request's {deadline.seconds:.0f}s deadline passed before {stage}; retry later")
+
+
+class WorkBudget:
+    """The bytes of request work a worker holds in memory at once: each request holds what it
+    declares (``hold_work``) from then until it is answered.
+
+    A request that alone needs more than the whole budget is a 413; one that would take the
+    budget past its size while others hold it, a retryable 503 at once (the early refusal of a
+    full queue), before it makes any of that work.
+    """
+
+    def __init__(self, max_bytes: int, setting: str) -> None:
+        self.max_bytes = max_bytes
+        self.setting = setting
+        self.held = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """The scope of one request: what it holds is given back at the end."""
+        holding = _Holding(self)
+        token = _current_holding.set(holding)
+        try:
+            yield
+        finally:
+            _current_holding.reset(token)
+            with self._lock:
+                self.held -= holding.bytes
+
+    def take(self, holding: _Holding, nbytes: int, what: str) -> None:
+        wanted = holding.bytes + nbytes
+        if wanted > self.max_bytes:
+            raise PayloadTooLarge(
+                f"the request's work needs about {_megabytes(wanted)} in memory ({what}); the limit is "
+                f"{_megabytes(self.max_bytes)} ({self.setting}), split the request"
+            )
+        with self._lock:
+            if self.held + nbytes > self.max_bytes:
+                raise Overloaded(
+                    f"the worker holds {_megabytes(self.held)} of request work; this request's {what} need "
+                    f"{_megabytes(nbytes)} more, over {_megabytes(self.max_bytes)} ({self.setting}); retry later"
+                )
+            self.held += nbytes
+        holding.bytes = wanted
+
+
+class _Holding:
+    __slots__ = ("budget", "bytes")
+
+    def __init__(self, budget: WorkBudget) -> None:
+        self.budget = budget
+        self.bytes = 0
+
+
+_current_holding: ContextVar[_Holding | None] = ContextVar("scorer_request_work", default=None)
+
+
+def hold_work(nbytes: int, what: str) -> None:
+    """Hold ``nbytes`` of the worker's work budget for the request being served, before making
+    the work (``what``: its name in the error); outside a request's scope, nothing."""
+    holding = _current_holding.get()
+    if holding is not None and nbytes > 0:
+        holding.budget.take(holding, nbytes, what)
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.0f} MiB"
 
 
 @dataclass(order=True)
@@ -118,13 +199,13 @@ class DynamicBatcher:
             heapq.heappop(self._queue).future.set_exception(Overloaded("scorer is shutting down"))
 
     def estimated_wait(self, expires: float, count: int) -> float | None:
-        """At least how many seconds until ``count`` items due at ``expires`` are scored: the
-        batches of the items due before them and their own, each as fast as the fastest recent
-        batch. Call under the lock."""
+        """About how many seconds until ``count`` items due at ``expires`` are scored: the
+        batches of the items due before them and their own, each taking the median recent
+        batch time. Call under the lock."""
         if not self._batch_times:
             return None
         ahead = sum(1 for entry in self._queue if entry.expires <= expires)
-        return math.ceil((ahead + count) / self.max_batch) * min(self._batch_times)
+        return math.ceil((ahead + count) / self.max_batch) * statistics.median(self._batch_times)
 
     def submit(self, items: Sequence[Any], deadline: Deadline) -> list[Future]:
         """Queue all ``items`` or none; one future per item, in order."""

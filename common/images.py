@@ -1,19 +1,24 @@
 """The image request (docs/ARCHITECTURE.md §5.1): validation of ``images``/``prompts``/``metadata``
-and safe image decoding (format allow-list; pixel, aspect ratio and per-request pixel limits
-checked from the headers before any pixel is decoded)."""
+and safe image decoding (format allow-list; the work a decode may cost, JPEG scans and PNG
+chunks counted from the bytes and pixel, aspect ratio and per-request pixel limits from the
+headers, checked before any pixel is decoded), to the RGB image a viewer shows."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import io
+import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image
+import numpy as np
+from PIL import Image, ImageCms, ImageOps
 
+from common.batching import check_deadline, hold_work
 from common.config import env_name
 from common.errors import PayloadTooLarge, Unprocessable, describe_error, quote
 from common.settings import CoreSettings
@@ -23,6 +28,14 @@ ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP")
 # Our own limit (``max_pixels``) replaces PIL's global bomb guard, which warns at one size and
 # raises at another; we want one clear 413 at the configured size.
 Image.MAX_IMAGE_PIXELS = None
+
+JPEG_START, PNG_SIGNATURE = b"\xff\xd8", b"\x89PNG\r\n\x1a\n"
+# A JPEG scan starts at an SOS marker: these two bytes, which entropy-coded data never holds
+# (a 0xFF there is followed by 0x00 or a restart marker), and libjpeg reads a marker only there.
+JPEG_SCAN = b"\xff\xda"
+# EXIF orientations that turn the image a quarter (``ImageOps.exif_transpose``): width and height swap.
+_QUARTER_TURNS = {5, 6, 7, 8}
+_SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
 
 @dataclass(frozen=True)
@@ -85,10 +98,11 @@ def open_image(data: bytes, index: int = 0) -> Image.Image:
         ) from None
 
 
-def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings) -> None:
-    """The limits on decoding work, from the headers alone: pixels per image (413), the aspect
-    ratio (422) and the pixels of the whole request (413), where an image the pickle memo
-    references several times counts each time, as it is decoded each time."""
+def check_image_sizes(images: Sequence[Image.Image], data: Sequence[bytes], core: CoreSettings) -> None:
+    """The limits on decoding work, from the bytes and headers alone: pixels per image (413),
+    the aspect ratio (422), scans per JPEG (413), and the pixels and PNG chunks of the whole
+    request (413), where an image the pickle memo references several times counts each time, as
+    it is decoded each time. Then the decoded images are held against the worker's work bytes."""
     for index, image in enumerate(images):
         _check_pixels(image, core.max_pixels, index)
         width, height = image.size
@@ -97,32 +111,133 @@ def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings) -> None
                 f"images[{index}] is {width}x{height}, an aspect ratio over the limit of {core.max_aspect_ratio:g} "
                 f"({env_name('', 'max_aspect_ratio')})"
             )
+        _check_scans(data[index], core.max_jpeg_scans, index)
     total = sum(image.size[0] * image.size[1] for image in images)
     if total > core.max_request_pixels:
         raise PayloadTooLarge(
             f"the {len(images)} images of the request have {total} pixels together; the limit is "
             f"{core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
         )
+    _check_png_chunks(data, core.max_png_chunks)
+    hold_work(sum(decoded_bytes(image) for image in images), "decoded images")
+
+
+def decoded_bytes(image: Image.Image) -> int:
+    """The most memory the decode of ``image`` (header read) and its conversion to RGB hold at once."""
+    width, height = image.size
+    return width * height * (8 + 3)  # the decoded bands (up to 4 of 16 bits), then the RGB copy
+
+
+def _check_scans(data: bytes, limit: int, index: int) -> None:
+    """A progressive JPEG is decoded once per scan over the whole image: a 73 KB 4096x4096 JPEG
+    repeating a 40-byte refinement scan took 11.6 s (libjpeg-turbo sets no limit)."""
+    if data.startswith(JPEG_START) and (scans := data.count(JPEG_SCAN)) > limit:
+        raise PayloadTooLarge(
+            f"images[{index}] is a JPEG of {scans} scans; the limit is {limit} ({env_name('', 'max_jpeg_scans')})"
+        )
+
+
+def _check_png_chunks(data: Sequence[bytes], limit: int) -> None:
+    """Count the chunks of the request's PNGs, walking their lengths, up to ``limit``: Pillow
+    spends microseconds on each, even an empty one (a PNG of 1 M empty chunks: 3.2 s to open)."""
+    count = 0
+    for index, item in enumerate(data):
+        if not item.startswith(PNG_SIGNATURE):
+            continue
+        position = len(PNG_SIGNATURE)
+        while position + 8 <= len(item):
+            count += 1
+            if count > limit:
+                raise PayloadTooLarge(
+                    f"the request's PNG images have over {limit} chunks together (images[{index}] reaching it); "
+                    f"the limit is {limit} ({env_name('', 'max_png_chunks')})"
+                )
+            length, kind = struct.unpack_from(">I4s", item, position)
+            if kind == b"IEND":
+                break
+            position += 12 + length
+
+
+def shown_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) as a viewer shows the image: swapped by an EXIF quarter turn."""
+    width, height = image.size
+    return (height, width) if _orientation(image) in _QUARTER_TURNS else (width, height)
+
+
+def _orientation(image: Image.Image) -> int | None:
+    try:
+        return image.getexif().get(ImageOps.ExifTags.Base.Orientation)
+    except Exception:  # a viewer shows an image whose EXIF it cannot parse as stored
+        return None
 
 
 def load_image(image: Image.Image, index: int = 0) -> Image.Image:
-    """Decode an opened image's pixels to RGB; 422 for corrupt data."""
+    """Decode an opened image's pixels to the RGB image a viewer shows (``as_shown``); 422 for
+    corrupt data."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image.load()
-            return image.convert("RGB")
+            return as_shown(image)
     except Exception as exc:  # PIL raises many types for corrupt data
         raise Unprocessable(
             f"images[{index}] could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}"
         ) from None
 
 
+def as_shown(image: Image.Image) -> Image.Image:
+    """A decoded image as RGB the way a viewer shows it: turned by its EXIF orientation, 16-bit
+    samples scaled (not clipped), palettes expanded, colours from its embedded ICC profile (CMYK
+    included) to sRGB, and transparency composited over white."""
+    if _orientation(image) not in (None, 1):
+        image = ImageOps.exif_transpose(image)
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        # 16-bit greyscale (PNG): 0..65535 to 0..255; Pillow's convert clips it at 255, all white.
+        scaled = np.asarray(image, dtype=np.float64) / 257.0
+        image = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
+    elif image.mode == "F":
+        image = Image.fromarray(np.clip(np.rint(np.asarray(image) * 255.0), 0, 255).astype(np.uint8), "L")
+    if image.mode in ("P", "PA", "LA", "La", "RGBa", "1") or "transparency" in image.info:
+        has_alpha = "transparency" in image.info or image.mode in ("PA", "LA", "La", "RGBa")
+        image = image.convert("RGBA" if has_alpha else "RGB")
+    image = _to_srgb(image)
+    if image.mode == "RGBA":
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, image)
+    return image.convert("RGB")
+
+
+def _to_srgb(image: Image.Image) -> Image.Image:
+    """Colours by the image's ICC profile converted to sRGB (RGB, or RGBA keeping its alpha); an
+    image without one, or whose profile lcms cannot use, is taken as sRGB, as viewers do."""
+    profile = image.info.get("icc_profile")
+    if not profile or image.mode not in ("RGB", "RGBA", "CMYK", "L"):
+        return image
+    output = "RGBA" if image.mode == "RGBA" else "RGB"
+    transform = _srgb_transform(bytes(profile), image.mode, output)
+    return image if transform is None else transform.apply(image)
+
+
+@functools.lru_cache(maxsize=16)
+def _srgb_transform(profile: bytes, mode: str, output: str) -> ImageCms.ImageCmsTransform | None:
+    """One transform per profile and mode (a request's images usually share one profile)."""
+    try:
+        source = ImageCms.ImageCmsProfile(io.BytesIO(profile))
+        return ImageCms.buildTransform(source, _SRGB, mode, output)
+    except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
+        return None
+
+
 def decode_images(data: Sequence[bytes], core: CoreSettings) -> list[Image.Image]:
-    """Decode a request's images to RGB once all their headers are within the limits."""
+    """Decode a request's images to RGB once all their headers are within the limits; the
+    request's deadline is checked between one image and the next."""
     images = [open_image(item, index) for index, item in enumerate(data)]
-    check_image_sizes(images, core)
-    return [load_image(image, index) for index, image in enumerate(images)]
+    check_image_sizes(images, data, core)
+    decoded = []
+    for index, image in enumerate(images):
+        check_deadline("decoding its images")
+        decoded.append(load_image(image, index))
+    return decoded
 
 
 def decode_image(data: bytes, max_pixels: int, index: int = 0) -> Image.Image:

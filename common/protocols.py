@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from common.config import env_name
 from common.errors import ScorerError
 from common.scorer import Result, Scored, Scorer
-from common.wire import decode_body, encode_body, wire_format
+from common.wire import JsonCap, decode_body, encode_body, wire_format
 
 
 class WireProtocol:
@@ -30,10 +31,12 @@ class WireProtocol:
 
     def __init__(self, scorer: Scorer) -> None:
         self.scorer = scorer
+        # Values a JSON body may hold, counted before it is parsed (the pickle path has its own cap).
+        self.json_cap = JsonCap(scorer.core.max_json_values, env_name("", "max_json_values"))
 
     def parse(self, body: bytes, content_type: str | None) -> dict[str, Any]:
         """The request body -> the payload dict (a ``ScorerError`` for a bad body)."""
-        return decode_body(body, wire_format(content_type))
+        return decode_body(body, wire_format(content_type), self.json_cap)
 
     def items(self, payload: dict[str, Any]) -> list[Any]:
         """The payload -> items, one per sample: validation and per-item work, on the request thread."""

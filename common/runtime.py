@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import metrics
-from common.batching import BatchedCall, Deadline, OrderedSlots, current_deadline
+from common.batching import BatchedCall, Deadline, OrderedSlots, WorkBudget, current_deadline
+from common.config import env_name
 from common.devices import choose_device
 from common.errors import NotReady
 from common.scorer import Result, Scorer
@@ -35,6 +36,8 @@ class ScorerRuntime:
         # and holds back the first items the model could already be working on; requests get
         # their turn in arrival order.
         self._decoding = OrderedSlots(scorer.core.decode_threads or os.cpu_count() or 1)
+        # Decoded images and model inputs of the requests in the worker, in bytes (``hold_work``).
+        self.work = WorkBudget(scorer.core.max_queue_bytes, env_name("", "max_queue_bytes"))
         self._ready = threading.Event()
         self._done = threading.Event()
         self.setup_error: str | None = None

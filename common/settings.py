@@ -23,10 +23,23 @@ class CoreSettings:
     # strip would become a 6016x1504 detector input.
     max_aspect_ratio: float = 50.0
     max_prompt_chars: int = 8192
+    # Values (dict keys included) of a JSON-twin body, counted before it is parsed (413): as many
+    # as a pickle may hold (common/wire.py), ~75 MB and ~0.5 s to build.
+    max_json_values: int = 1_000_000
+    # Scans per JPEG: a progressive JPEG is decoded once per scan over the whole image (real ones
+    # have ~10; libjpeg-turbo sets no limit). PNG chunks of all images of a request, each
+    # reference counted: Pillow spends microseconds on each, even an empty one.
+    max_jpeg_scans: int = 100
+    max_png_chunks: int = 100_000
     # Dynamic batcher; None means "the scorer's own default".
     max_batch: int | None = None
     max_wait_ms: float | None = None
     max_queue: int = 4096
+    # Bytes of request work a worker holds at once, estimated from the image headers before any
+    # is made: decoded images, model inputs and items waiting for a model call (a 16 KB white
+    # 2000x2000 PNG is a 56.5 MB OCR detector input). Beyond it 503 (413 for a request that alone
+    # needs more).
+    max_queue_bytes: int = 4 * 2**30
     # How long a scoring request waits for a model that is still loading, then 503.
     ready_wait_s: float = 60.0
     # A request's deadline, from its arrival, across all its batched stages: a request that cannot

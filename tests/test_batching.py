@@ -7,7 +7,16 @@ import time
 
 import pytest
 
-from common.batching import BatchedCall, Deadline, DynamicBatcher, OrderedSlots, request_deadline
+from common.batching import (
+    BatchedCall,
+    Deadline,
+    DynamicBatcher,
+    OrderedSlots,
+    WorkBudget,
+    check_deadline,
+    hold_work,
+    request_deadline,
+)
 from common.errors import Overloaded, PayloadTooLarge
 
 pytestmark = pytest.mark.unit
@@ -173,3 +182,52 @@ def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> 
     for thread in [holder, *waiters]:
         thread.join(5)
     assert admitted == [0, 2, 3, 1]
+
+
+def test_the_wait_estimate_takes_the_median_batch_not_the_fastest() -> None:
+    """One fast batch among slow ones made the fastest-batch estimate admit requests that then
+    waited past their deadline: a queue of slow batches is estimated at their median."""
+    durations = iter([0.0, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2])  # the first is the warm-up, then one fast batch
+
+    def run(batch):
+        time.sleep(next(durations, 0.2))
+        return batch
+
+    batcher, _ = make(fn=run, max_batch=1, max_wait_ms=1)
+    for n in range(7):
+        batcher.submit([n], later())[0].result(5)
+    with batcher._cond:
+        assert 0.15 < batcher.estimated_wait(time.monotonic() + 60, 1) < 0.3  # the fastest: ~0.0
+    batcher.stop()
+
+
+def test_work_bytes_are_held_until_the_request_ends_and_refused_past_the_budget() -> None:
+    budget = WorkBudget(1000, "SCORER_MAX_QUEUE_BYTES")
+    hold_work(10**9, "anything")  # outside a request: nothing held
+    with budget.request():
+        hold_work(600, "decoded images")
+        with pytest.raises(PayloadTooLarge, match=r"\(SCORER_MAX_QUEUE_BYTES\)"):
+            hold_work(401, "OCR inputs")  # the request alone: over the whole budget
+        refused: list[Exception] = []
+
+        def other() -> None:
+            with budget.request():
+                try:
+                    hold_work(500, "decoded images")
+                except Overloaded as exc:
+                    refused.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert "(SCORER_MAX_QUEUE_BYTES); retry later" in refused[0].message
+        assert budget.held == 600
+    assert budget.held == 0
+    with budget.request():
+        hold_work(1000, "decoded images")  # given back: the whole budget again
+
+
+def test_the_deadline_is_checked_between_stages() -> None:
+    check_deadline("nothing")  # outside a request
+    with request_deadline(Deadline(-1.0)), pytest.raises(Overloaded, match="deadline passed before the reward rule"):
+        check_deadline("the reward rule")

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
 import pickle
 import re
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
+import numpy as np
 import pytest
 import requests
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from common.client import AsyncScorerClient, ScorerClient
 from tests.images import blank, ocr_prompts, quoted, render_text
 from tests.server import ROOT, gunicorn_server
+from tests.test_images import empty_chunks_png, scan_bomb
 
 PROMPTS = ocr_prompts(12)
 
@@ -424,3 +429,157 @@ def test_error_bodies_quote_input_bounded_and_without_addresses(ocr_server) -> N
         assert status in (400, 413, 422), answer
         assert size < 1000 and seconds < 1.0, (size, seconds)
         assert not re.search(r"0x[0-9a-f]{6,}", answer["error"]), answer
+
+
+def post_json(url: str, body: bytes) -> tuple[int, dict, float]:
+    started = time.perf_counter()
+    response = requests.post(url + "/score", data=body, headers={"Content-Type": "application/json"}, timeout=120)
+    return response.status_code, response.json(), time.perf_counter() - started
+
+
+def bounded(server, send, max_growth_mb: float = 60):
+    """``send()``'s answer, asserting the worker's peak memory grew by under ``max_growth_mb``
+    and that it is the same worker after, answering /health."""
+    workers = server.worker_pids()
+    before = peak_memory_reset(workers[0])
+    answer = send()
+    grown_mb = (memory_kb(workers[0], "VmHWM") - before) / 1024
+    assert grown_mb < max_growth_mb, f"the worker's peak memory grew by {grown_mb:.0f} MB"
+    assert server.worker_pids() == workers
+    assert requests.get(server.url + "/health", timeout=5).status_code == 200
+    return answer
+
+
+def test_a_memo_index_past_the_stream_costs_no_memory(ocr_server) -> None:
+    """9 bytes: ``N``, LONG_BINPUT 2**28, STOP: CPython's unpickler zero-filled a 4 GiB memo
+    (here 2**25: 512 MB) before the refusal."""
+    body = b"\x80\x04N" + b"r" + struct.pack("<I", 2**25) + b"."
+    status, answer, _, _ = bounded(ocr_server, lambda: timed_post(ocr_server.url, body))
+    assert status == 400 and "memo index 33554432" in answer["error"], answer
+
+
+def test_json_of_millions_of_values_is_refused_before_it_is_built(ocr_server) -> None:
+    """7 MB of ``[],`` (2.4 M empty lists) went to json.loads: 180 MB and a second with the GIL
+    held (32 MB: 800 MB and 5.7 s) before the 422 for 'images'."""
+    body = b'{"images": [' + b"[]," * (7 * 2**20 // 3) + b'[]], "prompts": []}'
+    status, answer, _ = bounded(ocr_server, lambda: post_json(ocr_server.url, body))
+    assert status == 413 and "the limit is 1000000 (SCORER_MAX_JSON_VALUES)" in answer["error"], answer
+    good = json.dumps({"images": [base64.b64encode(GOOD).decode()], "prompts": ['"Hello"']}).encode()
+    assert post_json(ocr_server.url, good)[:2] == (200, {"scores": [1.0], "outputs": [1.0]})
+
+
+def test_a_jpeg_of_thousands_of_scans_is_refused_before_it_is_decoded(ocr_server) -> None:
+    """85 KB, 1200x1200 (within this server's limits), its last refinement scan repeated 3,000
+    times: seconds of decoding, the request's deadline not looked at, before a score of 0
+    (4096x4096 and 73 KB: 11.6 s)."""
+    bomb = scan_bomb(1200, 3000)
+    assert len(bomb) < 100_000
+    status, answer, seconds, _ = bounded(
+        ocr_server, lambda: timed_post(ocr_server.url, pickle.dumps({"images": [bomb], "prompts": ['"a"']}))
+    )
+    assert status == 413 and "the limit is 100 (SCORER_MAX_JPEG_SCANS)" in answer["error"], answer
+    assert seconds < 5, seconds
+
+
+def test_a_png_of_half_a_million_empty_chunks_is_refused_before_pillow_reads_it(ocr_server) -> None:
+    """Pillow spends ~3 microseconds on each chunk, even an empty one: 1 M cost 3.2 s to open."""
+    png = empty_chunks_png(500_000)
+    status, answer, seconds, _ = bounded(
+        ocr_server, lambda: timed_post(ocr_server.url, pickle.dumps({"images": [png], "prompts": ['"a"']}))
+    )
+    assert status == 413 and "(SCORER_MAX_PNG_CHUNKS)" in answer["error"], answer
+    assert seconds < 5, seconds
+
+
+def dense_text_png(size: int = 1200, lines: int = 46) -> bytes:
+    """Many lines of small text: a few KB of PNG, minutes of recognizer work on a CPU."""
+    image = Image.new("L", (size, size), 255)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=14)
+    for line in range(lines):
+        draw.text((10, 10 + line * (size - 20) // lines), "the quick brown fox jumps over the lazy dog " * 4, font=font)
+    out = io.BytesIO()
+    image.save(out, "PNG", optimize=True)
+    return out.getvalue()
+
+
+def test_dense_text_is_refused_before_the_recognizer_reads_it(ocr_server) -> None:
+    """A 9 KB PNG of 46 lines of small text: 128,000 pixels of lines for the recognizer (a
+    64 KB one took 30 s of its work); refused whole after detection, never read in part."""
+    body = pickle.dumps({"images": [dense_text_png()], "prompts": ['"fox"']})
+    before = requests.get(ocr_server.url + "/metrics", timeout=10).text
+    # the detector's own working memory at this server's 1.5 Mpx input: ~350 MB (the recognizer's
+    # work on the 46 lines took 1 GB more)
+    status, answer, _, _ = bounded(ocr_server, lambda: timed_post(ocr_server.url, body), max_growth_mb=600)
+    after = requests.get(ocr_server.url + "/metrics", timeout=10).text
+    assert status == 413 and "the limit is 65536 (SCORER_OCR_MAX_TEXT_WIDTH)" in answer["error"], answer
+    assert metric(after, "scorer_batch_size_sum", "recognize") == metric(before, "scorer_batch_size_sum", "recognize")
+
+
+def test_thousands_of_targets_are_refused_before_any_model_call(ocr_server) -> None:
+    """``target=all`` with ``ngram_candidates``: each quoted target is matched against every run
+    of recognized words; 2,730 targets cost 2.9 s of CPU per sample after the model calls."""
+    prompt = '"a"' * 666  # as many as this server's 2,000-character prompts hold
+    options = {"ocr": {"target": "all", "ngram_candidates": True}}
+    before = requests.get(ocr_server.url + "/metrics", timeout=10).text
+    status, answer = post_pickle(ocr_server.url, {"images": [GOOD], "prompts": [prompt], "metadata": options})
+    after = requests.get(ocr_server.url + "/metrics", timeout=10).text
+    assert status == 413 and "666 quoted targets; the limit is 16 (SCORER_OCR_MAX_TARGETS)" in answer["error"]
+    assert metric(after, "scorer_batch_size_sum", "detect") == metric(before, "scorer_batch_size_sum", "detect")
+    status, answer = post_pickle(ocr_server.url, {"images": [GOOD], "prompts": ['"Hello" "Hi"'], "metadata": options})
+    assert status == 200 and 0.5 <= answer["scores"][0] < 1.0, answer
+
+
+def test_a_16_bit_greyscale_png_reads_as_it_looks(ocr_server) -> None:
+    """Pillow's convert("RGB") clipped 16-bit samples at 255: a clear "Hello" in dark grey ink
+    was all white, 0.0."""
+    ink = 40 + np.asarray(Image.open(io.BytesIO(GOOD)).convert("L")) * (215 / 255)  # dark grey on white
+    grey = np.rint(ink * 257).astype(np.uint16)
+    out = io.BytesIO()
+    Image.fromarray(grey).save(out, "PNG")
+    assert Image.open(io.BytesIO(out.getvalue())).mode == "I;16"
+    assert ScorerClient(ocr_server.url).scores([out.getvalue()], ['"Hello"']) == [1.0]
+
+
+@pytest.mark.parametrize("orientation, turn", [(6, 90), (8, -90), (3, 180)])
+def test_a_phone_jpeg_reads_the_way_its_exif_orientation_shows_it(ocr_server, orientation: int, turn: int) -> None:
+    """A phone stores its sensor's rows and says how to turn them: read as stored, the text was
+    sideways and scored 0.0."""
+    upright = Image.open(io.BytesIO(render_text("Hello", size=512)))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    upright.rotate(turn, expand=True).save(out, "JPEG", exif=exif, quality=95)
+    assert ScorerClient(ocr_server.url).scores([out.getvalue()], ['"Hello"']) == [1.0]
+
+
+def test_queued_work_is_bounded_in_bytes(tmp_path) -> None:
+    """A 16 KB white 2000x2000 PNG is a 56.5 MB detector input: requests referencing it 25 times
+    pushed the worker from 1 to 12.4 GB. Work bytes are held from the headers before anything is
+    made: a request that alone needs more than SCORER_MAX_QUEUE_BYTES is a 413 at once, one that
+    would take the worker past it while another holds it a 503 at once; the worker's memory
+    grows by at most that budget and one model call's own working memory."""
+    white = png(1400, 1400)  # 8 KB, ~60 MB of work
+    budget_mb = 300
+    env = {"SCORER_MAX_QUEUE_BYTES": str(budget_mb * 2**20), "SCORER_REQUEST_TIMEOUT_S": "100"}
+    with gunicorn_server("ocr", env, log_dir=tmp_path) as server:
+        alone = pickle.dumps({"images": [white] * 25, "prompts": ['"a"'] * 25})
+        status, answer, _, _ = bounded(server, lambda: timed_post(server.url, alone))
+        assert status == 413 and "(SCORER_MAX_QUEUE_BYTES)" in answer["error"], answer
+        (pid,) = server.worker_pids()
+        before = peak_memory_reset(pid)
+        assert timed_post(server.url, pickle.dumps({"images": [white], "prompts": ['"a"']}))[0] == 200
+        one_image_mb = (memory_kb(pid, "VmHWM") - before) / 1024  # its work and the detector's working memory
+        four = pickle.dumps({"images": [white] * 4, "prompts": ['"a"'] * 4})  # ~240 MB: fits alone
+        first: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: first.update(answer=timed_post(server.url, four)))
+        before = peak_memory_reset(pid)
+        thread.start()
+        time.sleep(1.0)  # the first request is being read (seconds of detection)
+        status, answer, seconds, _ = timed_post(server.url, four)
+        thread.join(120)
+        grown_mb = (memory_kb(pid, "VmHWM") - before) / 1024
+        assert status == 503 and "(SCORER_MAX_QUEUE_BYTES)" in answer["error"] and seconds < 1.0, answer
+        assert first["answer"][:2] == (200, {"scores": [0.0] * 4, "outputs": [0.0] * 4})
+        assert grown_mb < budget_mb + one_image_mb, (grown_mb, one_image_mb)
+        assert timed_post(server.url, four)[0] == 200  # given back once answered

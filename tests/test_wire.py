@@ -12,7 +12,19 @@ import time
 import pytest
 
 from common.errors import BadRequest, PayloadTooLarge
-from common.wire import MAX_NESTING, MAX_PICKLE_NODES, check_pickle, decode_body, encode_body, wire_format
+from common.wire import (
+    MAX_NESTING,
+    MAX_PICKLE_NODES,
+    JsonCap,
+    check_json,
+    check_pickle,
+    decode_body,
+    encode_body,
+    wire_format,
+)
+from services.code.settings import CodeSettings
+
+CAP = JsonCap(1_000_000, "SCORER_MAX_JSON_VALUES")
 
 pytestmark = pytest.mark.unit
 
@@ -27,16 +39,16 @@ class CreatesFile:
 
 def test_plain_data_round_trips() -> None:
     payload = {"images": [b"\xff\xd8"], "prompts": ["a"], "metadata": {"k": (1, 2.5, None, True)}}
-    assert decode_body(pickle.dumps(payload), "pickle") == payload
+    assert decode_body(pickle.dumps(payload), "pickle", CAP) == payload
     # Protocol 3 (Python 3's first) and later carry bytes natively; 0-2 need a global for them.
     for protocol in range(3, pickle.HIGHEST_PROTOCOL + 1):
-        assert decode_body(pickle.dumps(payload, protocol=protocol), "pickle") == payload
+        assert decode_body(pickle.dumps(payload, protocol=protocol), "pickle", CAP) == payload
 
 
 def test_pickle_naming_a_callable_is_refused_and_nothing_runs(tmp_path) -> None:
     target = tmp_path / "pwned"
     with pytest.raises(BadRequest, match=r"STACK_GLOBAL .*only plain data"):
-        decode_body(pickle.dumps({"images": [CreatesFile(str(target))]}), "pickle")
+        decode_body(pickle.dumps({"images": [CreatesFile(str(target))]}), "pickle", CAP)
     assert not target.exists()
 
 
@@ -44,7 +56,7 @@ def test_pickle_naming_a_callable_is_refused_and_nothing_runs(tmp_path) -> None:
 def test_other_classes_are_refused(obj) -> None:
     body = pickle.dumps({"x": obj})
     try:
-        decoded = decode_body(body, "pickle")
+        decoded = decode_body(body, "pickle", CAP)
     except BadRequest:
         return
     # sets/bytearray have their own opcodes: built as plain data, they carry no code.
@@ -56,17 +68,17 @@ def test_other_classes_are_refused(obj) -> None:
 )
 def test_malformed_pickles_are_bad_requests(body: bytes) -> None:
     with pytest.raises(BadRequest):
-        decode_body(body, "pickle")
+        decode_body(body, "pickle", CAP)
 
 
 def test_json_twin() -> None:
-    assert decode_body(json.dumps({"images": []}).encode(), "json") == {"images": []}
+    assert decode_body(json.dumps({"images": []}).encode(), "json", CAP) == {"images": []}
     with pytest.raises(BadRequest):
-        decode_body(b"{not json", "json")
+        decode_body(b"{not json", "json", CAP)
     with pytest.raises(BadRequest):
-        decode_body(b"[1]", "json")
+        decode_body(b"[1]", "json", CAP)
     with pytest.raises(BadRequest):
-        decode_body(b"", "json")
+        decode_body(b"", "json", CAP)
 
 
 def test_format_follows_content_type_and_nan_stays_json() -> None:
@@ -161,7 +173,7 @@ def test_keys_that_hash_slowly_or_collide_are_refused(key) -> None:
 
 def test_plain_keys_and_sets_pass() -> None:
     data = {"a": 1, b"b": 2, 3: 3, -(2**60): 4, None: 5, True: 6, "s": {"x", 1}, "f": frozenset({b"y"})}
-    assert decode_body(pickle.dumps(data, protocol=5), "pickle") == data
+    assert decode_body(pickle.dumps(data, protocol=5), "pickle", CAP) == data
     with pytest.raises(BadRequest, match="set member"):
         check_pickle(pickle.dumps({"s": {(1, 2)}}, protocol=5))
 
@@ -185,7 +197,7 @@ def test_streams_the_walk_cannot_follow_are_refused_not_handed_on(body: bytes) -
     except BadRequest:
         return
     with pytest.raises(BadRequest):  # only a stream the unpickler itself refuses may pass the walk
-        decode_body(body, "pickle")
+        decode_body(body, "pickle", CAP)
 
 
 def test_marks_nested_past_the_limit_are_refused_at_once() -> None:
@@ -212,3 +224,79 @@ def test_input_quoted_in_errors_is_bounded_and_shows_no_address() -> None:
     assert time.perf_counter() - started < 0.1
     message = describe_error(OSError("cannot identify image file <_io.BytesIO object at 0x7f3a2c1b9e40>" + "y" * 10**4))
     assert "0x" not in message and len(message) < 300, message
+
+
+@pytest.mark.parametrize("put", [b"r" + struct.pack("<I", 2**28), b"r" + struct.pack("<I", 2**32 - 1), b"p268435456\n"])
+def test_a_memo_index_past_the_stream_is_refused_before_the_unpickler_sizes_its_memo(put: bytes) -> None:
+    """``N r <2**28> .``: 9 bytes, and CPython's unpickler zero-filled a 4 GiB memo array."""
+    body = b"\x80\x04N" + put + b"."
+    with pytest.raises(BadRequest, match=r"memo index .* past the"):
+        decode_body(body, "pickle", CAP)
+    assert decode_body(pickle.dumps({"a": [b"x"] * 3, "b": "y"}), "pickle", CAP) == {"a": [b"x"] * 3, "b": "y"}
+
+
+def json_count(value) -> int:
+    """Values of decoded JSON, keys included."""
+    if isinstance(value, dict):
+        return 1 + sum(1 + json_count(item) for item in value.values())
+    if isinstance(value, list):
+        return 1 + sum(json_count(item) for item in value)
+    return 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1, 2, {"b": null}], "c": "x,y:[{"}',
+        r'["\\", "\\\"", "\\\\\",[", ""]',
+        '[[], {}, [[[]]], {"": {"": []}}]',
+        r'{"s": "a\u0022,[,{:\\"}',
+        "7",
+        '\ufeff{"bom": [1]}',
+    ],
+)
+def test_the_json_value_count_bounds_the_values_json_builds(text: str) -> None:
+    """The count is never below what ``json.loads`` builds, nor over twice it, whatever the
+    strings hold."""
+    body = text.encode("utf-8")
+    built = json_count(json.loads(body))
+    check_json(body, JsonCap(2 * built, "X"))
+    if built > 1:
+        with pytest.raises(PayloadTooLarge, match=rf"the limit is {built - 1} \(X\)"):
+            check_json(body, JsonCap(built - 1, "X"))
+
+
+def test_32_mb_of_empty_lists_is_refused_in_linear_time_naming_the_limit() -> None:
+    """32 MB of ``[],`` cost +800 MB and 5.7 s in ``json.loads`` with the GIL held."""
+    body = b'{"images": [' + b"[]," * (32 * 1024 * 1024 // 3) + b"[]]}"
+    started = time.process_time()
+    with pytest.raises(PayloadTooLarge, match=r"limit is 1000000 \(SCORER_MAX_JSON_VALUES\)"):
+        decode_body(body, "json", CAP)
+    assert time.process_time() - started < 2.0  # the count alone; json.loads took 5.7 s
+    for hidden in (b'"\\\\",', b'"",', b'"\\"",'):  # strings and escapes by the million: counted at once
+        started = time.process_time()
+        with pytest.raises(PayloadTooLarge, match="SCORER_MAX_JSON_VALUES"):
+            decode_body(b"[" + hidden * 8_000_000 + b"0]", "json", CAP)
+        assert time.process_time() - started < 2.0
+    strings = json.dumps({"prompts": ["[,{:" * 1000] * 2000}).encode()  # 8 M punctuation marks, in strings
+    assert decode_body(strings, "json", CAP)["prompts"][0] == "[,{:" * 1000
+
+
+def test_json_other_than_utf8_is_refused() -> None:
+    for encoding in ("utf-16", "utf-32", "utf-16-le"):
+        with pytest.raises(BadRequest, match="UTF-8"):
+            decode_body('{"images": []}'.encode(encoding), "json", CAP)
+
+
+def test_the_code_verifiers_largest_labels_fit_its_json_cap() -> None:
+    """An OpenRLHF request at the code verifier's caps (1,024 samples, 64 M characters): labels as
+    JSON strings (OpenRLHF sends its dataset's label column so) are one value each whatever they
+    hold; labels as objects may carry long argument lists, one label at the per-text cap's worth
+    of small numbers (~1 M values) and more."""
+    cap = JsonCap(CodeSettings().max_json_values, "SCORER_CODE_MAX_JSON_VALUES")
+    tests = json.dumps({"fn_name": "f", "inputs": [[list(range(6000))] for _ in range(2)], "outputs": [0, 1]})
+    body = json.dumps({"query": ["x" * 1000] * 1024, "prompts": ["p"] * 1024, "labels": [tests] * 1024}).encode()
+    assert len(body) > 60_000_000
+    check_json(body, cap)
+    objects = {"inputs": [[list(range(1_000_000))], [list(range(1_000_000))]], "outputs": [0, 1]}
+    check_json(json.dumps({"query": ["x"] * 3, "prompts": ["p"] * 3, "labels": [objects, {}, {}]}).encode(), cap)

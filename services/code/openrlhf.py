@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from common.config import env_name
 from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
 from common.protocols import WireProtocol
 from common.scorer import Result
-from common.wire import decode_body, encode_body
+from common.wire import JsonCap, decode_body, encode_body
 from services.code.grader import STATUSES
-from services.code.scorer import CodeScorer, Graded
+from services.code.scorer import SECTION, CodeScorer, Graded
 
 
 class OpenRLHFProtocol(WireProtocol):
@@ -29,8 +30,13 @@ class OpenRLHFProtocol(WireProtocol):
     routes = ("/reward/score", "/get_reward")
     scorer: CodeScorer
 
+    def __init__(self, scorer: CodeScorer) -> None:
+        super().__init__(scorer)
+        # Its labels carry the tests: a cap of its own, sized for the largest legitimate ones.
+        self.json_cap = JsonCap(scorer.settings.max_json_values, env_name(SECTION, "max_json_values"))
+
     def parse(self, body: bytes, content_type: str | None) -> dict[str, Any]:
-        return decode_body(body, "json")
+        return decode_body(body, "json", self.json_cap)
 
     def items(self, payload: dict[str, Any]) -> list[Any]:
         key = "query" if "query" in payload else "outputs"

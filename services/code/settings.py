@@ -46,3 +46,8 @@ class CodeSettings:
     max_samples: int = 1024
     max_text_chars: int = 2_000_000
     max_request_chars: int = 64_000_000
+    # Values (dict keys included) of an OpenRLHF JSON body, counted before it is parsed (413 ->
+    # 422): room for labels of call-based tests whose arguments are long lists (a label at the
+    # 2,000,000-character cap written as a list of small numbers is ~1 M values); 4 M values
+    # cost ~300 MB and ~2 s to build.
+    max_json_values: int = 4_000_000

@@ -20,7 +20,9 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from common.config import ConfigError
+from common.batching import check_deadline
+from common.config import ConfigError, env_name
+from common.errors import PayloadTooLarge
 from services.ocr.reward import Line
 
 # Recognizer input widths are rounded up to this many pixels (see ``recognition_input``).
@@ -33,6 +35,9 @@ StageFactory = Callable[..., Callable[[Sequence[Any]], list[Any]]]
 
 class OcrEngine(Protocol):
     name: str
+    # Bytes an image's work holds per pixel of its input (``input_size``), from ``prepare``
+    # until it is read; the scorer holds them against SCORER_MAX_QUEUE_BYTES before preparing.
+    work_bytes_per_pixel: int
 
     def start(self, stage: StageFactory) -> None:
         """Wrap the engine's model calls as batched stages; called once, in ``setup``."""
@@ -44,8 +49,10 @@ class OcrEngine(Protocol):
     def prepare(self, image: Image.Image) -> Any:
         """Per-image work before the first model call; runs on the request thread."""
 
-    def read(self, prepared: Sequence[Any]) -> list[list[Line]]:
-        """The recognized lines of each image; runs on the request thread."""
+    def read(self, prepared: Sequence[Any], max_text_width: int | None = None) -> list[list[Line]]:
+        """The recognized lines of each image; runs on the request thread. An image whose text
+        lines are wider than ``max_text_width`` together, as the recognizer reads them, is a
+        413 before the recognizer runs (an engine that cannot tell reads it whole)."""
 
     def info(self) -> dict[str, Any]: ...
 
@@ -67,6 +74,8 @@ class RapidOCREngine:
     """
 
     name = "rapidocr"
+    # The resized BGR image (uint8), its float32 tensor, the detector's float32 map.
+    work_bytes_per_pixel = 3 + 12 + 4
 
     def __init__(self, device: str, text_score: float, det_batch: int, rec_batch: int, threads: int | None) -> None:
         import onnxruntime as ort
@@ -220,10 +229,13 @@ class RapidOCREngine:
         crops = self.engine.get_crop_img_list(item.image, self.engine.sorted_boxes(boxes))
         return [self.recognition_input(crop) for crop in crops]
 
-    def read(self, prepared: Sequence[DetInput | None]) -> list[list[Line]]:
+    def read(self, prepared: Sequence[DetInput | None], max_text_width: int | None = None) -> list[list[Line]]:
         readable = [item for item in prepared if item is not None]
         maps = iter(self._detect([item.tensor for item in readable]))
         lines_of = [self._lines(item, next(maps)) if item is not None else [] for item in prepared]
+        if max_text_width is not None:
+            _check_text_width(lines_of, max_text_width)
+        check_deadline("recognizing its text")
         found = iter(self._recognize([line for lines in lines_of for line in lines]))
         threshold = self.engine.text_score
         return [[line for line in (next(found) for _ in lines) if line[1] >= threshold] for lines in lines_of]
@@ -237,6 +249,19 @@ class RapidOCREngine:
             "det_batch": self.det_batch,
             "rec_batch": self.rec_batch,
         }
+
+
+def _check_text_width(lines_of: Sequence[Sequence[np.ndarray]], limit: int) -> None:
+    """The recognizer's work on an image grows with its lines' widths: 46 lines of small text
+    on a 64 KB PNG were 30 s of it. Refused whole, never read in part (a score of what was read
+    would be wrong)."""
+    for index, lines in enumerate(lines_of):
+        width = sum(line.shape[-1] for line in lines)
+        if width > limit:
+            raise PayloadTooLarge(
+                f"images[{index}] has {len(lines)} text lines {width} pixels wide together as the recognizer reads "
+                f"them; the limit is {limit} ({env_name('ocr', 'max_text_width')})"
+            )
 
 
 def check_providers(device: str, *in_use: list[str]) -> None:
@@ -266,6 +291,8 @@ class PaddleOCREngine:
     """
 
     name = "paddleocr"
+    # The RGB array ``prepare`` makes; PaddleOCR's own inputs, within its call, are not counted.
+    work_bytes_per_pixel = 3
 
     def __init__(self, device: str, models: dict[str, str]) -> None:
         try:
@@ -309,8 +336,8 @@ class PaddleOCREngine:
     def prepare(self, image: Image.Image) -> np.ndarray:
         return np.asarray(image)
 
-    def read(self, prepared: Sequence[np.ndarray]) -> list[list[Line]]:
-        return self._read(prepared)
+    def read(self, prepared: Sequence[np.ndarray], max_text_width: int | None = None) -> list[list[Line]]:
+        return self._read(prepared)  # one PaddleOCR call per image: its lines are not seen before recognition
 
     def read_images(self, batch: Sequence[np.ndarray]) -> list[list[Line]]:
         results = []

@@ -9,9 +9,10 @@ from typing import Any, Literal
 
 from PIL import Image, ImageDraw, ImageFont
 
+from common.batching import check_deadline, hold_work
 from common.config import describe, env_name, from_env
 from common.errors import PayloadTooLarge, Unprocessable
-from common.images import check_image_sizes, load_image, open_image, parse_image_request
+from common.images import check_image_sizes, load_image, open_image, parse_image_request, shown_size
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
@@ -39,6 +40,14 @@ class OcrSettings(RuleOptions):
     # SCORER_MAX_ASPECT_RATIO stays under it: RapidOCR's largest such input, of an 8:1 image,
     # is 5888x736 = 4.3 Mpx.
     max_input_pixels: int = 6_000_000
+    # Recognizer work per image: the widths of its detected text lines as the recognizer reads
+    # them (48 pixels high), summed, checked before the recognizer runs (413). A render of a
+    # flow_grpo OCR prompt is one line of at most 736; a 64 KB PNG of 46 lines of small text
+    # was 128,000 (30 s of recognizer work on a loaded 2-core CPU).
+    max_text_width: int = 65_536
+    # Quoted targets per prompt (with ``target="all"``), each matched against every run of
+    # recognized words with ``ngram_candidates`` (413): 2,730 of them cost 2.9 s per sample.
+    max_targets: int = 16
     # PaddleOCR model locations for offline nodes (directories, or .onnx files).
     paddle_det_dir: str | None = None
     paddle_rec_dir: str | None = None
@@ -91,25 +100,37 @@ class OCRScorer(Scorer):
         """One real pass, so the first request does not pay for lazy initialisation."""
         image = Image.new("RGB", (512, 512), "white")
         ImageDraw.Draw(image).text((40, 230), "warm up", fill="black", font=ImageFont.load_default(size=48))
-        self.engine.read([self.engine.prepare(image)])
+        self.engine.read([self.engine.prepare(image)], self.settings.max_text_width)
 
     def prepare(self, payload: dict[str, Any]) -> list[OcrItem]:
         request = parse_image_request(payload, self.core)
         options = self.options.override(request.metadata.get("ocr"))
-        wanted = [check_targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]
+        wanted = [self._targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]
         images = [open_image(data, index) for index, data in enumerate(request.images)]
-        check_image_sizes(images, self.core)
-        for index, image in enumerate(images):
-            self._check_input_size(image, index)
-        return [
-            OcrItem(self.engine.prepare(load_image(image, index)), targets, options)
-            for index, (image, targets) in enumerate(zip(images, wanted))
-        ]
+        check_image_sizes(images, request.images, self.core)
+        sizes = [self._check_input_size(image, index) for index, image in enumerate(images)]
+        hold_work(sum(width * height for width, height in sizes) * self.engine.work_bytes_per_pixel, "OCR inputs")
+        items = []
+        for index, (image, targets) in enumerate(zip(images, wanted)):
+            check_deadline("decoding its images")
+            items.append(OcrItem(self.engine.prepare(load_image(image, index)), targets, options))
+        return items
 
-    def _check_input_size(self, image: Image.Image, index: int) -> None:
+    def _targets(self, prompt: str, options: RuleOptions, index: int) -> list[str] | None:
+        wanted = check_targets(prompt, options, index)
+        limit = self.settings.max_targets
+        if wanted is not None and len(wanted) > limit:
+            raise PayloadTooLarge(
+                f"prompts[{index}] has {len(wanted)} quoted targets; the limit is {limit} "
+                f"({env_name('ocr', 'max_targets')})"
+            )
+        return wanted
+
+    def _check_input_size(self, image: Image.Image, index: int) -> tuple[int, int]:
         """Bound the engine's work on one image before any pixel work: engines enlarge thin
-        images, and RapidOCR turns a 70-byte 200x1 PNG into a 9 Mpx detector input."""
-        width, height = image.size
+        images, and RapidOCR turns a 70-byte 200x1 PNG into a 9 Mpx detector input. Returns
+        the input's (width, height)."""
+        width, height = shown_size(image)
         size = self.engine.input_size(width, height)
         if size is None:
             raise Unprocessable(f"images[{index}] is {width}x{height}, too thin for the OCR engine to resize")
@@ -119,10 +140,12 @@ class OCRScorer(Scorer):
                 f"images[{index}] is {width}x{height}, which the OCR engine would read at {size[0]}x{size[1]} = "
                 f"{size[0] * size[1]} pixels; the limit is {limit} ({env_name('ocr', 'max_input_pixels')})"
             )
+        return size
 
     def score_request(self, items: Sequence[OcrItem]) -> list[float]:
         """The engine batches its model calls stage by stage across requests (see ``OcrEngine``)."""
-        lines = self.engine.read([item.prepared for item in items])
+        lines = self.engine.read([item.prepared for item in items], self.settings.max_text_width)
+        check_deadline("the reward rule")
         return [reward(item.targets, found, item.options) for item, found in zip(items, lines)]
 
     def info(self) -> dict[str, Any]:

@@ -1,0 +1,153 @@
+"""Image decoding (common/images.py): the work a decode may cost is counted from the bytes
+before it starts, and every image reads as a viewer shows it, whatever its mode."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image, ImageCms
+
+from common.errors import PayloadTooLarge
+from common.images import as_shown, check_image_sizes, decode_images, open_image, shown_size
+from common.settings import CoreSettings
+from tests.images import encode
+
+CORE = CoreSettings()
+
+
+def saved(image: Image.Image, fmt: str = "PNG", **params) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **params)
+    return out.getvalue()
+
+
+def decoded(data: bytes) -> np.ndarray:
+    (image,) = decode_images([data], CORE)
+    assert image.mode == "RGB"
+    return np.asarray(image).astype(int)
+
+
+def scan_bomb(size: int, repeats: int) -> bytes:
+    """A progressive JPEG whose last refinement scan is repeated: libjpeg decodes each in turn
+    over the whole image (2048x2048 and 2,000 scans: 57 KB, 15 s to decode)."""
+    data = saved(Image.new("RGB", (size, size), "white"), "JPEG", progressive=True, quality=90)
+    last, end = data.rfind(b"\xff\xda"), data.rfind(b"\xff\xd9")
+    return data[:end] + data[last:end] * repeats + data[end:]
+
+
+def chunk(kind: bytes, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def empty_chunks_png(count: int) -> bytes:
+    """A valid 8x8 PNG with ``count`` empty ancillary chunks before its pixels."""
+    data = saved(Image.new("L", (8, 8), 255))
+    header_end = 8 + 25  # signature, IHDR
+    return data[:header_end] + chunk(b"teXt") * count + data[header_end:]
+
+
+def test_a_jpeg_of_many_scans_is_refused_from_its_bytes() -> None:
+    bomb = scan_bomb(256, 150)
+    with pytest.raises(PayloadTooLarge, match=r"JPEG of 160 scans; the limit is 100 \(SCORER_MAX_JPEG_SCANS\)"):
+        check_image_sizes([open_image(bomb)], [bomb], CORE)
+    progressive = saved(Image.new("RGB", (256, 256), "white"), "JPEG", progressive=True)
+    assert progressive.count(b"\xff\xda") == 10  # a real progressive JPEG: well within
+    decoded(progressive)
+
+
+def test_png_chunks_are_counted_across_the_request_each_reference_counting() -> None:
+    png = empty_chunks_png(30_000)
+    assert decoded(png).min() == 255  # one image of 30,000 chunks: read
+    with pytest.raises(PayloadTooLarge, match=r"over 100000 chunks .* \(SCORER_MAX_PNG_CHUNKS\)"):
+        decode_images([png] * 4, CORE)
+    # chunks are walked by their declared lengths: bytes inside a chunk are not chunks
+    big = saved(Image.fromarray(np.random.default_rng(0).integers(0, 255, (512, 512, 3), dtype=np.uint8)))
+    decode_images([big] * 64, CORE)
+
+
+def test_16_bit_greyscale_is_scaled_not_clipped() -> None:
+    """A 16-bit PNG went through Pillow's convert("RGB"), which clips at 255: all white."""
+    ramp = np.linspace(0, 65535, 256 * 64).reshape(64, 256).astype(np.uint16)
+    pixels = decoded(saved(Image.fromarray(ramp)))
+    expected = np.rint(ramp / 257.0)
+    assert np.abs(pixels[..., 0] - expected).max() <= 1
+    assert (pixels[..., 0] == pixels[..., 2]).all() and pixels.min() == 0 and pixels.max() == 255
+
+
+def test_exif_orientation_is_applied_and_sizes_are_as_shown() -> None:
+    upright = Image.new("RGB", (300, 100), "white")
+    upright.paste((0, 0, 0), (0, 0, 50, 50))  # black square top left as shown
+    stored = upright.rotate(90, expand=True)  # a phone's sensor rows: turned a quarter
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to show"
+    data = saved(stored, "JPEG", exif=exif, quality=95)
+    assert shown_size(open_image(data)) == (300, 100) and open_image(data).size == (100, 300)
+    pixels = decoded(data)
+    assert pixels.shape == (100, 300, 3)
+    assert pixels[10, 10].max() < 40 and pixels[90, 290].min() > 215
+
+
+@pytest.mark.parametrize(
+    "mode, fill, expected",
+    [
+        ("RGBA", (255, 0, 0, 0), (255, 255, 255)),  # fully transparent: white, not black or red
+        ("RGBA", (0, 0, 0, 128), (127, 127, 127)),  # half black over white
+        ("LA", (0, 0), (255, 255, 255)),
+        ("P", None, (255, 255, 255)),  # a palette whose colour 0 is transparent (tRNS)
+        ("1", 0, (0, 0, 0)),
+        ("I;16", 65535, (255, 255, 255)),
+    ],
+)
+def test_modes_convert_as_a_viewer_shows_them(mode: str, fill, expected) -> None:
+    if mode == "P":
+        image = Image.new("P", (16, 16), 0)
+        image.putpalette([0, 0, 0] * 256)
+        data = saved(image, transparency=0)
+    else:
+        data = saved(Image.new(mode, (16, 16), fill))
+    pixels = decoded(data)
+    assert np.abs(pixels - np.array(expected)).max() <= 1, (mode, pixels[0, 0])
+
+
+def test_webp_with_alpha_is_composited_over_white() -> None:
+    data = saved(Image.new("RGBA", (16, 16), (0, 0, 255, 0)), "WEBP", lossless=True)
+    assert decoded(data).min() >= 254
+
+
+def swapped_primaries_profile() -> bytes:
+    """lcms's sRGB profile with its red and blue primaries swapped: an RGB profile whose red is
+    stored in the blue channel (a stand-in for a camera's wide-gamut profile)."""
+    profile = bytearray(ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes())
+    (count,) = struct.unpack_from(">I", profile, 128)
+    entries = {bytes(profile[132 + 12 * i : 136 + 12 * i]): 132 + 12 * i for i in range(count)}
+    red, blue = entries[b"rXYZ"] + 4, entries[b"bXYZ"] + 4  # each tag's offset and size
+    profile[red : red + 8], profile[blue : blue + 8] = profile[blue : blue + 8], profile[red : red + 8]
+    return bytes(profile)
+
+
+def test_embedded_icc_profiles_are_converted_to_srgb() -> None:
+    image = Image.new("RGB", (16, 16), (200, 30, 30))
+    for fmt in ("PNG", "JPEG", "WEBP"):
+        data = saved(image, fmt, icc_profile=swapped_primaries_profile(), quality=95)
+        shown = decoded(data)[0, 0]
+        assert shown[2] > 150 and shown[0] < 80, (fmt, shown)  # its red numbers are blue in its profile
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    assert np.abs(decoded(saved(image, "PNG", icc_profile=srgb)) - (200, 30, 30)).max() <= 1
+    broken = decoded(saved(image, "PNG", icc_profile=b"not a profile" * 10))
+    assert (broken == (200, 30, 30)).all()  # a profile lcms cannot read: taken as sRGB, as viewers do
+
+
+def test_cmyk_jpeg_with_its_profile_reads_as_its_colours() -> None:
+    cmyk = Image.new("CMYK", (16, 16), (0, 255, 255, 0))  # pure red ink mix
+    data = encode(cmyk, "JPEG")
+    red = decoded(data)[0, 0]
+    assert red[0] > 200 and red[1] < 60 and red[2] < 60, red
+
+
+def test_as_shown_keeps_plain_rgb_as_is() -> None:
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (8, 8, 3), dtype=np.uint8))
+    assert np.array_equal(np.asarray(as_shown(image)), np.asarray(image))
