@@ -13,7 +13,7 @@ WORK=$(mktemp -d)
 trap 'pkill -TERM -f "gunicorn -c $WORK/" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 git clone -q . "$WORK/clone"
 git -C "$WORK/clone" checkout -q "$REV"
-export PIP_CACHE_DIR=$WORK/pip-cache
+export PIP_CACHE_DIR=$WORK/pip-cache UV_CACHE_DIR=$WORK/uv-cache
 PYTHON=${PYTHON:-python3}
 start=$(date +%s.%N)
 (cd "$WORK/clone" && exec timeout "$LIMIT" bash run.sh >"$WORK/log" 2>&1) &
