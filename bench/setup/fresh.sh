@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What `bash run.sh` costs a new user: a clone of REV alone in an empty folder, pip's cache
+# What `bash run.sh` costs a new user: a clone of REV alone in an empty folder, pip's and uv's caches
 # empty (a fresh machine's), then `bash run.sh` with no argument. Prints the seconds until the
 # OCR service scores a request, the seconds until run.sh has decided about every service (its
 # last "skipping"/"starting" line), and the disk of the environments it built.
