@@ -1,0 +1,216 @@
+"""HPSv3 as a service: the human-preference score of an (image, prompt) pair.
+
+HPSv3 (MizzenAI, ``HPSv3.safetensors``) is Qwen2-VL-7B-Instruct with a reward token and a
+RankNet head; the base model's configuration, tokenizer, chat template and image preprocessing
+come from ``--base`` (Qwen2-VL-7B-Instruct's files; its weights are not needed: the checkpoint
+holds them all). The request threads resize each image and tokenize its prompt
+(``inputs.py``); the inference thread runs the items of concurrent requests in one forward
+pass. The score is mu x ``SCORER_HPSV3_SCALE``; mu and sigma travel as the extras ``mu`` and
+``sigma``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from PIL import Image
+
+from common.config import ConfigError, env_name, from_env
+from common.devices import require_torch_device
+from common.errors import PayloadTooLarge, Unprocessable
+from common.images import decode_images, parse_image_request
+from common.scorer import Scored, Scorer
+from common.settings import CoreSettings
+from services.clip.weights import local_first, missing_weights
+from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, resized
+
+if TYPE_CHECKING:
+    from services.hpsv3.model import HPSv3
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "HPSv3.safetensors"
+CHAT_TEMPLATE_FILE = "chat_template.json"
+
+
+@dataclass(frozen=True)
+class HPSv3Settings:
+    """``SCORER_HPSV3_<FIELD>``; ``run.sh hpsv3 --model`` / ``--base`` set the first two."""
+
+    # The checkpoint: HPSv3.safetensors, a directory holding it, or a hub id.
+    model: str = "MizzenAI/HPSv3"
+    # Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and preprocessor_config.json:
+    # a directory or a hub id.
+    base: str = "Qwen/Qwen2-VL-7B-Instruct"
+    # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
+    # runs float32 throughout.
+    precision: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # score = mu x scale. 1.0: HPSv3's own scale; VeRL-Omni's hpsv3_reward multiplies by 0.1.
+    scale: float = 1.0
+    # Tokens of one sample's whole sequence (instruction, image and prompt); a longer prompt is a 413.
+    max_tokens: int = 2048
+
+
+class HPSv3Scorer(Scorer):
+    name = "hpsv3"
+    max_batch = 16
+    max_wait_ms = 5.0
+
+    def __init__(self, core: CoreSettings) -> None:
+        super().__init__(core)
+        self.settings = from_env(HPSv3Settings, self.name)
+        if not math.isfinite(self.settings.scale):
+            raise ConfigError(f"{self.setting('scale')}={self.settings.scale} must be a finite number")
+        if self.settings.max_tokens < 1:
+            raise ConfigError(f"{self.setting('max_tokens')} must be at least 1")
+        for field in ("model", "base"):
+            if not getattr(self.settings, field).strip():
+                raise ConfigError(f"{self.setting(field)} is empty; give a path or a hub id")
+        self.model: HPSv3 | None = None
+        self.layout: PromptLayout | None = None
+        self.image_processor: Any = None
+
+    def setting(self, field: str) -> str:
+        return env_name(self.name, field)
+
+    def missing(self, allow_download: bool) -> str | None:
+        """Why the checkpoint or the base files can't be loaded, judged from the disk and the hub cache."""
+        model_hint = (
+            f"Set {self.setting('model')} (run.sh hpsv3 --model) to {CHECKPOINT} or a directory holding it "
+            f"(`hf download MizzenAI/HPSv3 {CHECKPOINT} --local-dir DIR` on a machine with internet), or to a "
+            "hub id this node can download."
+        )
+        problem = missing_weights(
+            self.settings.model, self.setting("model"), model_hint, allow_download, (CHECKPOINT,), None, "checkpoint"
+        )
+        if problem:
+            return problem
+        base_hint = (
+            f"Set {self.setting('base')} (run.sh hpsv3 --base) to a directory with Qwen2-VL-7B-Instruct's "
+            "config.json, tokenizer and preprocessor_config.json (`hf download Qwen/Qwen2-VL-7B-Instruct --exclude "
+            "'*.safetensors' --local-dir DIR`: the weights are not needed), or to a hub id this node can download."
+        )
+        base, setting = self.settings.base, self.setting("base")
+        for files in (("tokenizer.json",), ("preprocessor_config.json",)):
+            problem = missing_weights(base, setting, base_hint, allow_download, files, "config.json", "base files")
+            if problem:
+                return problem
+        return None
+
+    def preflight(self) -> str | None:
+        """A hub id not in the local hub cache counts as missing: ``run.sh`` with no argument must
+        not depend on a download."""
+        return self.missing(allow_download=False)
+
+    def checkpoint_path(self) -> Path:
+        local = Path(self.settings.model).expanduser()
+        if local.is_file():
+            return local
+        if local.is_dir():
+            return local / CHECKPOINT
+        from huggingface_hub import hf_hub_download
+
+        return Path(
+            local_first(lambda offline: hf_hub_download(self.settings.model, CHECKPOINT, local_files_only=offline))
+        )
+
+    def _chat_template(self, tokenizer: Any) -> None:
+        """The base's chat template: the tokenizer's, else the processor's ``chat_template.json``."""
+        if tokenizer.chat_template:
+            return
+        base = Path(self.settings.base).expanduser()
+        if base.is_dir():
+            path = base / CHAT_TEMPLATE_FILE
+        else:
+            from huggingface_hub import hf_hub_download
+
+            base_id = self.settings.base
+            path = Path(
+                local_first(lambda offline: hf_hub_download(base_id, CHAT_TEMPLATE_FILE, local_files_only=offline))
+            )
+        tokenizer.chat_template = json.loads(path.read_text())["chat_template"]
+
+    def setup(self, device: str) -> None:
+        problem = self.missing(allow_download=True)
+        if problem:
+            raise ConfigError(problem)
+        from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLImageProcessorPil
+
+        from services.hpsv3.model import DTYPES, CheckpointError, HPSv3, load_reward_model
+
+        require_torch_device(device)
+        settings = self.settings
+        dtype = DTYPES[settings.precision] if device.startswith("cuda") else DTYPES["float32"]
+        base = settings.base
+        try:
+            config = local_first(lambda offline: Qwen2VLConfig.from_pretrained(base, local_files_only=offline))
+            tokenizer = local_first(lambda offline: AutoTokenizer.from_pretrained(base, local_files_only=offline))
+            # The PIL image processor: the default one needs torchvision, which this service does without.
+            self.image_processor = local_first(
+                lambda offline: Qwen2VLImageProcessorPil.from_pretrained(base, local_files_only=offline)
+            )
+            self._chat_template(tokenizer)
+        except (OSError, KeyError, ValueError) as exc:
+            raise ConfigError(
+                f"hpsv3 could not load the base files of {self.setting('base')}={base!r}: {exc}"
+            ) from None
+        # As HPSv3 does: the reward token added, the embeddings sized to the tokenizer.
+        tokenizer.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]})
+        reward_id = tokenizer.convert_tokens_to_ids(REWARD_TOKEN)
+        self.layout = PromptLayout(tokenizer, reward_id, config.image_token_id)
+        checkpoint = self.checkpoint_path()
+        try:
+            reward_model = load_reward_model(checkpoint, config, len(tokenizer), device, dtype)
+        except CheckpointError as exc:
+            raise ConfigError(
+                f"{self.setting('model')}={settings.model!r} is not an HPSv3 checkpoint on the base "
+                f"{self.setting('base')}={base!r}: {exc}"
+            ) from None
+        model = HPSv3(reward_model, tokenizer.pad_token_id, config.image_token_id, device, dtype)
+        model.rewards(self._items([Image.new("RGB", (256, 256), (128, 128, 128))], ["a photo"]))
+        self.model = model
+        log.info("hpsv3: checkpoint %s, base %s, on %s in %s", checkpoint, base, device, dtype)
+
+    def _items(self, images: list[Image.Image], prompts: list[str]) -> list[Item]:
+        assert self.layout is not None
+        items = []
+        for index, (image, prompt) in enumerate(zip(images, prompts)):
+            try:
+                image = resized(image)
+            except ValueError as exc:
+                raise Unprocessable(f"images[{index}] is {image.width}x{image.height}: {exc}") from None
+            pixels = self.image_processor(images=[image], return_tensors="np")
+            grid = tuple(int(n) for n in pixels["image_grid_thw"][0])
+            merged = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
+            input_ids, reward_index = self.layout.input_ids(self.layout.text_ids(prompt), merged)
+            if len(input_ids) > self.settings.max_tokens:
+                raise PayloadTooLarge(
+                    f"prompts[{index}] makes a sequence of {len(input_ids)} tokens; the limit is "
+                    f"{self.settings.max_tokens} ({self.setting('max_tokens')})"
+                )
+            items.append(Item(pixels["pixel_values"], grid, input_ids, reward_index))
+        return items
+
+    def decode(self, payload: dict[str, Any]) -> list[Any]:
+        assert self.model is not None, "setup() has not run"
+        request = parse_image_request(payload, self.core)
+        return self._items(decode_images(request.images, self.core), request.prompts)
+
+    def score(self, batch: Sequence[Any]) -> list[Scored]:
+        assert self.model is not None, "setup() has not run"
+        return [Scored(mu * self.settings.scale, {"mu": mu, "sigma": sigma}) for mu, sigma in self.model.rewards(batch)]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model": self.settings.model,
+            "base": self.settings.base,
+            "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
+            "scale": self.settings.scale,
+            "max_tokens": self.settings.max_tokens,
+        }
