@@ -92,6 +92,14 @@ SERVICES: dict[str, Service] = {
             )
         ),
         Service(
+            name="hpsv3",
+            port=18085,
+            scorer="services.hpsv3.scorer:HPSv3Scorer",
+            uses_gpu=True,
+            requirements=("requirements.txt", "requirements-aesthetic.txt", "requirements-hpsv3.txt"),
+            flags=("model", "base"),
+        ),
+        Service(
             name="code",
             port=18090,
             scorer="services.code.scorer:CodeScorer",

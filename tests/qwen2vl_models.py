@@ -128,15 +128,20 @@ def _bpe(vocab_size: int = 600) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return model["vocab"], merges
 
 
-def save_base(directory: Path, size: str = "tiny") -> Path:
-    """The base directory: config, tokenizer, chat template and image preprocessor."""
+def save_base(directory: Path, size: str = "tiny", tokenizer_template: bool = True) -> Path:
+    """The base directory: config, tokenizer, chat template and image preprocessor. The chat
+    template in ``chat_template.json`` (the processor's) and, unless ``tokenizer_template`` is
+    False, in ``tokenizer_config.json``, as the hub's Qwen2-VL-7B-Instruct has it."""
     directory.mkdir(parents=True, exist_ok=True)
     vocab, merges = _bpe()
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, errors="replace")
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
-    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.model_max_length = 32768
     tokenizer.save_pretrained(directory)
+    if tokenizer_template:
+        tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+        tokenizer_config["chat_template"] = CHAT_TEMPLATE
+        (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     assert list(ids.values()) == list(range(len(vocab), len(vocab) + len(SPECIAL_TOKENS))), ids
     text, vision = dict(SIZES[size]["text"]), SIZES[size]["vision"]

@@ -99,8 +99,8 @@ def load_reward_model(
         model = HPSv3RewardModel(config)
     try:
         model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise CheckpointError(str(exc)) from None
+    except RuntimeError as exc:  # torch names the missing, unexpected and misshapen keys, over several lines
+        raise CheckpointError(" ".join(str(exc).split())) from None
     _materialise_buffers(model, device)
     # HPSv3's training and inference cast the whole backbone (``model.to(torch.bfloat16)``), the
     # rotary embeddings' frequencies included: the model was trained with them rounded so.
