@@ -28,6 +28,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import Qwen2Tokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
+from services.hpsv3.model import ranknet_head
+
 # Qwen2-VL's special tokens, in the order of their ids (151643 on) in the real tokenizer.
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -186,30 +188,26 @@ def save_base(directory: Path, size: str = "tiny", tokenizer_template: bool = Tr
     return directory
 
 
-def reward_model_state(base: Path, seed: int = 0, init_std: float = 0.02) -> dict[str, torch.Tensor]:
+def reward_model_state(
+    base: Path, seed: int = 0, init_std: float = 0.02, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
     """HPSv3's reward model as its training builds it, with random weights, in the new key layout:
     Qwen2-VL from the base config, the embeddings resized to the tokenizer with ``<|Reward|>``
     added, the RankNet head (hidden -> 1024 -> 16 -> 2). The backbone in bfloat16, as the released
     checkpoint, the head in float32. ``init_std``: the weights' spread (larger: scores that vary
-    more between samples, for the tests)."""
+    more between samples, for the tests). Built on ``device`` (the 7B size on a GPU: seconds)."""
     torch.manual_seed(seed)
     config = Qwen2VLConfig.from_pretrained(base)
     config.text_config.initializer_range = config.vision_config.initializer_range = init_std
     vocab = len(Qwen2Tokenizer.from_pretrained(base)) + 1  # + <|Reward|>
-    model = Qwen2VLForConditionalGeneration(config)
-    model.resize_token_embeddings(vocab)
-    hidden = config.text_config.hidden_size
-    head = torch.nn.Sequential(
-        torch.nn.Linear(hidden, 1024),
-        torch.nn.ReLU(),
-        torch.nn.Dropout(0.05),
-        torch.nn.Linear(1024, 16),
-        torch.nn.ReLU(),
-        torch.nn.Linear(16, 2),
-    )
-    state = {key: value.to(torch.bfloat16) for key, value in model.state_dict().items()}
-    state.update({f"rm_head.{key}": value for key, value in head.state_dict().items()})
-    return state
+    with torch.device(device):
+        model = Qwen2VLForConditionalGeneration(config).to(torch.bfloat16)
+        model.resize_token_embeddings(vocab)
+        head = ranknet_head(config.text_config.hidden_size)
+    return {
+        **model.state_dict(),
+        **{f"rm_head.{key}": value.float() for key, value in head.state_dict().items()},
+    }
 
 
 def old_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -173,11 +173,12 @@ class HPSv3Scorer(Scorer):
                 f"{self.setting('base')}={base!r}: {exc}"
             ) from None
         model = HPSv3(reward_model, tokenizer.pad_token_id, config.image_token_id, device, dtype)
-        model.rewards(self._items([Image.new("RGB", (256, 256), (128, 128, 128))], ["a photo"]))
+        model.rewards(self.items_of([Image.new("RGB", (256, 256), (128, 128, 128))], ["a photo"]))
         self.model = model
         log.info("hpsv3: checkpoint %s, base %s, on %s in %s", checkpoint, base, device, dtype)
 
-    def _items(self, images: list[Image.Image], prompts: list[str]) -> list[Item]:
+    def items_of(self, images: list[Image.Image], prompts: list[str]) -> list[Item]:
+        """The model's items of decoded images and their prompts (413/422 for what cannot be one)."""
         assert self.layout is not None
         items = []
         for index, (image, prompt) in enumerate(zip(images, prompts)):
@@ -200,7 +201,7 @@ class HPSv3Scorer(Scorer):
     def decode(self, payload: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
         request = parse_image_request(payload, self.core)
-        return self._items(decode_images(request.images, self.core), request.prompts)
+        return self.items_of(decode_images(request.images, self.core), request.prompts)
 
     def score(self, batch: Sequence[Any]) -> list[Scored]:
         assert self.model is not None, "setup() has not run"
