@@ -118,7 +118,10 @@ def test_gunicorn_scores_equal_the_reference(tiny: tuple[Path, Path], images: li
     assert np.std(expected["mu"]) > 1e-3, "scores that do not vary would prove nothing"
     if VERL_OMNI_FILE:
         verl_omni = reference({**job, "job": "verl-omni", "file": VERL_OMNI_FILE})
-        np.testing.assert_allclose(verl_omni["mu"], expected["mu"], atol=TOLERANCE)
+        for key in ("mu", "sigma"):
+            difference = np.abs(np.subtract(verl_omni[key], expected[key])).max()
+            print(f"hpsv3 {key}: max |VeRL-Omni's module - reference| = {difference:.2e}")
+            assert difference <= TOLERANCE
     env = {
         "SCORER_HPSV3_MODEL": str(checkpoint),
         "SCORER_HPSV3_BASE": str(base),
