@@ -136,11 +136,12 @@ class PromptLayout:
         self.tokenizer = tokenizer  # used here, during setup, only
         self.reward_id = reward_id
         self.image_id = image_id
-        self.before_text, after_reward = INSTRUCTION.split("{text_prompt}")[0], REWARD_SUFFIX.split(REWARD_TOKEN)
-        self.after_prompt = INSTRUCTION.split("{text_prompt}")[1] + after_reward[0]
+        before_prompt, after_prompt = INSTRUCTION.split("{text_prompt}")
+        before_reward, after_reward = REWARD_SUFFIX.split(REWARD_TOKEN)
+        self.before_prompt, self.after_prompt = before_prompt, after_prompt + before_reward
         self.head = self._ids(head)
         self.middle = self._ids(middle)
-        self.tail = self._ids(after_reward[1] + tail)
+        self.tail = self._ids(after_reward + tail)
         # A copy of the backend that reads special-token strings as text. transformers'
         # ``split_special_tokens`` flips a flag on the shared backend instead, which concurrent
         # request threads would race on.
@@ -153,7 +154,7 @@ class PromptLayout:
     def text_ids(self, prompt: str) -> list[int]:
         """The ids of the instruction with ``prompt``, up to the reward token, special-token
         strings in the prompt split as plain text. Safe from many threads at once."""
-        return self._plain.encode(self.before_text + prompt + self.after_prompt, add_special_tokens=False).ids
+        return self._plain.encode(self.before_prompt + prompt + self.after_prompt, add_special_tokens=False).ids
 
     def input_ids(self, text_ids: list[int], image_tokens: int) -> tuple[tuple[int, ...], int]:
         """The whole sequence and the position of its one reward token."""
