@@ -6,6 +6,7 @@
 #   bash run.sh aesthetic [--port N] [--workers N] [--clip DIR_OR_HUB_ID] [--head PATH]
 #   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
 #   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
+#   bash run.sh hpsv3 [--port N] [--workers N] [--model FILE_OR_HUB_ID] [--base DIR_OR_HUB_ID]
 #   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
 #                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs

@@ -106,6 +106,16 @@ SERVICES: dict[str, Service] = {
             )
         ),
         Service(
+            name="hpsv3",
+            port=18085,
+            scorer="services.hpsv3.scorer:HPSv3Scorer",
+            uses_gpu=True,
+            requirements=("requirements.txt", "requirements-clip.txt"),
+            venv="clip",
+            preflight="services.hpsv3.settings:preflight",
+            flags=("model", "base"),
+        ),
+        Service(
             name="code",
             port=18090,
             scorer="services.code.scorer:CodeScorer",

@@ -34,5 +34,7 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
     assert report["ocr"]["median"]["ours_agree"] == report["ocr"]["median"]["simple_agree"] == 2
     assert report["aesthetic"]["results"]["service"]["images_per_s"] > 0
     assert report["pickscore"]["results"]["service"]["images_per_s"] > 0
+    assert report["hpsv3"]["results"]["service"]["images_per_s"] > 0
+    assert report["hpsv3"]["results"]["service"]["max_score_diff_vs_batch_1"] < 1e-4
     for result in report["batching"]["results"].values():
         assert result["median"]["ours_wrong"] == result["median"]["simple_wrong"] == 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU check, for a bare GPU machine (Python 3.12 with torch, transformers, onnx, onnxruntime,
 # numpy, pillow, prometheus-client, werkzeug, opencv-python-headless; no package index). Run from
-# the repository root, with .whl/ made beforehand by bench/gpu/wheels.sh; under 8 minutes:
+# the repository root, with .whl/ made beforehand by bench/gpu/wheels.sh; under 10 minutes:
 #
 #   bash bench/gpu/check.sh --out DIR            on the GPU
 #   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 2 min)
@@ -11,7 +11,8 @@
 # its workers pinned to the GPUs (/info of each); the OCR engines' agreement (ONNX Runtime on the
 # CPU against torch in float32/float16/bfloat16); the aesthetic three-way bench at ViT-L/14 size in
 # float16; the OCR three-way bench on the torch engine; the batching bench; the PickScore three-way
-# bench (ViT-B widths, 14-pixel patches, float16). Every figure goes to
+# bench (ViT-B widths, 14-pixel patches, float16); the HPSv3 bench at Qwen2-VL-7B's real size
+# (random weights built on the GPU in bfloat16). Every figure goes to
 # DIR/check.json (each step's own JSON and log beside it). PYTHON picks the interpreter; without
 # .whl/ (or with --no-wheels) its own packages must have everything: the test venv does, and
 # tests/test_gpu_check.py runs --cpu-smoke --no-wheels with it.
@@ -50,7 +51,8 @@ if [ $SMOKE = 1 ]; then
   OCR=(--device cpu --engine torch --requests 2 --rounds 1 --batches 2)
   AGREEMENT=(--device cpu --count 2 --batch 2)
   BATCHING=(--cases 16:8 --rounds 1 --requests 2 --simple-requests 1)
-  LIMITS=(120 120 120 180 120 180)  # guards against a hang only: a shared CI machine can be slow
+  HPSV3=(--size tiny --device cpu --precision float32 --requests 4 --prompts 2 --rounds 1 --batch-sizes 4)
+  LIMITS=(120 120 120 180 120 180 240)  # guards against a hang only: a shared CI machine can be slow
 else
   DEVICE=cuda
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -61,7 +63,9 @@ else
   OCR=(--device cuda --engine torch --requests 64 --rounds 3 --batches 1,8,16,32)
   AGREEMENT=(--device cuda --count 128 --batch 16)
   BATCHING=(--cases 64:32,256:64 --rounds 3 --requests 4 --simple-requests 1)
-  LIMITS=(45 75 105 105 60 50)
+  # Qwen2-VL-7B's size: the random checkpoint (16.6 GB) is written once and loaded three times.
+  HPSV3=(--size 7b --device cuda --precision bfloat16 --requests 32 --prompts 4 --rounds 2 --batch-sizes 16,32)
+  LIMITS=(45 75 105 105 60 50 120)
 fi
 
 log "environment"
@@ -100,20 +104,21 @@ step() {
   echo $((SECONDS - started)) >"$OUT/$name.seconds"
 }
 
-# Time limits per step (seconds), in this order; together 7 min 20 s at most on the GPU, so that
-# the whole check, wheels and environment included, stays under 8 minutes.
+# Time limits per step (seconds), in this order; together 9 min 20 s at most on the GPU, so that
+# the whole check, wheels and environment included, stays under 10 minutes.
 step pinning "${LIMITS[0]}" "$PYTHON" -m bench.gpu.pinning --device "$DEVICE" --out "$OUT/pinning.json"
 step ocr_agreement "${LIMITS[1]}" "$PYTHON" -m bench.gpu.ocr_agreement "${AGREEMENT[@]}" --out "$OUT/ocr_agreement.json"
 step aesthetic "${LIMITS[2]}" "$PYTHON" -m bench.aesthetic.bench "${AESTHETIC[@]}" --head "$HEAD" --out "$OUT/aesthetic.json"
 step ocr "${LIMITS[3]}" "$PYTHON" -m bench.ocr.run "${OCR[@]}" --out "$OUT/ocr.json"
 step batching "${LIMITS[4]}" "$PYTHON" -m bench.batching.run "${BATCHING[@]}" --out "$OUT/batching.json"
 step pickscore "${LIMITS[5]}" "$PYTHON" -m bench.clip.bench "${PICKSCORE[@]}" --out "$OUT/pickscore.json"
+step hpsv3 "${LIMITS[6]}" "$PYTHON" -m bench.hpsv3.bench "${HPSV3[@]}" --out "$OUT/hpsv3.json"
 
 "$PYTHON" - "$OUT" ${FAILED[@]+"${FAILED[@]}"} <<'PY'
 import json, sys
 from pathlib import Path
 out, failed = Path(sys.argv[1]), sys.argv[2:]
-steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore"]
+steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore", "hpsv3"]
 report = {"failed": failed, "seconds": {}}
 for step in steps:
     path = out / f"{step}.json"

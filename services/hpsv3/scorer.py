@@ -1,0 +1,161 @@
+"""HPSv3 as a service: the human-preference score of an (image, prompt) pair.
+
+HPSv3 (MizzenAI, ``HPSv3.safetensors``) is Qwen2-VL-7B-Instruct with a reward token and a
+RankNet head; the base model's configuration, tokenizer, chat template and image preprocessing
+come from ``--base`` (Qwen2-VL-7B-Instruct's files; its weights are not needed: the checkpoint
+holds them all). The request threads resize each image and tokenize its prompt
+(``inputs.py``); the inference thread runs the items of concurrent requests in one forward
+pass. The score is mu x ``SCORER_HPSV3_SCALE``; mu and sigma travel as the extras ``mu`` and
+``sigma``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from common.config import ConfigError, env_name
+from common.devices import require_torch_device
+from common.errors import PayloadTooLarge, Unprocessable
+from common.images import decode_images, parse_image_request
+from common.scorer import Scored, Scorer
+from common.settings import CoreSettings
+from services.clip.weights import local_first
+from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, resized
+from services.hpsv3.settings import CHECKPOINT, missing, read_settings
+
+if TYPE_CHECKING:
+    from services.hpsv3.model import HPSv3
+
+log = logging.getLogger(__name__)
+
+CHAT_TEMPLATE_FILE = "chat_template.json"
+
+
+class HPSv3Scorer(Scorer):
+    name = "hpsv3"
+    max_batch = 16
+    max_wait_ms = 5.0
+
+    def __init__(self, core: CoreSettings) -> None:
+        super().__init__(core)
+        self.settings = read_settings()
+        self.model: HPSv3 | None = None
+        self.layout: PromptLayout | None = None
+        self.image_processor: Any = None
+
+    def setting(self, field: str) -> str:
+        return env_name(self.name, field)
+
+    def checkpoint_path(self) -> Path:
+        local = Path(self.settings.model).expanduser()
+        if local.is_file():
+            return local
+        if local.is_dir():
+            return local / CHECKPOINT
+        from huggingface_hub import hf_hub_download
+
+        return Path(
+            local_first(lambda offline: hf_hub_download(self.settings.model, CHECKPOINT, local_files_only=offline))
+        )
+
+    def _chat_template(self, tokenizer: Any) -> None:
+        """The base's chat template: the tokenizer's, else the processor's ``chat_template.json``."""
+        if tokenizer.chat_template:
+            return
+        base = Path(self.settings.base).expanduser()
+        if base.is_dir():
+            path = base / CHAT_TEMPLATE_FILE
+        else:
+            from huggingface_hub import hf_hub_download
+
+            base_id = self.settings.base
+            path = Path(
+                local_first(lambda offline: hf_hub_download(base_id, CHAT_TEMPLATE_FILE, local_files_only=offline))
+            )
+        tokenizer.chat_template = json.loads(path.read_text())["chat_template"]
+
+    def setup(self, device: str) -> None:
+        problem = missing(self.settings, allow_download=True)
+        if problem:
+            raise ConfigError(problem)
+        from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLImageProcessorPil
+
+        from services.hpsv3.model import DTYPES, CheckpointError, HPSv3, load_reward_model
+
+        require_torch_device(device)
+        settings = self.settings
+        dtype = DTYPES[settings.precision] if device.startswith("cuda") else DTYPES["float32"]
+        base = settings.base
+        try:
+            config = local_first(lambda offline: Qwen2VLConfig.from_pretrained(base, local_files_only=offline))
+            tokenizer = local_first(lambda offline: AutoTokenizer.from_pretrained(base, local_files_only=offline))
+            # The PIL image processor: the default one needs torchvision, which this service does without.
+            self.image_processor = local_first(
+                lambda offline: Qwen2VLImageProcessorPil.from_pretrained(base, local_files_only=offline)
+            )
+            self._chat_template(tokenizer)
+        except (OSError, KeyError, ValueError) as exc:
+            raise ConfigError(
+                f"hpsv3 could not load the base files of {self.setting('base')}={base!r}: {exc}"
+            ) from None
+        # As HPSv3 does: the reward token added, the embeddings sized to the tokenizer.
+        tokenizer.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]})
+        reward_id = tokenizer.convert_tokens_to_ids(REWARD_TOKEN)
+        self.layout = PromptLayout(tokenizer, reward_id, config.image_token_id)
+        checkpoint = self.checkpoint_path()
+        try:
+            reward_model = load_reward_model(checkpoint, config, len(tokenizer), device, dtype)
+        except CheckpointError as exc:
+            raise ConfigError(
+                f"{self.setting('model')}={settings.model!r} is not an HPSv3 checkpoint on the base "
+                f"{self.setting('base')}={base!r}: {exc}"
+            ) from None
+        model = HPSv3(reward_model, tokenizer.pad_token_id, config.image_token_id, device, dtype)
+        model.rewards(self.items_of([Image.new("RGB", (256, 256), (128, 128, 128))], ["a photo"]))
+        self.model = model
+        log.info("hpsv3: checkpoint %s, base %s, on %s in %s", checkpoint, base, device, dtype)
+
+    def items_of(self, images: list[Image.Image], prompts: list[str]) -> list[Item]:
+        """The model's items of decoded images and their prompts (413/422 for what cannot be one)."""
+        assert self.layout is not None
+        items = []
+        for index, (image, prompt) in enumerate(zip(images, prompts)):
+            try:
+                image = resized(image)
+            except ValueError as exc:
+                raise Unprocessable(f"images[{index}] is {image.width}x{image.height}: {exc}") from None
+            pixels = self.image_processor(images=[image], return_tensors="np")
+            grid = tuple(int(n) for n in pixels["image_grid_thw"][0])
+            merged = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
+            input_ids, reward_index = self.layout.input_ids(self.layout.text_ids(prompt), merged)
+            if len(input_ids) > self.settings.max_tokens:
+                raise PayloadTooLarge(
+                    f"prompts[{index}] makes a sequence of {len(input_ids)} tokens; the limit is "
+                    f"{self.settings.max_tokens} ({self.setting('max_tokens')})"
+                )
+            items.append(Item(pixels["pixel_values"], grid, input_ids, reward_index))
+        return items
+
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
+        assert self.model is not None, "setup() has not run"
+        request = parse_image_request(payload, self.core)
+        return self.items_of(decode_images(request.images, self.core), request.prompts)
+
+    def score(self, batch: Sequence[Any]) -> list[Scored]:
+        assert self.model is not None, "setup() has not run"
+        return [Scored(mu * self.settings.scale, {"mu": mu, "sigma": sigma}) for mu, sigma in self.model.rewards(batch)]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model": self.settings.model,
+            "base": self.settings.base,
+            "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
+            "scale": self.settings.scale,
+            "max_tokens": self.settings.max_tokens,
+        }

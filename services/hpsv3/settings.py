@@ -1,0 +1,81 @@
+"""Settings of the HPSv3 service and the files it needs, judged from the disk.
+
+Standard library only: ``run.sh`` calls ``preflight`` with the system python3 before any
+virtual environment exists, so a service that is going to be skipped costs no install.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from common.config import ConfigError, env_name, from_env
+from services.clip.weights import missing_weights
+
+SECTION = "hpsv3"
+CHECKPOINT = "HPSv3.safetensors"
+
+
+@dataclass(frozen=True)
+class HPSv3Settings:
+    """``SCORER_HPSV3_<FIELD>``; ``run.sh hpsv3 --model`` / ``--base`` set the first two."""
+
+    # The checkpoint: HPSv3.safetensors, a directory holding it, or a hub id.
+    model: str = "MizzenAI/HPSv3"
+    # Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and preprocessor_config.json:
+    # a directory or a hub id.
+    base: str = "Qwen/Qwen2-VL-7B-Instruct"
+    # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
+    # runs float32 throughout.
+    precision: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # score = mu x scale. 1.0: HPSv3's own scale; VeRL-Omni's hpsv3_reward multiplies by 0.1.
+    scale: float = 1.0
+    # Tokens of one sample's whole sequence (instruction, image and prompt); a longer prompt is a 413.
+    max_tokens: int = 2048
+
+
+def read_settings() -> HPSv3Settings:
+    """The settings from the environment; ``ConfigError`` for a bad one."""
+    settings = from_env(HPSv3Settings, SECTION)
+    if not math.isfinite(settings.scale):
+        raise ConfigError(f"{env_name(SECTION, 'scale')}={settings.scale} must be a finite number")
+    if settings.max_tokens < 1:
+        raise ConfigError(f"{env_name(SECTION, 'max_tokens')} must be at least 1")
+    for field in ("model", "base"):
+        if not getattr(settings, field).strip():
+            raise ConfigError(f"{env_name(SECTION, field)} is empty; give a path or a hub id")
+    return settings
+
+
+def missing(settings: HPSv3Settings, allow_download: bool) -> str | None:
+    """Why the checkpoint or the base files can't be loaded, judged from the disk and the hub cache."""
+    setting = env_name(SECTION, "model")
+    model_hint = (
+        f"Set {setting} (run.sh hpsv3 --model) to {CHECKPOINT} or a directory holding it "
+        f"(`hf download MizzenAI/HPSv3 {CHECKPOINT} --local-dir DIR` on a machine with internet), or to a "
+        "hub id this node can download."
+    )
+    problem = missing_weights(settings.model, setting, model_hint, allow_download, (CHECKPOINT,), None, "checkpoint")
+    if problem:
+        return problem
+    setting = env_name(SECTION, "base")
+    base_hint = (
+        f"Set {setting} (run.sh hpsv3 --base) to a directory with Qwen2-VL-7B-Instruct's "
+        "config.json, tokenizer and preprocessor_config.json (`hf download Qwen/Qwen2-VL-7B-Instruct --exclude "
+        "'*.safetensors' --local-dir DIR`: the weights are not needed), or to a hub id this node can download."
+    )
+    for files in (("tokenizer.json",), ("preprocessor_config.json",)):
+        problem = missing_weights(settings.base, setting, base_hint, allow_download, files, "config.json", "base files")
+        if problem:
+            return problem
+    return None
+
+
+def preflight(service: str = SECTION) -> str | None:
+    """Why the service cannot start on this node without a download; None when it can."""
+    try:
+        settings = read_settings()
+    except ConfigError as exc:
+        return str(exc)
+    return missing(settings, allow_download=False)
