@@ -106,7 +106,9 @@ def main() -> None:
         print(kind, dict(count))
     for row in results:
         if (row["ours"] == 1.0) != row["reference_passed"] or "tests_differ" in row:
-            cause = corpus.KNOWN_DISAGREEMENTS.get(row["id"], "NEW")
+            cause = corpus.KNOWN_DISAGREEMENTS.get(row["id"]) or (
+                "load-dependent" if row["id"] in corpus.LOAD_DEPENDENT else "NEW"
+            )
             print(json.dumps({"cause": cause, **{k: row[k] for k in row if k != "kind"}}))
 
 

@@ -104,13 +104,18 @@ def _run_sh_text(text: str) -> str:
     return "\n".join(re.sub(r"[ \t]*$", "", line) for line in text.rstrip("\n").split("\n"))
 
 
-def stdin_tests(code: str, tests: list[dict[str, str]], timeout: float = STDIN_TIMEOUT_S) -> list[str]:
+def stdin_tests(
+    code: str, tests: list[dict[str, str]], timeout: float = STDIN_TIMEOUT_S, first_failure: bool = False
+) -> list[str]:
     """Each test's verdict as run.sh reaches it: ``passed``, ``timed out``, ``exit N: <stderr>``
-    or ``wrong answer`` (all tests, where run.sh's summary is whether they all passed)."""
+    or ``wrong answer``; up to the first that fails with ``first_failure`` (the item's verdict
+    is whether all pass)."""
     verdicts = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as cwd:
         main = Path(tmp) / "main.py"
         main.write_text(code)
+        # Outside the program's working directory: many solutions read ./input.txt (and
+        # write ./output.txt) when it exists, as on their authors' machines.
         stdin = Path(tmp) / "input.txt"
         for test in tests:
             stdin.write_text(test["input"])
@@ -118,7 +123,7 @@ def stdin_tests(code: str, tests: list[dict[str, str]], timeout: float = STDIN_T
                 # A file, as run.sh's `< input` (programs read os.fstat(0).st_size bytes of it).
                 with open(stdin, "rb") as given:
                     done = subprocess.run(
-                        [sys.executable, str(main)], stdin=given, capture_output=True, timeout=timeout, cwd=tmp
+                        [sys.executable, str(main)], stdin=given, capture_output=True, timeout=timeout, cwd=cwd
                     )
             except subprocess.TimeoutExpired:
                 verdicts.append("timed out")
@@ -129,11 +134,13 @@ def stdin_tests(code: str, tests: list[dict[str, str]], timeout: float = STDIN_T
                 verdicts.append("wrong answer")
             else:
                 verdicts.append("passed")
+            if first_failure and verdicts[-1] != "passed":
+                break
     return verdicts
 
 
 def run_stdin(code: str, tests: list[dict[str, str]], timeout: float = STDIN_TIMEOUT_S) -> Outcome:
-    verdicts = stdin_tests(code, tests, timeout)
+    verdicts = stdin_tests(code, tests, timeout, first_failure=True)
     failed = [f"test {n}: {verdict}" for n, verdict in enumerate(verdicts, 1) if verdict != "passed"]
     return Outcome(not failed, failed[0] if failed else "passed")
 
