@@ -21,8 +21,6 @@ from tests.code import corpus
 from tests.code.corpus import reference
 from tests.server import Server, gunicorn_server
 
-# The shipped limits; a few runs at once, so that 2 shared cores do not turn a wall limit into a verdict.
-ENV = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_MAX_PARALLEL": "4"}
 ITEMS = {item.id: item for item in corpus.load()}
 
 AGREE = [
@@ -66,7 +64,7 @@ SLICE = AGREE + DATA_FAULT + HARNESS_FAULT
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+    with gunicorn_server("code", corpus.SERVER_ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
 
 

@@ -26,8 +26,6 @@ from tests.code import corpus  # noqa: E402
 from tests.code.corpus import reference  # noqa: E402
 from tests.server import gunicorn_server  # noqa: E402
 
-# The shipped limits; a few runs at once so that a wall limit is not the machine's load.
-SERVER_ENV = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_MAX_PARALLEL": "4"}
 BATCH = 16
 
 
@@ -64,7 +62,7 @@ def main() -> None:
     started = time.monotonic()
     ours: list[tuple[float, str | None]] = []
     results: list[dict[str, Any]] = []
-    with gunicorn_server("code", SERVER_ENV, threads=64, log_dir=Path("/tmp/corpus-logs")) as server:
+    with gunicorn_server("code", corpus.SERVER_ENV, threads=64, log_dir=Path("/tmp/corpus-logs")) as server:
         for start in range(0, len(items), BATCH):
             ours += corpus.grade(server.url, items[start : start + BATCH])
         print(f"ours: {time.monotonic() - started:.0f} s", file=sys.stderr)
