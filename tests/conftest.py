@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import server as server_module
-from tests.server import Server, gunicorn_server
+from testing import server as server_module
+from testing.server import Server, gunicorn_server
 
 OCR_LIMITS = {
     "SCORER_MAX_ITEMS": "32",

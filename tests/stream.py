@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from tests.images import render_text
+from testing.images import render_text
 
 WORDS = ["Open", "Bakery", "Garden", "Coffee", "Hotel", "Pizza"]
 

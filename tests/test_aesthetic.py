@@ -26,9 +26,9 @@ from common.preflight import reason
 from common.settings import CoreSettings
 from services.aesthetic.scorer import AestheticScorer
 from services.aesthetic.settings import DEFAULT_HEAD
-from tests.images import encode
-from tests.random_clip import save_random_clip
-from tests.server import ROOT, gunicorn_server, running_server
+from testing.images import encode
+from testing.random_clip import save_random_clip
+from testing.server import ROOT, gunicorn_server, running_server
 
 
 def sample_images(count: int) -> list[bytes]:

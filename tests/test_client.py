@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from common.client import AsyncScorerClient, RetryPolicy, ScorerClient, ScorerRequestError
-from tests.server import free_port
+from testing.server import free_port
 
 
 def test_settle_retries_only_retryable_statuses_until_the_last_attempt() -> None:

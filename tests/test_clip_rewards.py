@@ -28,9 +28,9 @@ from common.config import ConfigError
 from common.preflight import reason
 from common.settings import CoreSettings
 from services.clip.scorer import ClipRewardScorer, ClipScoreScorer, HPSv2Scorer, PickScoreScorer
-from tests.clip_models import TINY_OPEN_CLIP, save_processor, save_random_clip_model
-from tests.images import encode
-from tests.server import ROOT, gunicorn_server
+from testing.clip_models import TINY_OPEN_CLIP, save_processor, save_random_clip_model
+from testing.images import encode
+from testing.server import ROOT, gunicorn_server
 
 REFERENCE_PYTHON = os.environ.get("SCORER_TEST_REFERENCE_PYTHON")
 needs_reference = pytest.mark.skipif(

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from common.client import parse_answer
-from tests.server import Server
+from testing.server import Server
 
 CLEAR_ERRORS = {400, 413, 415, 422}
 # A refusal slower than this is a finding, and so is a 200 slower than this per image read: a

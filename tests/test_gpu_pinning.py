@@ -13,7 +13,7 @@ import time
 
 import requests
 
-from tests.server import Server, gunicorn_server
+from testing.server import Server, gunicorn_server
 
 
 def gpus_seen(server: Server, timeout: float = 60.0) -> dict[int, str]:

@@ -12,8 +12,8 @@ import time
 import pytest
 import requests
 
-from tests.images import render_text
-from tests.server import gunicorn_server
+from testing.images import render_text
+from testing.server import gunicorn_server
 from tests.stream import RequestStream, cases
 
 

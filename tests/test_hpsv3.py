@@ -1,5 +1,5 @@
 """HPSv3 on its real loading path: a tiny random Qwen2-VL reward model saved as the released
-checkpoint is laid out (``tests/qwen2vl_models.py``), against HPSv3's inference restated on the
+checkpoint is laid out (``testing/qwen2vl_models.py``), against HPSv3's inference restated on the
 libraries it calls (``tests/hpsv3_reference.py``, in the reference environment)."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from common.preflight import reason
 from common.settings import CoreSettings
 from services.hpsv3.inputs import IMAGE_TOKEN, REWARD_TOKEN
 from services.hpsv3.scorer import HPSv3Scorer
-from tests.images import encode
-from tests.qwen2vl_models import old_layout, reward_model_state, save_base, save_checkpoint
-from tests.server import ROOT, gunicorn_server
+from testing.images import encode
+from testing.qwen2vl_models import old_layout, reward_model_state, save_base, save_checkpoint
+from testing.server import ROOT, gunicorn_server
 from tests.test_clip_rewards import batch_stats, sample_images
 
 REFERENCE_PYTHON = os.environ.get("SCORER_TEST_REFERENCE_PYTHON")

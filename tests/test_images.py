@@ -14,7 +14,7 @@ from PIL import Image, ImageCms
 from common.errors import PayloadTooLarge
 from common.images import as_shown, check_image_sizes, decode_images, open_image, shown_size
 from common.settings import CoreSettings
-from tests.images import encode
+from testing.images import encode
 
 CORE = CoreSettings()
 

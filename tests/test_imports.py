@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "services", "bench", "tests", "deploy")
+PACKAGES = ("common", "services", "bench", "tests", "testing", "deploy")
 
 
 def modules() -> dict[str, Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server import gunicorn_server
+from testing.server import gunicorn_server
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 
 from common.images import decode_image
 from services.ocr.engines import RapidOCREngine
-from tests.images import ocr_prompts, quoted, render_text
+from testing.images import ocr_prompts, quoted, render_text
 
 
 @pytest.fixture(scope="module")

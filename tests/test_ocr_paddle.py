@@ -16,8 +16,8 @@ import rapidocr_onnxruntime
 import requests
 
 from common.client import ScorerClient
-from tests.images import blank, ocr_prompts, quoted, render_text
-from tests.server import gunicorn_server
+from testing.images import blank, ocr_prompts, quoted, render_text
+from testing.server import gunicorn_server
 
 PYTHON = os.environ.get("SCORER_TEST_PADDLE_PYTHON")
 MODELS = Path(rapidocr_onnxruntime.__file__).parent / "models"

@@ -23,8 +23,8 @@ import requests
 from PIL import Image, ImageDraw, ImageFont
 
 from common.client import AsyncScorerClient, ScorerClient
-from tests.images import blank, ocr_prompts, quoted, render_text
-from tests.server import ROOT, gunicorn_server
+from testing.images import blank, ocr_prompts, quoted, render_text
+from testing.server import ROOT, gunicorn_server
 from tests.test_images import empty_chunks_png, scan_bomb
 
 PROMPTS = ocr_prompts(12)

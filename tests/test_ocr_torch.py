@@ -13,7 +13,7 @@ from common.images import decode_image
 from services.ocr.engines import RapidOCREngine, check_providers
 from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
-from tests.images import ocr_prompts, quoted, render_text
+from testing.images import ocr_prompts, quoted, render_text
 
 PROMPTS = ocr_prompts(24)
 

@@ -14,7 +14,7 @@ from huggingface_hub import try_to_load_from_cache
 
 from common import registry
 from services.clip.weights import in_hub_cache
-from tests.server import ROOT
+from testing.server import ROOT
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from deploy.render_nginx import node_address, render, write_prefix
-from tests.server import free_port, gunicorn_server
+from testing.server import free_port, gunicorn_server
 from tests.stream import RequestStream
 
 # Debian puts nginx in /usr/sbin, outside a normal user's PATH. Missing, it is a failure, not a

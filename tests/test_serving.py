@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.images import render_text
-from tests.server import gunicorn_server
+from testing.images import render_text
+from testing.server import gunicorn_server
 
 # The three services as ``bash run.sh`` starts them on one node (aesthetic without weights and
 # code without a sandbox still serve /health).

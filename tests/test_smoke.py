@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.server import ROOT, Server
+from testing.server import ROOT, Server
 
 
 def test_the_readme_smoke_test_runs_as_written(ocr_server: Server, tmp_path: Path) -> None:

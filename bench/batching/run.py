@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from bench.batching.synthetic import SyntheticSettings, image_score, model_call  # noqa: E402
 from bench.common import NO_CONFIG, ProcessServer, burst, stop_on_sigterm  # noqa: E402
-from tests.server import free_port  # noqa: E402
+from testing.server import free_port  # noqa: E402
 
 
 def small_jpegs(count: int) -> list[bytes]:

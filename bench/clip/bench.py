@@ -30,7 +30,7 @@ from bench.aesthetic.bench import ROOT, free_port, make_images, percentiles, ser
 from bench.common import burst, simple_gunicorn
 from common.settings import CoreSettings
 from services.clip.scorer import PickScoreScorer
-from tests.clip_models import save_random_clip_model
+from testing.clip_models import save_random_clip_model
 
 PROMPTS = [
     "a photo of an astronaut riding a horse on the moon",

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from services.code.environments import load  # noqa: E402
 from services.code.labels import result_matches  # noqa: E402
-from tests.server import gunicorn_server  # noqa: E402
+from testing.server import gunicorn_server  # noqa: E402
 
 ENV = "coin_change"
 SOLUTIONS = {

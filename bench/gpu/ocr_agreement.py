@@ -16,7 +16,7 @@ from common.images import decode_image
 from services.ocr.engines import RapidOCREngine
 from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
-from tests.images import ocr_prompts, quoted, render_text
+from testing.images import ocr_prompts, quoted, render_text
 
 
 def read_all(engine: RapidOCREngine, images: list, batch: int) -> tuple[list, float]:

@@ -16,7 +16,7 @@ import requests
 
 from bench.common import stop_on_sigterm
 from common.devices import visible_gpus
-from tests.server import gunicorn_server
+from testing.server import gunicorn_server
 
 
 def main() -> None:

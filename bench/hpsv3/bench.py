@@ -35,7 +35,7 @@ from bench.clip.bench import PROMPTS, bodies
 from bench.common import burst, simple_gunicorn, stop_on_sigterm
 from common.settings import CoreSettings
 from services.hpsv3.scorer import HPSv3Scorer
-from tests.qwen2vl_models import reward_model_state, save_base, save_checkpoint
+from testing.qwen2vl_models import reward_model_state, save_base, save_checkpoint
 
 # The tiny BPE of the test model spells HPSv3's instruction in ~1,400 tokens (Qwen2's: ~300).
 MAX_TOKENS = "8192"

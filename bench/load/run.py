@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import percentile  # noqa: E402
 from bench.ocr.run import one_image_bodies  # noqa: E402
 from common.client import parse_answer  # noqa: E402
-from tests.images import render_text  # noqa: E402
-from tests.server import Server, gunicorn_server  # noqa: E402
+from testing.images import render_text  # noqa: E402
+from testing.server import Server, gunicorn_server  # noqa: E402
 
 WORDS = ["Open", "Bakery", "Garden", "Coffee", "Sale", "Hotel", "Museum", "Pizza"]
 PARTIAL_HEAD = b"POST / HTTP/1.1\r\nHost: scorer\r\nContent-Type: application/octet-stream\r\n"

@@ -26,8 +26,8 @@ from common.images import decode_image  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.reward import RuleOptions, check_targets, reward  # noqa: E402
 from services.ocr.torch_engine import TorchOCREngine  # noqa: E402
-from tests.images import ocr_prompts, quoted, render_text  # noqa: E402
-from tests.server import free_port, gunicorn_server  # noqa: E402
+from testing.images import ocr_prompts, quoted, render_text  # noqa: E402
+from testing.server import free_port, gunicorn_server  # noqa: E402
 
 
 def in_process(

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.code import corpus
-from tests.code.corpus import reference
-from tests.server import Server, gunicorn_server
+from testing import corpus
+from testing.corpus import reference
+from testing.server import Server, gunicorn_server
 
 ITEMS = {item.id: item for item in corpus.load()}
 

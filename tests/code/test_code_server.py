@@ -20,8 +20,8 @@ import pytest
 import requests
 
 from services.code.environments import load
-from tests.server import ROOT as REPOSITORY
-from tests.server import Server, gunicorn_server
+from testing.server import ROOT as REPOSITORY
+from testing.server import Server, gunicorn_server
 
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
 ENV = {

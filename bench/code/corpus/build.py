@@ -1,4 +1,4 @@
-"""Build the false-negative corpus's data files (``tests/code/corpus/``) from local git
+"""Build the false-negative corpus's data files (``testing/corpus/``) from local git
 mirrors of the repositories they are published in. Reproducible: same commits, same bytes.
 
     python -m bench.code.corpus.build --codecontests MIRROR.git --mbpp MIRROR.git
@@ -15,7 +15,7 @@ import re
 import subprocess
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[3] / "tests" / "code" / "corpus"
+OUT = Path(__file__).resolve().parents[3] / "testing" / "corpus"
 
 # justinchiu-test/codecontests-repo: 300 CodeContests problems (DeepMind, CC BY 4.0), each with
 # the dataset's accepted Python solution (main.py) and its first 10 tests, run by its run.sh.

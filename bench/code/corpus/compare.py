@@ -1,5 +1,5 @@
 """Grade every corpus item twice, under the harness its data was published with
-(``tests/code/corpus/reference.py``) and by our code verifier (real gunicorn, real sandbox),
+(``testing/corpus/reference.py``) and by our code verifier (real gunicorn, real sandbox),
 and list every disagreement.
 
     python -m bench.code.corpus.compare [--only ID ...] [--kind stdin] [--out results.json]
@@ -22,9 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from tests.code import corpus  # noqa: E402
-from tests.code.corpus import reference  # noqa: E402
-from tests.server import gunicorn_server  # noqa: E402
+from testing import corpus  # noqa: E402
+from testing.corpus import reference  # noqa: E402
+from testing.server import gunicorn_server  # noqa: E402
 
 BATCH = 16
 

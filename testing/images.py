@@ -8,7 +8,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 # flow_grpo's OCR test prompts (tests/data/README.md: origin and licence).
-OCR_PROMPTS = Path(__file__).resolve().parent / "data" / "flow_grpo_ocr_test_prompts.txt"
+OCR_PROMPTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "flow_grpo_ocr_test_prompts.txt"
 
 
 def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:
