@@ -42,7 +42,7 @@ class OcrSettings(RuleOptions):
     max_input_pixels: int = 6_000_000
     # Recognizer work per image: the widths of its detected text lines as the recognizer reads
     # them (48 pixels high), summed, checked before the recognizer runs (413). A render of a
-    # flow_grpo OCR prompt is one line of at most 736; a 64 KB PNG of 46 lines of small text
+    # flow_grpo OCR prompt (all 1,017) is one line of at most 768; a 64 KB PNG of 46 lines of small text
     # was 128,000 (30 s of recognizer work on a loaded 2-core CPU).
     max_text_width: int = 65_536
     # Quoted targets per prompt (with ``target="all"``), each matched against every run of
