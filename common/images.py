@@ -165,8 +165,12 @@ def shown_size(image: Image.Image) -> tuple[int, int]:
 
 
 def _orientation(image: Image.Image) -> int | None:
+    """The EXIF orientation read with the header (``getexif`` of a PNG would decode it whole to
+    look past its pixels: libpng-based viewers too read only an eXIf before them)."""
     try:
-        return image.getexif().get(ImageOps.ExifTags.Base.Orientation)
+        exif = Image.Exif()
+        exif.load(image.info.get("exif") or b"")
+        return exif.get(ImageOps.ExifTags.Base.Orientation)
     except Exception:  # a viewer shows an image whose EXIF it cannot parse as stored
         return None
 

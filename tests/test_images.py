@@ -91,6 +91,18 @@ def test_exif_orientation_is_applied_and_sizes_are_as_shown() -> None:
     assert pixels[10, 10].max() < 40 and pixels[90, 290].min() > 215
 
 
+def test_the_shown_size_is_read_without_decoding() -> None:
+    """Pillow's ``getexif`` of a PNG decodes it whole to look for an eXIf chunk after the pixels."""
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    for params in ({}, {"exif": exif}):
+        for fmt in ("PNG", "JPEG", "WEBP"):
+            image = open_image(saved(Image.new("RGB", (40, 20)), fmt, **params))
+            assert shown_size(image) == ((20, 40) if params else (40, 20)), (fmt, params)
+            assert image.tile or fmt == "WEBP", "decoded"  # (a WebP's tile is empty before and after)
+            assert decoded(saved(Image.new("RGB", (40, 20)), fmt, **params)).shape[:2] == shown_size(image)[::-1]
+
+
 @pytest.mark.parametrize(
     "mode, fill, expected",
     [
