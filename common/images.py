@@ -123,9 +123,11 @@ def check_image_sizes(images: Sequence[Image.Image], data: Sequence[bytes], core
 
 
 def decoded_bytes(image: Image.Image) -> int:
-    """The most memory the decode of ``image`` (header read) and its conversion to RGB hold at once."""
+    """The most memory the decode of ``image`` (header read) holds: Pillow keeps 4 bytes a pixel,
+    and the decoded image and its RGB copy stay until the request's images are all decoded, with
+    one image's intermediate steps (turned, composited) at a time."""
     width, height = image.size
-    return width * height * (8 + 3)  # the decoded bands (up to 4 of 16 bits), then the RGB copy
+    return width * height * 12
 
 
 def _check_scans(data: bytes, limit: int, index: int) -> None:
@@ -196,11 +198,9 @@ def as_shown(image: Image.Image) -> Image.Image:
     if _orientation(image) not in (None, 1):
         image = ImageOps.exif_transpose(image)
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit greyscale (PNG): 0..65535 to 0..255; Pillow's convert clips it at 255, all white.
-        scaled = np.asarray(image, dtype=np.float64) / 257.0
-        image = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
-    elif image.mode == "F":
-        image = Image.fromarray(np.clip(np.rint(np.asarray(image) * 255.0), 0, 255).astype(np.uint8), "L")
+        # 16-bit greyscale (PNG): 0..65535 to 0..255, rounded; Pillow's convert clips it at 255.
+        samples = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
+        image = Image.fromarray(((samples * 255 + 32767) // 65535).astype(np.uint8), "L")
     if image.mode in ("P", "PA", "LA", "La", "RGBa", "1") or "transparency" in image.info:
         has_alpha = "transparency" in image.info or image.mode in ("PA", "LA", "La", "RGBa")
         image = image.convert("RGBA" if has_alpha else "RGB")
