@@ -6,7 +6,8 @@
 #   bash run.sh aesthetic [--port N] [--workers N] [--clip DIR_OR_HUB_ID] [--head PATH]
 #   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
 #   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
-#   bash run.sh test [pytest args]    install everything, run the test suite
+#   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
+#                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #
 # Services, ports and requirements come from common/registry.py. Missing system packages
@@ -99,31 +100,71 @@ ensure_system_packages() {
   fi
 }
 
+# ensure_uv: uv, pinned in requirements-uv.txt, in .venv-uv (built with pip, once). uv does not
+# read pip's configuration, so pip's index, find-links, constraint and certificate settings
+# (pip config list: files and PIP_* variables) are handed to it in UV_ARGS / SSL_CERT_FILE: a
+# node whose pip is pointed at local wheels (a CPU torch, say) gets the same packages.
+UV=
+# pip takes the best match across all its indexes; uv, by default, the first index that has a package.
+UV_ARGS=(--index-strategy unsafe-best-match)
+ensure_uv() {
+  [ -z "$UV" ] || return 0
+  local dir=$ROOT/.venv-uv stamp key value item
+  stamp=$(sha256sum <"$ROOT/requirements-uv.txt" | cut -d' ' -f1)
+  if [ ! -x "$dir/bin/uv" ] || [ "$(cat "$dir/.installed" 2>/dev/null)" != "$stamp" ]; then
+    log "installing uv into $dir"
+    "$PYTHON" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q -r "$ROOT/requirements-uv.txt"
+    echo "$stamp" >"$dir/.installed"
+  fi
+  UV=$dir/bin/uv
+  while IFS='=' read -r key value; do
+    value=${value#\'}
+    value=${value%\'}
+    case ${key##*.} in
+      find-links) for item in $value; do UV_ARGS+=(--find-links "$item"); done ;;
+      extra-index-url) for item in $value; do UV_ARGS+=(--extra-index-url "$item"); done ;;
+      index-url) UV_ARGS+=(--index-url "$value") ;;
+      constraint) for item in $value; do UV_ARGS+=(--constraint "$item"); done ;;
+      cert) export SSL_CERT_FILE=${SSL_CERT_FILE:-$value} ;;
+    esac
+  done < <("$dir/bin/python" -m pip config list 2>/dev/null)
+}
+
+# uv_install DIR ARGS...: `uv pip install ARGS` into the environment DIR, with pip's settings.
+uv_install() {
+  local dir=$1
+  shift
+  "$UV" pip install -q --python "$dir/bin/python" "${UV_ARGS[@]}" "$@"
+}
+
 # ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages.
 # Installs only when the requirement files changed since the last install.
 ensure_venv() {
   plan "$1"
+  ensure_uv
   local dir=$ROOT/$VENV stamp
   if [ ! -x "$dir/bin/python" ]; then
     log "creating $dir"
-    "$PYTHON" -m venv "$dir"
+    "$UV" venv -q --python "$PYTHON" "$dir"
   fi
   stamp=$(cat "${REQUIREMENTS[@]}" | sha256sum | cut -d' ' -f1)
   if has_gpu; then stamp+=-gpu; fi
   if [ "$(cat "$dir/.installed" 2>/dev/null)" != "$stamp" ]; then
+    local started=$SECONDS
     log "installing $1 requirements into $dir"
-    "$dir/bin/python" -m pip install -q --upgrade pip
     local args=() f
     for f in "${REQUIREMENTS[@]}"; do args+=(-r "$f"); done
-    "$dir/bin/python" -m pip install -q "${args[@]}"
-    if [ ${#NO_DEPS[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q --no-deps "${NO_DEPS[@]}"; fi
+    uv_install "$dir" "${args[@]}"
+    if [ ${#NO_DEPS[@]} -gt 0 ]; then uv_install "$dir" --no-deps "${NO_DEPS[@]}"; fi
     if [ ${#GPU_REQUIREMENTS[@]} -gt 0 ] && has_gpu; then
       log "GPU found: installing ${GPU_REQUIREMENTS[*]}"
       args=()
       for f in "${GPU_REQUIREMENTS[@]}"; do args+=(-r "$f"); done
-      "$dir/bin/python" -m pip install -q "${args[@]}"
+      uv_install "$dir" "${args[@]}"
     fi
     echo "$stamp" >"$dir/.installed"
+    log "$dir ready ($((SECONDS - started)) s, $(du -sh "$dir" | cut -f1))"
   fi
   VENV=$dir
 }
@@ -136,10 +177,10 @@ start() {
   SCORER_SERVICE=$service exec "$VENV/bin/python" -m gunicorn -c "$ROOT/gunicorn.conf.py"
 }
 
-# preflight SERVICE: says why SERVICE cannot start on this node (non-zero), or nothing.
+# preflight SERVICE: says why SERVICE cannot start on this node (non-zero), or nothing. The
+# checks are standard library only: they run before (and instead of) building its environment.
 preflight() {
-  ensure_venv "$1"
-  SCORER_SERVICE=$1 "$VENV/bin/python" -m common.preflight
+  "$PYTHON" -m common.preflight "$1"
 }
 
 # parse_flags COMMAND ARGS...: --port and --workers, and the flags of COMMAND's services
@@ -152,7 +193,7 @@ parse_flags() {
     case $1 in
       --port) export SCORER_PORT=$2; shift 2; continue ;;
       --workers) export SCORER_WORKERS=$2; shift 2; continue ;;
-      -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
     esac
     [ $# -ge 2 ] || { log "$1 needs a value"; exit 2; }
     matched=
@@ -166,15 +207,22 @@ parse_flags() {
 
 start_all() {
   local pids=() service
+  local services=() venv
   for service in $("$PYTHON" -m common.registry names); do
-    if ! (preflight "$service"); then
-      log "skipping $service (see the reason above)"
+    log "checking $service"
+    if ! preflight "$service"; then
+      log "skipping $service (the reason is above)"
       continue
     fi
+    services+=("$service")
+  done
+  [ ${#services[@]} -gt 0 ] || { log "no service can start"; exit 1; }
+  # Environments first, one at a time (services sharing one build it once), then the servers.
+  for service in "${services[@]}"; do ensure_venv "$service"; done
+  for service in "${services[@]}"; do
     (start "$service") &
     pids+=($!)
   done
-  [ ${#pids[@]} -gt 0 ] || { log "no service can start"; exit 1; }
   trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait' INT TERM
   wait -n "${pids[@]}"
   kill -TERM "${pids[@]}" 2>/dev/null || true
@@ -185,6 +233,15 @@ command=${1:-all}
 [ $# -gt 0 ] && shift
 case $command in
   test)
+    # `-m unit`: the quick in-process loop needs only the test environment.
+    unit_only=
+    for ((i = 1; i < $#; i++)); do
+      if [ "${!i}" = -m ] && j=$((i + 1)) && [ "${!j}" = unit ]; then unit_only=1; fi
+    done
+    if [ -n "$unit_only" ]; then
+      ensure_venv test
+      exec "$VENV/bin/python" -m pytest "$@"
+    fi
     ensure_system_packages test
     ensure_venv test
     tests_venv=$VENV
@@ -209,7 +266,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
-  -h|--help) sed -n '2,15p' "$0" ;;
+  -h|--help) sed -n '2,/^set /{/^#/p}' "$0" ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
     parse_flags "$command" "$@"

@@ -1,5 +1,9 @@
 """The app factory: any ``Scorer`` becomes a Flask app: its protocols' routes (``common.protocols``)
-on one request path, and ``/health``, ``/ready``, ``/info``, ``/metrics``."""
+on one request path, and ``/health``, ``/ready``, ``/info``, ``/metrics``.
+
+The request path (``serve``), for every protocol, in order: the deadline and the bearer token
+(``start_request``), the body read under its limit, parsed into a payload, the wait for the
+model, the payload prepared into items, the items scored, the answer encoded."""
 
 from __future__ import annotations
 
@@ -8,20 +12,19 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
 from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.exceptions import HTTPException
 
-from common import __version__, metrics
+from common import __version__, metrics, registry
 from common.batching import Deadline, request_deadline
 from common.config import describe, from_env
 from common.devices import GPU_ENV
 from common.errors import BadRequest, PayloadTooLarge, RequestTimeout, ScorerError, Unauthorized, describe_error
-from common.protocols import Protocol, core_protocol
-from common.registry import load_scorer_class
+from common.protocols import WireProtocol
 from common.runtime import ScorerRuntime
 from common.scorer import Scorer
 from common.settings import CoreSettings
@@ -46,26 +49,27 @@ def read_body(limit: int) -> bytes:
     return body
 
 
-def create_app(scorer: Scorer | None = None) -> Flask:
+def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtocol]] = ()) -> Flask:
     """Build the app of ``scorer`` and start loading its model in the background. Default: the
-    scorer of the service ``SCORER_SERVICE`` names (``common.registry``), with the ``SCORER_*``
-    settings; tests pass their own."""
+    scorer and protocols of the service ``SCORER_SERVICE`` names (``common.registry``), with the
+    ``SCORER_*`` settings; tests pass their own. Every app speaks the core protocol."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     if scorer is None:
         core = from_env(CoreSettings)
-        scorer = load_scorer_class(core.service)(core)
+        scorer = registry.load_scorer_class(core.service)(core)
+        protocols = [registry.load_class(path) for path in registry.get(core.service).protocols]
     core = scorer.core
     service = scorer.name
     runtime = ScorerRuntime(scorer)
 
     app = Flask(f"scorer.{service}")
-    protocols = [core_protocol(scorer), *scorer.protocols()]
-    protocol_of: dict[str, Protocol] = {}  # endpoint -> its protocol
+    spoken = [WireProtocol(scorer), *(protocol(scorer) for protocol in protocols)]
+    protocol_of: dict[str, WireProtocol] = {}  # endpoint -> its protocol
 
-    def current_protocol() -> Protocol:
+    def current_protocol() -> WireProtocol:
         """The protocol of the route requested; the core's on any other path."""
-        return protocol_of.get(request.endpoint or "", protocols[0])
+        return protocol_of.get(request.endpoint or "", spoken[0])
 
     def answer(obj: dict[str, Any], status: int = 200) -> Response:
         body, mimetype = current_protocol().encode(obj, request.content_type)
@@ -115,17 +119,22 @@ def create_app(scorer: Scorer | None = None) -> Flask:
                 metrics.ERRORS.labels(service, str(response.status_code)).inc()
         return response
 
-    def serve(protocol: Protocol) -> Callable[[], Response]:
+    def serve(protocol: WireProtocol) -> Callable[[], Response]:
         """The one request path, for every protocol: body, payload, readiness, items, results, answer."""
 
         def view() -> Response:
-            payload = protocol.decode(read_body(core.max_body_bytes), request.content_type)
+            payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
             runtime.wait_ready()
-            return answer(protocol.answer(runtime.score(protocol.items, payload)))
+            # The bytes its items hold (decoded images, model inputs) count from when they are
+            # declared until its results are in.
+            with runtime.work.request():
+                items = runtime.prepare(protocol.items, payload)
+                results = runtime.score(items)
+            return answer(protocol.answer(results))
 
         return view
 
-    for protocol in protocols:
+    for protocol in spoken:
         for rule in protocol.routes:
             endpoint = f"{protocol.name}{rule}"
             protocol_of[endpoint] = protocol
@@ -153,7 +162,7 @@ def create_app(scorer: Scorer | None = None) -> Flask:
             setup_error=runtime.setup_error,
             # A scorer that scores requests itself batches its own stages (see its model info).
             batching={"max_batch": runtime.max_batch, "max_wait_ms": runtime.max_wait_ms, "max_queue": core.max_queue}
-            if not scorer.scores_requests()
+            if not scorer.batches_own_stages()
             else {"stages": True, "max_queue": core.max_queue},
             settings=describe(core),
             model=scorer.info(),

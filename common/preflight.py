@@ -1,31 +1,38 @@
-"""``python -m common.preflight``: can the service of ``SCORER_SERVICE`` start on this node?
+"""``python3 -m common.preflight SERVICE``: can SERVICE start on this node?
 
-Builds the scorer (which checks its settings) and asks it for anything missing, without
-loading a model. Prints the reason and exits 1 when it cannot start; ``run.sh`` with no
-argument uses this to skip a service rather than fail.
+Standard library only, like the checks it calls (``Service.preflight`` in common/registry.py):
+``run.sh`` with no argument runs it with the system python3 before it builds the service's
+virtual environment, and skips a service that cannot start, printing the reason, without
+installing anything for it. The scorers run the same checks when they start.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
-from common.config import ConfigError, from_env
-from common.registry import load_scorer_class
-from common.settings import CoreSettings
+from common import registry
 
 
-def main() -> int:
-    core = from_env(CoreSettings)
+def reason(service: str) -> str | None:
+    """Why ``service`` cannot start here (its settings, missing weights); None when it can."""
+    check = registry.get(service).preflight
+    if not check:
+        return None
+    return registry.load_class(check)(service)
+
+
+def main(argv: list[str]) -> int:
+    service = argv[0] if argv else os.environ.get("SCORER_SERVICE", "")
     try:
-        scorer = load_scorer_class(core.service)(core)
-        problem = scorer.preflight()
-    except (ConfigError, ImportError) as exc:
+        problem = reason(service)
+    except ValueError as exc:  # an unknown service
         problem = str(exc)
     if problem:
-        print(f"{core.service}: {problem}", file=sys.stderr)
+        print(f"{service}: {problem}", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

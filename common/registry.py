@@ -14,7 +14,7 @@ import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from common.scorer import Scorer
@@ -30,7 +30,7 @@ class Service:
     scorer: str
     # False: one worker whatever the GPUs (the code verifier runs sandboxes on the CPU).
     uses_gpu: bool
-    # pip requirement files, core first; installed into ``.venv-<name>``.
+    # pip requirement files, core first; installed into ``.venv-<venv>``.
     requirements: tuple[str, ...]
     # Packages installed after them with ``pip install --no-deps`` (a dependency they would pull is wrong).
     no_deps: tuple[str, ...] = ()
@@ -43,6 +43,16 @@ class Service:
     # Its own settings that ``run.sh`` takes as flags: "infra_failure_score" is
     # ``--infra-failure-score V``, which sets ``SCORER_CODE_INFRA_FAILURE_SCORE=V``.
     flags: tuple[str, ...] = ()
+    # The virtual environment's name (``.venv-<venv>``), shared by services with the same
+    # requirements; unset: the service's name.
+    venv: str = ""
+    # "module:function" answering why the service cannot start on this node (``None``: it can),
+    # called as ``function(name)``; standard library only, since ``run.sh`` calls it with the
+    # system python3 before it builds the environment (``python3 -m common.preflight NAME``).
+    preflight: str = ""
+    # "module:Class" of each wire protocol it speaks beside the core's (a ``WireProtocol``
+    # subclass, on the same request path: common/protocols.py).
+    protocols: tuple[str, ...] = ()
 
     def flag_variables(self) -> tuple[str, ...]:
         """``--flag=VARIABLE`` for each flag, as ``run.sh`` reads them."""
@@ -73,8 +83,10 @@ SERVICES: dict[str, Service] = {
             port=18080,
             scorer="services.aesthetic.scorer:AestheticScorer",
             uses_gpu=True,
-            requirements=("requirements.txt", "requirements-aesthetic.txt"),
+            requirements=("requirements.txt", "requirements-clip.txt"),
             flags=("clip", "head"),
+            venv="clip",
+            preflight="services.aesthetic.settings:preflight",
         ),
         *(
             Service(
@@ -82,8 +94,10 @@ SERVICES: dict[str, Service] = {
                 port=port,
                 scorer=f"services.clip.scorer:{scorer}",
                 uses_gpu=True,
-                requirements=("requirements.txt", "requirements-aesthetic.txt", "requirements-clip.txt"),
+                requirements=("requirements.txt", "requirements-clip.txt"),
                 flags=("model", "processor"),
+                venv="clip",
+                preflight="services.clip.settings:preflight",
             )
             for name, port, scorer in (
                 ("pickscore", 18081, "PickScoreScorer"),
@@ -99,6 +113,8 @@ SERVICES: dict[str, Service] = {
             requirements=("requirements.txt", "requirements-code.txt"),
             system_packages=("bubblewrap",),
             flags=("infra_failure_score", "env"),
+            preflight="services.code.preflight:preflight",
+            protocols=("services.code.openrlhf:OpenRLHFProtocol",),
         ),
     )
 }
@@ -125,10 +141,15 @@ def get(name: str) -> Service:
         raise ValueError(f"unknown service {name!r}; choose one of {', '.join(SERVICES)}") from None
 
 
+def load_class(path: str) -> Any:
+    """The class (or function) a "module:name" path names, imported."""
+    module_name, name = path.split(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
 def load_scorer_class(name: str) -> type[Scorer]:
     """Import the scorer class of service ``name``."""
-    module_name, class_name = get(name).scorer.split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return load_class(get(name).scorer)
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
@@ -182,7 +203,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             flags=service.flag_variables(),
         )
     return Setup(
-        venv=f".venv-{service.name}",
+        venv=f".venv-{service.venv or service.name}",
         port=service.port,
         requirements=service.requirements,
         no_deps=service.no_deps,

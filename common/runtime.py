@@ -10,11 +10,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import metrics
-from common.batching import Deadline, OrderedSlots, WorkBudget, current_deadline
+from common.batching import BatchedCall, Deadline, OrderedSlots, WorkBudget, current_deadline
 from common.config import env_name
 from common.devices import choose_device
 from common.errors import NotReady
-from common.scorer import Scorer
+from common.scorer import Result, Scorer
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,8 @@ class ScorerRuntime:
         self.scorer = scorer
         self.device = choose_device(scorer.core.device)
         self.max_batch, self.max_wait_ms = scorer.batch_settings()
-        self._score = scorer.score_request
+        # ``score`` behind its batcher, made in setup; a scorer that batches its own stages has none.
+        self._batched_score: BatchedCall | None = None
         # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
         # and holds back the first items the model could already be working on; requests get
         # their turn in arrival order.
@@ -48,8 +49,8 @@ class ScorerRuntime:
         started = time.perf_counter()
         try:
             self.scorer.setup(self.device)
-            if not self.scorer.scores_requests():
-                self._score = self.scorer.batched_stage(self.scorer.score, "score")
+            if not self.scorer.batches_own_stages():
+                self._batched_score = self.scorer.batched_stage(self.scorer.score, "score")
         except Exception as exc:
             self.setup_error = f"{type(exc).__name__}: {exc}"
             log.error("%s scorer failed to start, not ready: %s", self.scorer.name, self.setup_error)
@@ -74,20 +75,20 @@ class ScorerRuntime:
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
 
-    def score(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
-        """A request's items (``decode``), then its results (``run``), the work bytes its items
-        hold counted from when they are declared until its results are in."""
-        with self.work.request():
-            return self.run(self.decode(to_items, payload))
-
-    def decode(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
-        """``to_items(payload)`` (a protocol's, e.g. the scorer's ``decode``), at most
+    def prepare(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
+        """``to_items(payload)`` (a protocol's, e.g. the scorer's ``prepare``), at most
         ``decode_threads`` requests at a time."""
         with self._decoding.hold(self._deadline()):
             return to_items(payload)
 
-    def run(self, items: Sequence[Any]) -> list[Any]:
-        """Score one request's ``items``: through the batcher to ``score``, or ``score_request``."""
-        results = list(self._score(items)) if items else []
+    def score(self, items: Sequence[Any]) -> list[Result]:
+        """Score one request's items: through the batcher to ``score``, or ``score_request``."""
+        if not items:
+            return []
+        if self.scorer.batches_own_stages():
+            results = list(self.scorer.score_request(items))
+        else:
+            assert self._batched_score is not None, "scored before setup"
+            results = list(self._batched_score(items))
         metrics.ITEMS.labels(self.scorer.name).inc(len(results))
         return results

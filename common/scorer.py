@@ -1,7 +1,7 @@
-"""The scorer contract: a model server reduced to ``setup``, ``decode`` and ``score``.
+"""The scorer contract: a model server reduced to ``setup``, ``prepare`` and ``score``.
 
 ``common`` turns a scorer into an HTTP service (``common.app.create_app``): it decodes the
-wire format, calls ``decode`` on the request thread, gathers the items of concurrent requests
+wire format, calls ``prepare`` on the request thread, gathers the items of concurrent requests
 into batches for ``score`` on one inference thread, and encodes the answer. A scorer owns only
 its model and its rule.
 """
@@ -11,14 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 from common import metrics
 from common.batching import BatchedCall, DynamicBatcher
 from common.settings import CoreSettings
-
-if TYPE_CHECKING:
-    from common.protocols import Protocol
 
 
 @dataclass
@@ -32,8 +29,12 @@ class Scored:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+# What a scorer answers for one item.
+Result: TypeAlias = float | Scored
+
+
 class Scorer(ABC):
-    """Base class of every scorer: ``setup``, ``decode``, and one of ``score`` / ``score_request``.
+    """Base class of every scorer: ``setup``, ``prepare``, and one of ``score`` / ``score_request``.
 
     ``score(batch)`` is the model call over items gathered from concurrent requests; the
     runtime batches it. A scorer whose pipeline has several model calls with per-item work
@@ -49,7 +50,7 @@ class Scorer(ABC):
     def __init__(self, core: CoreSettings) -> None:
         """Read the scorer's own settings; raise ``ConfigError`` here for a bad setting, so
         the service refuses to start. Keep it cheap: loading belongs in ``setup``."""
-        if (type(self).score is not Scorer.score) == self.scores_requests():
+        if (type(self).score is not Scorer.score) == self.batches_own_stages():
             raise TypeError(f"{type(self).__name__}: implement exactly one of score(batch) and score_request(items)")
         self.core = core
 
@@ -62,27 +63,27 @@ class Scorer(ABC):
         """
 
     @abstractmethod
-    def decode(self, payload: dict[str, Any]) -> list[Any]:
-        """Validate a decoded request body and turn it into items, one per sample.
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
+        """Validate a parsed request body and turn it into items, one per sample.
 
         Runs on the request thread, so expensive per-item work (image decoding,
         preprocessing) belongs here, in parallel, not in ``score``. Raise
         ``common.errors.Unprocessable`` / ``PayloadTooLarge`` for bad input.
         """
 
-    def score(self, batch: Sequence[Any]) -> Sequence[float | Scored]:
+    def score(self, batch: Sequence[Any]) -> Sequence[Result]:
         """Score a batch of items gathered from one or many requests, one result per item, in
         order. Runs on the worker's inference thread, one batch at a time."""
         raise NotImplementedError
 
-    def score_request(self, items: Sequence[Any]) -> Sequence[float | Scored]:
+    def score_request(self, items: Sequence[Any]) -> Sequence[Result]:
         """Score one request's items on its request thread, one result per item, in order; for
         scorers that batch their model calls stage by stage (``batched_stage``) rather than as
         one ``score`` call."""
         raise NotImplementedError
 
     @classmethod
-    def scores_requests(cls) -> bool:
+    def batches_own_stages(cls) -> bool:
         """True when the scorer implements ``score_request`` (and batches its own stages)."""
         return cls.score_request is not Scorer.score_request
 
@@ -118,15 +119,6 @@ class Scorer(ABC):
         batcher = DynamicBatcher(fn, size, wait, max(self.core.max_queue, size), record, f"{self.name}-{stage}")
         return BatchedCall(batcher, self.core.request_timeout_s)
 
-    def preflight(self) -> str | None:
-        """Why this scorer cannot start here (e.g. weights not found), without loading; None if
-        it can. ``run.sh`` with no argument skips a service that answers a reason."""
-        return None
-
     def info(self) -> dict[str, Any]:
         """Model description for ``GET /info``."""
         return {}
-
-    def protocols(self) -> list[Protocol]:
-        """Protocols spoken beyond the core's ``POST /`` (e.g. OpenRLHF's), on the same request path."""
-        return []

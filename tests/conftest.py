@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests import server as server_module
 from tests.server import Server, gunicorn_server
 
 OCR_LIMITS = {
@@ -31,3 +32,18 @@ def ocr_server(tmp_path_factory) -> Iterator[Server]:
     """One OCR worker with small limits, shared by the OCR tests that do not kill it."""
     with gunicorn_server("ocr", OCR_LIMITS, threads=128, log_dir=tmp_path_factory.mktemp("logs")) as server:
         yield server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test not marked ``unit`` is an integration test (real gunicorn, sandboxes, nginx)."""
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``unit`` that starts a gunicorn service fails at once, so the quick loop
+    (``-m unit``) stays in-process."""
+    if request.node.get_closest_marker("unit") is not None:
+        monkeypatch.setattr(server_module, "UNIT_TEST", request.node.nodeid)

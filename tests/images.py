@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-# The sibling ``shared/`` of the checkout, or SCORER_SHARED_DIR (a GPU check machine has it elsewhere).
-SHARED = Path(os.environ.get("SCORER_SHARED_DIR") or Path(__file__).resolve().parents[2] / "shared")
-OCR_PROMPTS = SHARED / "data" / "flow_grpo_ocr_test_prompts.txt"
+# flow_grpo's OCR test prompts (tests/data/README.md: origin and licence).
+OCR_PROMPTS = Path(__file__).resolve().parent / "data" / "flow_grpo_ocr_test_prompts.txt"
 
 
 def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:

@@ -15,6 +15,8 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+# The node id of the ``unit`` test now running (tests/conftest.py): it may not start a server.
+UNIT_TEST: str | None = None
 
 
 def free_port() -> int:
@@ -36,6 +38,8 @@ class Server:
         port: int = 0,
         python: str | None = None,
     ) -> None:
+        if UNIT_TEST is not None:
+            raise RuntimeError(f"{UNIT_TEST} is marked unit but starts a {service} server: it is an integration test")
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log

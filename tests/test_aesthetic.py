@@ -22,13 +22,13 @@ from torch import nn
 from transformers import CLIPModel, CLIPProcessor
 
 from common.config import ConfigError
+from common.preflight import reason
 from common.settings import CoreSettings
-from services.aesthetic.scorer import DEFAULT_HEAD, AestheticScorer
+from services.aesthetic.scorer import AestheticScorer
+from services.aesthetic.settings import DEFAULT_HEAD
 from tests.images import encode
 from tests.random_clip import save_random_clip
 from tests.server import ROOT, gunicorn_server, running_server
-
-pytestmark = pytest.mark.skipif(not DEFAULT_HEAD.is_file(), reason=f"LAION head not at {DEFAULT_HEAD}")
 
 
 def sample_images(count: int) -> list[bytes]:
@@ -194,7 +194,7 @@ def test_micro_batches_and_scale_in_process(
 ) -> None:
     scorer = make_scorer(monkeypatch, clip=str(clip_dir), micro_batch="3", scale="0.1", offset="-0.1")
     scorer.setup("cpu")
-    items = scorer.decode({"images": images[:7], "prompts": ["p"] * 7})
+    items = scorer.prepare({"images": images[:7], "prompts": ["p"] * 7})
     assert all(item.shape == (3, 224, 224) and item.dtype == torch.float32 for item in items)
     scores = scorer.score(items)
     np.testing.assert_allclose(scores, [s * 0.1 - 0.1 for s in expected[:7]], rtol=1e-5, atol=1e-5)
@@ -202,7 +202,7 @@ def test_micro_batches_and_scale_in_process(
 
 def test_missing_clip_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     missing = make_scorer(monkeypatch, clip=str(tmp_path / "nowhere"))
-    assert "SCORER_AESTHETIC_CLIP" in (missing.preflight() or "")
+    assert "SCORER_AESTHETIC_CLIP" in (reason(missing.name) or "")
     with pytest.raises(ConfigError, match="SCORER_AESTHETIC_CLIP"):
         missing.setup("cpu")
     empty = make_scorer(monkeypatch, clip=str(tmp_path))  # a directory without weights
@@ -211,12 +211,12 @@ def test_missing_clip_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     hub = make_scorer(monkeypatch, clip="openai/clip-vit-large-patch14")
-    assert "not in the local hub cache" in (hub.preflight() or "")
+    assert "not in the local hub cache" in (reason(hub.name) or "")
 
 
 def test_missing_or_wrong_head(monkeypatch: pytest.MonkeyPatch, clip_dir: Path, tmp_path: Path) -> None:
     missing = make_scorer(monkeypatch, clip=str(clip_dir), head=str(tmp_path / "head.pth"))
-    assert "SCORER_AESTHETIC_HEAD" in (missing.preflight() or "")
+    assert "SCORER_AESTHETIC_HEAD" in (reason(missing.name) or "")
     with pytest.raises(ConfigError, match="SCORER_AESTHETIC_HEAD"):
         missing.setup("cpu")
     torch.save({"layers.0.weight": torch.zeros(2, 2)}, tmp_path / "wrong.pth")
@@ -245,7 +245,7 @@ def test_run_sh_preflight_skips_with_the_reason(tmp_path: Path) -> None:
     """What ``bash run.sh`` with no argument runs before starting the service."""
     env = {**os.environ, "SCORER_SERVICE": "aesthetic", "SCORER_AESTHETIC_CLIP": str(tmp_path / "no-clip")}
     done = subprocess.run(
-        [sys.executable, "-m", "common.preflight"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-S", "-m", "common.preflight"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 1
     assert "SCORER_AESTHETIC_CLIP" in done.stderr and "is not a directory" in done.stderr

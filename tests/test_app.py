@@ -20,10 +20,12 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from common.app import create_app
-from common.errors import PayloadTooLarge, Unprocessable
-from common.protocols import Protocol
-from common.scorer import Scored, Scorer
+from common.errors import PayloadTooLarge, ScorerError, Unprocessable
+from common.protocols import WireProtocol
+from common.scorer import Result, Scored, Scorer
 from common.settings import CoreSettings
+
+pytestmark = pytest.mark.unit
 
 
 class LengthScorer(Scorer):
@@ -45,7 +47,7 @@ class LengthScorer(Scorer):
         if self.fail:
             raise RuntimeError(self.fail)
 
-    def decode(self, payload: dict[str, Any]) -> list[str]:
+    def prepare(self, payload: dict[str, Any]) -> list[str]:
         prompts = payload.get("prompts")
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise Unprocessable("'prompts' must be a list of strings")
@@ -67,27 +69,33 @@ class RequestScorer(LengthScorer):
         return [float(len(prompt)) for prompt in items]
 
 
-class TwoProtocolScorer(LengthScorer):
-    """Also speaks a JSON-only protocol on ``/alt`` whose clients see 413 as 422."""
+class AltScorer(LengthScorer):
+    """The same rule, served with ``AltProtocol`` too."""
 
     name = "length-alt"
 
-    def protocols(self) -> list[Protocol]:
-        return [
-            Protocol(
-                name="alt",
-                routes=("/alt",),
-                decode=lambda body, _type: {"prompts": json.loads(body)["texts"]},
-                items=self.decode,
-                answer=lambda results: {"rewards": [r.score for r in results]},
-                encode=lambda obj, _type: (json.dumps(obj).encode(), "application/json"),
-                status=lambda error: 422 if isinstance(error, PayloadTooLarge) else error.status,
-            )
-        ]
+
+class AltProtocol(WireProtocol):
+    """A JSON-only protocol on ``/alt`` whose clients see 413 as 422."""
+
+    name = "alt"
+    routes = ("/alt",)
+
+    def parse(self, body: bytes, content_type: str | None) -> dict[str, Any]:
+        return {"prompts": json.loads(body)["texts"]}
+
+    def answer(self, results: Sequence[Result]) -> dict[str, Any]:
+        return {"rewards": [r.score if isinstance(r, Scored) else r for r in results]}
+
+    def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:
+        return json.dumps(answer).encode(), "application/json"
+
+    def status(self, error: ScorerError) -> int:
+        return 422 if isinstance(error, PayloadTooLarge) else error.status
 
 
-def client_of(scorer: Scorer) -> FlaskClient:
-    app: Flask = create_app(scorer)
+def client_of(scorer: Scorer, protocols: Sequence[type[WireProtocol]] = ()) -> FlaskClient:
+    app: Flask = create_app(scorer, protocols)
     return app.test_client()
 
 
@@ -226,7 +234,7 @@ def test_every_protocol_takes_the_same_path() -> None:
     """Body limit, readiness before validation, item metrics, error encoding: the same on a
     scorer's own protocol as on the core's."""
     loaded = threading.Event()
-    client = client_of(TwoProtocolScorer(CoreSettings(max_body_bytes=64, ready_wait_s=0.05), loaded=loaded))
+    client = client_of(AltScorer(CoreSettings(max_body_bytes=64, ready_wait_s=0.05), loaded=loaded), [AltProtocol])
     try:
         not_ready = client.post("/alt", data=json.dumps({"texts": [1]}))  # invalid, but the model is not loaded
         assert not_ready.status_code == 503 and "loading" in not_ready.get_json()["error"]

@@ -19,6 +19,8 @@ from common.batching import (
 )
 from common.errors import Overloaded, PayloadTooLarge
 
+pytestmark = pytest.mark.unit
+
 
 def later(seconds: float = 60.0) -> Deadline:
     return Deadline(seconds)

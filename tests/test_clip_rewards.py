@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 
 from common.config import ConfigError
+from common.preflight import reason
 from common.settings import CoreSettings
 from services.clip.scorer import ClipRewardScorer, ClipScoreScorer, HPSv2Scorer, PickScoreScorer
 from tests.clip_models import TINY_OPEN_CLIP, save_processor, save_random_clip_model
@@ -181,14 +182,14 @@ def test_a_shared_prompt_is_encoded_once_and_batches_do_not_change_scores(
         lambda _module, _args, output: text_rows.append(output.last_hidden_state.shape[0])
     )
     prompts = [PROMPTS[i % 3] for i in range(len(images))]
-    batched = scorer.score(scorer.decode({"images": images, "prompts": prompts}))
+    batched = scorer.score(scorer.prepare({"images": images, "prompts": prompts}))
     hook.remove()
     assert sum(text_rows) == 3
     alone = [
-        scorer.score(scorer.decode({"images": [image], "prompts": [prompt]}))[0]
+        scorer.score(scorer.prepare({"images": [image], "prompts": [prompt]}))[0]
         for image, prompt in zip(images, prompts)
     ]
-    reversed_batch = scorer.score(scorer.decode({"images": images[::-1], "prompts": prompts[::-1]}))[::-1]
+    reversed_batch = scorer.score(scorer.prepare({"images": images[::-1], "prompts": prompts[::-1]}))[::-1]
     np.testing.assert_allclose(batched, alone, atol=1e-5)
     np.testing.assert_allclose(batched, reversed_batch, atol=1e-5)
     assert np.std(batched) > 1e-3
@@ -204,7 +205,7 @@ def test_pickscore_follows_its_formula(
     scaled.setup("cpu")
     payload = {"images": images[:4], "prompts": pairs(4)}
     np.testing.assert_allclose(
-        np.multiply(default.score(default.decode(payload)), 26 / 100), scaled.score(scaled.decode(payload)), atol=1e-6
+        np.multiply(default.score(default.prepare(payload)), 26 / 100), scaled.score(scaled.prepare(payload)), atol=1e-6
     )
     assert default.model is not None
     assert default.model.factor == pytest.approx(np.exp(4.2) / 26, rel=1e-5)
@@ -227,7 +228,7 @@ def test_concurrent_tokenising_is_safe(monkeypatch: pytest.MonkeyPatch, pickscor
 def test_missing_weights_are_clear_config_errors(monkeypatch: pytest.MonkeyPatch, service: str, tmp_path: Path) -> None:
     setting = f"SCORER_{service.upper()}_MODEL"
     missing = make_scorer(monkeypatch, service, model=str(tmp_path / "nowhere"))
-    assert setting in (missing.preflight() or "") and "is not a directory" in (missing.preflight() or "")
+    assert setting in (reason(missing.name) or "") and "is not a directory" in (reason(missing.name) or "")
     with pytest.raises(ConfigError, match=setting):
         missing.setup("cpu")
     empty = make_scorer(monkeypatch, service, model=str(tmp_path))  # a directory without weights
@@ -236,7 +237,7 @@ def test_missing_weights_are_clear_config_errors(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     hub = make_scorer(monkeypatch, service, model="org/some-model")
-    assert "not in the local hub cache" in (hub.preflight() or "")
+    assert "not in the local hub cache" in (reason(hub.name) or "")
 
 
 def test_missing_processor_names_its_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -246,10 +247,10 @@ def test_missing_processor_names_its_setting(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     scorer = make_scorer(monkeypatch, "pickscore", model=str(model))
-    problem = scorer.preflight() or ""
+    problem = reason(scorer.name) or ""
     assert "SCORER_PICKSCORE_PROCESSOR='laion/CLIP-ViT-H-14-laion2B-s32B-b79K'" in problem
     given = make_scorer(monkeypatch, "pickscore", model=str(model), processor=str(save_processor(tmp_path / "proc")))
-    assert given.preflight() is None
+    assert reason(given.name) is None
     given.setup("cpu")
 
 
@@ -257,7 +258,7 @@ def test_hpsv2_refuses_a_checkpoint_of_another_shape(monkeypatch: pytest.MonkeyP
     save_processor(tmp_path)
     torch.save({"state_dict": {"visual.conv1.weight": torch.zeros(4, 3, 14, 14)}}, tmp_path / "HPS_v2.1_compressed.pt")
     scorer = make_scorer(monkeypatch, "hpsv2", model=str(tmp_path))
-    assert scorer.preflight() is None
+    assert reason(scorer.name) is None
     with pytest.raises(ConfigError, match=r"SCORER_HPSV2_MODEL.*is not an HPSv2 checkpoint.*does not fit"):
         scorer.setup("cpu")
     (tmp_path / "open_clip_config.json").write_text(
@@ -318,7 +319,7 @@ def test_server_without_weights_says_why_and_preflight_skips(tmp_path: Path) -> 
         response = post(server.url, {"images": sample_images(1), "prompts": ["p"]})
         assert response.status_code == 503
     done = subprocess.run(
-        [sys.executable, "-m", "common.preflight"],
+        [sys.executable, "-S", "-m", "common.preflight"],
         cwd=ROOT,
         env={**os.environ, "SCORER_SERVICE": "hpsv2", **env},
         capture_output=True,

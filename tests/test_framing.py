@@ -6,6 +6,8 @@ import pytest
 
 from common.framing import MAX_HEAD_BYTES, Arrival, RequestScan
 
+pytestmark = pytest.mark.unit
+
 HEAD = b"POST / HTTP/1.1\r\nHost: scorer\r\n"
 
 

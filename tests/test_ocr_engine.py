@@ -27,12 +27,14 @@ def test_results_do_not_depend_on_the_batch(engine: RapidOCREngine) -> None:
     assert all(lines for lines in alone)
 
 
+@pytest.mark.unit
 def test_recognition_width_depends_on_the_crop_alone(engine: RapidOCREngine) -> None:
     short, long = np.zeros((40, 100, 3), np.uint8), np.zeros((40, 1000, 3), np.uint8)
     assert engine.recognition_input(short).shape == (3, 48, 320)
     assert engine.recognition_input(long).shape == (3, 48, 1216)  # ceil(48 * 25) = 1200 -> 1216
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "size",
     [(512, 512), (16, 16), (200, 1), (1, 200), (2001, 10), (2000, 251), (2000, 300), (3000, 2000), (31, 1500)]

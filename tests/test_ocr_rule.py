@@ -7,6 +7,8 @@ import pytest
 from common.errors import Unprocessable
 from services.ocr.reward import RuleOptions, check_targets, match_score, reward, targets
 
+pytestmark = pytest.mark.unit
+
 FLOW = RuleOptions()
 
 

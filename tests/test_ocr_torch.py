@@ -24,6 +24,8 @@ def engines() -> tuple[RapidOCREngine, TorchOCREngine]:
     return onnx, TorchOCREngine("cpu", 0.5, det_batch=8, rec_batch=64, threads=1, dtype="float32")
 
 
+@pytest.mark.unit
+@pytest.mark.unit
 def test_model_outputs_match_onnxruntime(engines: tuple[RapidOCREngine, TorchOCREngine]) -> None:
     onnx, torch_engine = engines
     rng = np.random.default_rng(0)
@@ -48,6 +50,8 @@ def test_same_lines_and_scores_on_flow_grpo_prompts(engines: tuple[RapidOCREngin
     assert sum(scores_onnx) > len(PROMPTS) / 2  # the images are readable: a comparison of real text
 
 
+@pytest.mark.unit
+@pytest.mark.unit
 def test_a_gpu_asked_for_and_not_there_is_refused() -> None:
     if torch.cuda.is_available():
         pytest.skip("this node has a GPU")
@@ -57,6 +61,8 @@ def test_a_gpu_asked_for_and_not_there_is_refused() -> None:
         TorchOCREngine("cpu", 0.5, det_batch=8, rec_batch=64, threads=None, dtype="float16")
 
 
+@pytest.mark.unit
+@pytest.mark.unit
 def test_onnxruntime_fallen_back_to_cpu_is_refused(engines: tuple[RapidOCREngine, TorchOCREngine]) -> None:
     """onnxruntime-gpu whose CUDA libraries fail to load builds a CPU-only session, silently."""
     onnx, _ = engines

@@ -9,11 +9,14 @@ import re
 import types
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from common import registry
 from common.app import create_app
 from common.settings import CoreSettings
+
+pytestmark = pytest.mark.unit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

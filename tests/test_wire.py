@@ -26,6 +26,8 @@ from services.code.settings import CodeSettings
 
 CAP = JsonCap(1_000_000, "SCORER_MAX_JSON_VALUES")
 
+pytestmark = pytest.mark.unit
+
 
 class CreatesFile:
     def __init__(self, path: str) -> None:

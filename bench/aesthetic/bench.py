@@ -37,7 +37,7 @@ from PIL import Image
 
 from bench.common import simple_gunicorn, stop_on_sigterm
 from common.images import decode_image
-from services.aesthetic.scorer import DEFAULT_HEAD
+from services.aesthetic.settings import DEFAULT_HEAD
 from tests.random_clip import save_random_clip
 
 ROOT = Path(__file__).resolve().parents[2]

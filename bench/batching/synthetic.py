@@ -52,7 +52,7 @@ class SyntheticScorer(Scorer):
     def setup(self, device: str) -> None:
         pass
 
-    def decode(self, payload: dict[str, Any]) -> list[bytes]:
+    def prepare(self, payload: dict[str, Any]) -> list[bytes]:
         return parse_image_request(payload, self.core).images
 
     def score(self, batch: Sequence[bytes]) -> list[float]:

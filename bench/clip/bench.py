@@ -63,14 +63,14 @@ class InProcess:
         for start in range(0, len(images), batch_size):
             batch_started = time.perf_counter()
             chunk = slice(start, start + batch_size)
-            self.scorer.score(self.scorer.decode({"images": images[chunk], "prompts": prompts[chunk]}))
+            self.scorer.score(self.scorer.prepare({"images": images[chunk], "prompts": prompts[chunk]}))
             latencies.append(time.perf_counter() - batch_started)
         return time.perf_counter() - started, latencies
 
     def model_only(self, images: list[bytes], prompts: list[str], batch_size: int) -> float:
         """Seconds of the towers alone on ready items, the whole set as one batch."""
         self.model.micro_batch = batch_size
-        items = self.scorer.decode({"images": images, "prompts": prompts})
+        items = self.scorer.prepare({"images": images, "prompts": prompts})
         started = time.perf_counter()
         self.scorer.score(items)  # ``tolist`` synchronises the GPU
         return time.perf_counter() - started

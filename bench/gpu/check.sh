@@ -39,14 +39,8 @@ if [ $WHEELS = 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$SITE" .whl/*.whl
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
-# The prompts and the aesthetic head live in shared/: beside the checkout, or inside it.
-if [ -z "${SCORER_SHARED_DIR:-}" ]; then
-  for dir in ../shared shared; do
-    if [ -d "$dir/data" ]; then export SCORER_SHARED_DIR=$(cd "$dir" && pwd); break; fi
-  done
-fi
-[ -n "${SCORER_SHARED_DIR:-}" ] || { log "no shared/ (prompts, aesthetic head) beside or inside the checkout"; exit 1; }
-HEAD=$SCORER_SHARED_DIR/models/laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth
+# The aesthetic head ships with the service (services/aesthetic/weights/README.md).
+HEAD=services/aesthetic/weights/laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth
 
 if [ $SMOKE = 1 ]; then
   DEVICE=cpu

@@ -12,55 +12,24 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import Unprocessable
 from common.images import decode_images, parse_image_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
-from services.clip.weights import missing_weights
+from services.aesthetic.settings import CLIP_HINT, SECTION, missing, read_settings
 
 if TYPE_CHECKING:
     from services.aesthetic.model import AestheticModel
 
 log = logging.getLogger(__name__)
 
-SECTION = "aesthetic"
-HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
-# The sibling ``shared/`` of the checkout (the repo root is two levels above this package).
-DEFAULT_HEAD = Path(__file__).resolve().parents[2].parent / "shared" / "models" / HEAD_FILE
 GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
-
-
-@dataclass(frozen=True)
-class AestheticSettings:
-    """``SCORER_AESTHETIC_<FIELD>``; ``run.sh aesthetic --clip`` / ``--head`` set the first two."""
-
-    # A local directory (``save_pretrained`` layout) or a hub id.
-    clip: str = "openai/clip-vit-large-patch14"
-    # The released ``sac+logos+ava1-l14-linearMSE.pth`` state dict.
-    head: str = str(DEFAULT_HEAD)
-    # Used on GPU only; the CPU always runs float32.
-    precision: Literal["float16", "bfloat16", "float32"] = "float16"
-    # Images per forward pass: bounds GPU memory whatever the batch size. Unset: 32 on GPU, 8 on
-    # CPU, where larger batches run slower (measured with ViT-B/16, bench/aesthetic/README.md).
-    micro_batch: int | None = None
-    # score = raw * scale + offset; the defaults give the raw score.
-    scale: float = 1.0
-    offset: float = 0.0
-
-
-CLIP_HINT = (
-    "Set {setting} (run.sh --clip) to a directory holding the CLIP config, weights and "
-    "preprocessor_config.json (`hf download openai/clip-vit-large-patch14 --local-dir DIR` on a "
-    "machine with internet), or to a hub id this node can download."
-)
 
 
 class AestheticScorer(Scorer):
@@ -70,20 +39,11 @@ class AestheticScorer(Scorer):
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
-        self.settings = from_env(AestheticSettings, SECTION)
-        if self.settings.micro_batch is not None and self.settings.micro_batch < 1:
-            raise ConfigError(f"{env_name(SECTION, 'micro_batch')} must be at least 1")
-        if not self.settings.clip.strip():
-            raise ConfigError(f"{env_name(SECTION, 'clip')} is empty; give a CLIP directory or hub id")
+        self.settings = read_settings()
         self.model: AestheticModel | None = None
 
-    def preflight(self) -> str | None:
-        """Weights missing here; a hub id not in the local cache counts as missing, since
-        ``run.sh`` with no argument must not depend on a download."""
-        return self._missing_head() or self._missing_clip(allow_download=False)
-
     def setup(self, device: str) -> None:
-        problem = self._missing_head() or self._missing_clip(allow_download=True)
+        problem = missing(self.settings, allow_download=True)
         if problem:
             raise ConfigError(problem)
         from services.aesthetic.model import AestheticModel, HeadError  # not at module level: see model.py
@@ -109,20 +69,6 @@ class AestheticScorer(Scorer):
         self.model = model
         log.info("aesthetic: CLIP %s, head %s, on %s in %s", settings.clip, settings.head, device, model.dtype)
 
-    def _missing_head(self) -> str | None:
-        path = Path(self.settings.head).expanduser()
-        if path.is_file():
-            return None
-        return (
-            f"aesthetic head not found: {env_name(SECTION, 'head')}={str(path)!r} (run.sh --head); it is the "
-            f"released sac+logos+ava1-l14-linearMSE.pth, by default ../shared/models/{HEAD_FILE}"
-        )
-
-    def _missing_clip(self, allow_download: bool) -> str | None:
-        setting = env_name(SECTION, "clip")
-        hint = CLIP_HINT.format(setting=setting)
-        return missing_weights(self.settings.clip, setting, hint, allow_download, what="CLIP weights")
-
     def _check_resize(self, image: Image.Image, index: int) -> None:
         """CLIP resizes the shortest edge up to its input size: a 1 x 300,000 PNG would grow to
         billions of pixels, so refuse shapes whose resized size passes the pixel limit."""
@@ -139,7 +85,7 @@ class AestheticScorer(Scorer):
                 "the aspect ratio is too extreme"
             )
 
-    def decode(self, payload: dict[str, Any]) -> list[Any]:
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
         request = parse_image_request(payload, self.core)
         images = decode_images(request.images, self.core)

@@ -14,22 +14,21 @@ model's ``logit_scale.exp()`` for PickScore and CLIPScore, over a divisor:
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from PIL import Image
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import Unprocessable
 from common.images import decode_images, parse_image_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.clip.preprocess import resized_size
-from services.clip.weights import local_first, missing_weights
+from services.clip.settings import HPS_FILE, WEIGHTS, missing, model_hint, processor_source, read_settings
+from services.clip.weights import local_first
 
 if TYPE_CHECKING:
     from services.clip.model import ClipRewardModel
@@ -37,44 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
-VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
-HPS_FILE = "HPS_v2.1_compressed.pt"
-# A processor: image preprocessing and a tokenizer (one file of each group).
-PROCESSOR_FILES = (("preprocessor_config.json",), ("tokenizer.json", "vocab.json"))
-
-
-@dataclass(frozen=True)
-class ClipRewardSettings:
-    """``SCORER_<SERVICE>_<FIELD>``; ``run.sh <service> --model`` / ``--processor`` set the first two."""
-
-    # A local directory (or, for HPSv2, a checkpoint file) or a hub id.
-    model: str = ""
-    # Tokenizer and image preprocessing: a directory or hub id. Unset: the model directory when
-    # it holds them, else the model's usual processor.
-    processor: str | None = None
-    # Used on GPU only; the CPU always runs float32.
-    precision: Literal["float16", "bfloat16", "float32"] = "float16"
-    # Samples per forward pass of each tower. Unset: 32 on GPU, 8 on CPU.
-    micro_batch: int | None = None
-    # score = cosine x (logit_scale.exp() where the recipe uses it) / divisor.
-    divisor: float = 1.0
-
-
-@dataclass(frozen=True)
-class PickScoreSettings(ClipRewardSettings):
-    model: str = "yuvalkirstain/PickScore_v1"
-    divisor: float = 26.0
-
-
-@dataclass(frozen=True)
-class ClipScoreSettings(ClipRewardSettings):
-    model: str = "openai/clip-vit-large-patch14"
-    divisor: float = 30.0
-
-
-@dataclass(frozen=True)
-class HPSv2Settings(ClipRewardSettings):
-    model: str = "xswu/HPSv2"
 
 
 class ClipRewardScorer(Scorer):
@@ -82,66 +43,21 @@ class ClipRewardScorer(Scorer):
 
     max_batch = 64
     max_wait_ms = 5.0
-    settings_class: ClassVar[type[ClipRewardSettings]]
-    usual_processor: ClassVar[str]
-    checkpoint: ClassVar[Literal["pretrained", "open_clip"]] = "pretrained"
     float_resize: ClassVar[str | None] = None
     open_clip_text: ClassVar[bool] = False
     logit_scale: ClassVar[bool] = True
-    download: ClassVar[str]  # how to fetch the weights on a machine with internet
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
-        self.settings = from_env(self.settings_class, self.name)
-        if self.settings.micro_batch is not None and self.settings.micro_batch < 1:
-            raise ConfigError(f"{self.setting('micro_batch')} must be at least 1")
-        if not self.settings.model.strip():
-            raise ConfigError(f"{self.setting('model')} is empty; give a model directory or hub id")
-        if not math.isfinite(self.settings.divisor) or self.settings.divisor == 0:
-            raise ConfigError(f"{self.setting('divisor')}={self.settings.divisor} must be a finite non-zero number")
+        self.settings = read_settings(self.name)
+        self.checkpoint = WEIGHTS[self.name].checkpoint
         self.model: ClipRewardModel | None = None
 
     def setting(self, field: str) -> str:
         return env_name(self.name, field)
 
-    def hint(self) -> str:
-        return (
-            f"Set {self.setting('model')} (run.sh {self.name} --model) to {self.download} "
-            "on a machine with internet), or to a hub id this node can download."
-        )
-
     def processor_source(self) -> str:
-        """``--processor``, else the model directory when it holds a processor, else the usual one."""
-        if self.settings.processor:
-            return self.settings.processor
-        local = Path(self.settings.model).expanduser()
-        directory = local if local.is_dir() else local.parent
-        if local.exists() and all(any((directory / n).is_file() for n in names) for names in PROCESSOR_FILES):
-            return str(directory)
-        return self.usual_processor
-
-    def missing(self, allow_download: bool) -> str | None:
-        """Why the weights or the processor can't be loaded, judged from the disk and the hub cache."""
-        setting, hint = self.setting("model"), self.hint()
-        if self.checkpoint == "open_clip":
-            problem = missing_weights(self.settings.model, setting, hint, allow_download, (HPS_FILE,), None)
-        else:
-            problem = missing_weights(self.settings.model, setting, hint, allow_download)
-        if problem:
-            return problem
-        processor = self.processor_source()
-        setting = self.setting("processor")
-        hint = f"Set {setting} (run.sh {self.name} --processor) to a directory or hub id with them."
-        for names in PROCESSOR_FILES:
-            problem = missing_weights(processor, setting, hint, allow_download, names, None, "processor files")
-            if problem:
-                return problem
-        return None
-
-    def preflight(self) -> str | None:
-        """Weights missing here; a hub id not in the local hub cache counts as missing, since
-        ``run.sh`` with no argument must not depend on a download."""
-        return self.missing(allow_download=False)
+        return processor_source(self.name, self.settings)
 
     def checkpoint_path(self) -> str:
         """The open_clip checkpoint file: the path given, ``HPS_FILE`` in a directory, or from the hub."""
@@ -155,7 +71,7 @@ class ClipRewardScorer(Scorer):
         return local_first(lambda offline: hf_hub_download(self.settings.model, HPS_FILE, local_files_only=offline))
 
     def setup(self, device: str) -> None:
-        problem = self.missing(allow_download=True)
+        problem = missing(self.name, self.settings, allow_download=True)
         if problem:
             raise ConfigError(problem)
         from services.clip.model import ClipRewardModel, Recipe  # not at module level: see model.py
@@ -176,7 +92,7 @@ class ClipRewardScorer(Scorer):
         except OSError as exc:
             raise ConfigError(
                 f"{self.name} could not load the model {self.setting('model')}={settings.model!r} or the processor "
-                f"{self.setting('processor')}={processor!r}: {exc} {self.hint()}"
+                f"{self.setting('processor')}={processor!r}: {exc} {model_hint(self.name)}"
             ) from None
         warm = micro_batch if device.startswith("cuda") else 1
         image = Image.new("RGB", (256, 256), (128, 128, 128))
@@ -202,7 +118,7 @@ class ClipRewardScorer(Scorer):
                 f"{self.core.max_pixels}; the aspect ratio is too extreme"
             )
 
-    def decode(self, payload: dict[str, Any]) -> list[Any]:
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
         request = parse_image_request(payload, self.core)
         images = decode_images(request.images, self.core)
@@ -226,31 +142,15 @@ class ClipRewardScorer(Scorer):
 
 class PickScoreScorer(ClipRewardScorer):
     name = "pickscore"
-    settings_class = PickScoreSettings
-    usual_processor = VIT_H_14_PROCESSOR
-    download = (
-        "a directory holding PickScore's config.json and weights (`hf download yuvalkirstain/PickScore_v1 "
-        f"--local-dir DIR`; the processor comes from {VIT_H_14_PROCESSOR}, or --processor"
-    )
 
 
 class ClipScoreScorer(ClipRewardScorer):
     name = "clipscore"
-    settings_class = ClipScoreSettings
-    usual_processor = "openai/clip-vit-large-patch14"
     float_resize = "bilinear"  # flow_grpo resizes the float tensor with torchvision's default
-    download = "a directory holding the CLIP (`hf download openai/clip-vit-large-patch14 --local-dir DIR`"
 
 
 class HPSv2Scorer(ClipRewardScorer):
     name = "hpsv2"
-    settings_class = HPSv2Settings
-    usual_processor = VIT_H_14_PROCESSOR
-    checkpoint = "open_clip"
     float_resize = "bicubic"  # HPSv2's preprocess_val: ToTensor, then Resize(BICUBIC) on the tensor
     open_clip_text = True
     logit_scale = False
-    download = (
-        f"{HPS_FILE} or a directory holding it (`hf download xswu/HPSv2 {HPS_FILE} --local-dir DIR`; the "
-        f"processor comes from {VIT_H_14_PROCESSOR}, or --processor"
-    )

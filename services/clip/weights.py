@@ -1,12 +1,14 @@
 """Where CLIP weights come from: a local directory, a local file or a hub id, judged from the
 disk and the hub cache only, so that ``run.sh`` with no argument never waits on a download.
 
-Torch-free on purpose: the scorers call this from ``preflight`` and ``__init__``, before (or
-instead of) loading the model.
+Standard library only: ``run.sh`` runs the services' ``preflight`` with the system python3,
+before any virtual environment (and so before huggingface_hub) exists.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +22,25 @@ PRETRAINED_WEIGHTS = (
 )
 
 T = TypeVar("T")
+# What the hub accepts as a repository id (huggingface_hub's validate_repo_id, in short).
+HUB_ID = re.compile(r"(?:[\w.-]+/)?[\w.-]+")
+
+
+def hub_cache() -> Path:
+    """The hub cache directory, found as huggingface_hub finds it (its documented variables)."""
+    if os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(os.environ.get("HF_HUB_CACHE") or os.environ["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def in_hub_cache(repo_id: str, filename: str, revision: str = "main") -> bool:
+    """Whether ``filename`` of model ``repo_id`` at ``revision`` is in the local hub cache: the
+    cache's documented layout (``models--org--name/refs/<revision>`` names a snapshot)."""
+    repo = hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    ref = repo / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    return (repo / "snapshots" / commit / filename).is_file()
 
 
 def looks_like_path(value: str) -> bool:
@@ -56,12 +77,9 @@ def missing_weights(
         return f"{what} not found: {setting}={source!r} is not {kind}. {hint}"
     if allow_download:
         return None
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = any(isinstance(try_to_load_from_cache(source, name), str) for name in weight_files)
-    except ValueError as exc:  # not a valid hub id
-        return f"{setting}={source!r}: {exc}. {hint}"
+    if not HUB_ID.fullmatch(source):
+        return f"{setting}={source!r} is not a hub id (org/name). {hint}"
+    cached = any(in_hub_cache(source, name) for name in weight_files)
     if cached:
         return None
     return (

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from common.batching import Deadline
 from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.sandbox import Sandbox, SandboxFailure
 from services.code.settings import CodeSettings
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 STATUSES = (
     "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "sandbox_error",
+    "prompt_not_found",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
@@ -110,22 +112,24 @@ def keep_bytes(suite: Suite, cap: int) -> int:
 
 
 class Grader:
-    """Grades samples with at most ``max_parallel`` runs at once and a per-request deadline.
+    """Grades samples with at most ``max_parallel`` runs at once, by the request's deadline (the
+    core's, from when the request arrived; ``timeout_s`` from now outside a request).
 
     Slots are shared between requests in turn (``FairSlots``): each request runs its samples
     on threads of its own, at most ``max_parallel``, so none waits behind another's queue.
     """
 
-    def __init__(self, settings: CodeSettings, sandbox: Sandbox) -> None:
+    def __init__(self, settings: CodeSettings, sandbox: Sandbox, timeout_s: float) -> None:
         self.settings = settings
         self.sandbox = sandbox
+        self.timeout_s = timeout_s
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
 
-    def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
-        """Verdicts in order; never raises for what a sample's code does."""
-        deadline = time.monotonic() + self.settings.request_timeout_s
+    def grade(self, samples: Sequence[Sample], by: Deadline | None = None) -> list[Verdict]:
+        """Verdicts in order, ``by`` the request's deadline; never raises for what a sample's code does."""
+        deadline = (by or Deadline(self.timeout_s)).expires
         request = object()  # this request's place in the round-robin of slots
         if len(samples) == 1:
             verdicts = [self.grade_one(samples[0], deadline, request)]
@@ -191,9 +195,9 @@ class Grader:
 
     def trial(self, code: str) -> dict[str, Any]:
         """What one run of ``code`` (empty stdin) reported, unjudged: for the startup checks."""
-        deadline = time.monotonic() + self.settings.request_timeout_s
+        deadline = time.monotonic() + self.timeout_s
         job = self._job(Suite("stdin", [""], [""]), code, deadline)
-        with self.sandbox.slot(object(), self.settings.request_timeout_s) as uid:
+        with self.sandbox.slot(object(), self.timeout_s) as uid:
             if uid is None:
                 raise SandboxFailure("no run slot came free")
             runs = self.sandbox.run({**job, "keep_bytes": self.settings.max_output_bytes}, uid)

@@ -16,51 +16,58 @@ from typing import Any
 
 from common.config import env_name
 from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
-from common.protocols import Protocol
+from common.protocols import WireProtocol
+from common.scorer import Result
 from common.wire import JsonCap, decode_body, encode_body
 from services.code.grader import STATUSES
 from services.code.scorer import SECTION, CodeScorer, Graded
 
-ROUTES = ("/reward/score", "/get_reward")
 
+class OpenRLHFProtocol(WireProtocol):
+    """``--reward.remote_url``: OpenRLHF's reward model client posts here."""
 
-def answer(results: Sequence[Graded]) -> dict[str, Any]:
-    """The OpenRLHF answer: rewards, and per-sample indicators whose means are rates."""
-    rewards = [r.score for r in results]
-    verdicts = [r.verdict for r in results]
-    extra_logs: dict[str, list[float]] = {
-        "pass_fraction": [v.passed / v.total if v.total else 0.0 for v in verdicts],
-        "no_verdict": [float(v.score is None) for v in verdicts],
-    }
-    for status in STATUSES:
-        extra_logs[status] = [float(v.status == status) for v in verdicts]
-    return {
-        "rewards": rewards,
-        "scores": rewards,
-        "extra_logs": extra_logs if verdicts else {},
-        "error_types": [None if v.status == "passed" else v.status for v in verdicts],
-    }
+    name = "openrlhf"
+    routes = ("/reward/score", "/get_reward")
+    scorer: CodeScorer
 
+    def __init__(self, scorer: CodeScorer) -> None:
+        super().__init__(scorer)
+        # Its labels carry the tests: a cap of its own, sized for the largest legitimate ones.
+        self.json_cap = JsonCap(scorer.settings.max_json_values, env_name(SECTION, "max_json_values"))
 
-def status(error: ScorerError) -> int:
-    return Unprocessable.status if isinstance(error, BadRequest | PayloadTooLarge) else error.status
+    def parse(self, body: bytes, content_type: str | None) -> dict[str, Any]:
+        return decode_body(body, "json", self.json_cap)
 
-
-def protocol(scorer: CodeScorer) -> Protocol:
-    json_cap = JsonCap(scorer.settings.max_json_values, env_name(SECTION, "max_json_values"))
-
-    def items(payload: dict[str, Any]) -> list[Any]:
+    def items(self, payload: dict[str, Any]) -> list[Any]:
         key = "query" if "query" in payload else "outputs"
         if key not in payload:
             raise Unprocessable("body needs 'query' (prompt + response) or 'outputs' (responses), and 'prompts'")
-        return scorer.samples(payload[key], payload.get("prompts"), payload.get("labels"), from_query=key == "query")
+        return self.scorer.samples(
+            payload[key], payload.get("prompts"), payload.get("labels"), from_query=key == "query"
+        )
 
-    return Protocol(
-        name="openrlhf",
-        routes=ROUTES,
-        decode=lambda body, _content_type: decode_body(body, "json", json_cap),
-        items=items,
-        answer=answer,  # type: ignore[arg-type]  # the code scorer's results are Graded
-        encode=lambda obj, _content_type: encode_body(obj, "json"),
-        status=status,
-    )
+    def answer(self, results: Sequence[Result]) -> dict[str, Any]:
+        """The OpenRLHF answer: rewards, and per-sample indicators whose means are rates."""
+        graded = [r for r in results if isinstance(r, Graded)]
+        assert len(graded) == len(results), "the code scorer answers Graded results"
+        rewards = [r.score for r in graded]
+        verdicts = [r.verdict for r in graded]
+        extra_logs: dict[str, list[float]] = {
+            "pass_fraction": [v.passed / v.total if v.total else 0.0 for v in verdicts],
+            "no_verdict": [float(v.score is None) for v in verdicts],
+        }
+        for status in STATUSES:
+            extra_logs[status] = [float(v.status == status) for v in verdicts]
+        return {
+            "rewards": rewards,
+            "scores": rewards,
+            "extra_logs": extra_logs if verdicts else {},
+            "error_types": [None if v.status == "passed" else v.status for v in verdicts],
+        }
+
+    def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:
+        return encode_body(answer, "json")
+
+    def status(self, error: ScorerError) -> int:
+        """OpenRLHF retries any failure: a body it cannot decode or that is too large is a 422."""
+        return Unprocessable.status if isinstance(error, BadRequest | PayloadTooLarge) else error.status

@@ -13,19 +13,20 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from common.batching import current_deadline
 from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable, quote
-from common.protocols import Protocol
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 from services.code import environments, sandbox
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample, Verdict
 from services.code.labels import Suite, parse_label
+from services.code.preflight import preflight
 from services.code.settings import CodeSettings
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,6 @@ else:
 """
 
 SECTION = "code"
-INFRA_HELP = (
-    f"{env_name(SECTION, 'infra_failure_score')} (run.sh --infra-failure-score) must be set to 'nan' or "
-    "'zero': the reward of a sample the sandbox infrastructure failed to grade. 'nan' is recommended "
-    "with OpenRLHF's --algo.dynamic_filtering_enable, which then drops that prompt's group; 'zero' "
-    "scores it as if the code had failed, which biases training against correct code when the "
-    "infrastructure is at fault. There is no default because the right choice depends on the trainer."
-)
 
 
 class Graded(Scored):
@@ -84,10 +78,16 @@ class CodeScorer(Scorer):
         super().__init__(core)
         self.settings = from_env(CodeSettings, SECTION)
         s = self.settings
-        if s.infra_failure_score is None:
-            raise ConfigError(INFRA_HELP)
-        if os.geteuid() != 0:
-            raise ConfigError("the code sandbox must start as root to run each test under its own unprivileged uid")
+        if s.request_timeout_s is not None:
+            log.warning(
+                "%s is deprecated: the deadline of every request is SCORER_REQUEST_TIMEOUT_S",
+                env_name(SECTION, "request_timeout_s"),
+            )
+            if "SCORER_REQUEST_TIMEOUT_S" not in os.environ:
+                self.core = replace(core, request_timeout_s=s.request_timeout_s)
+        problem = preflight()
+        if problem:
+            raise ConfigError(problem)
         self.environment = self._load_environment(s.env) if s.env else None
         self.isolation = self._choose_isolation()
         self.sandbox: sandbox.Sandbox | None = None
@@ -122,7 +122,7 @@ class CodeScorer(Scorer):
         self.sandbox = sandbox.Sandbox(self.isolation, s.max_parallel, s.uid_base)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
-        self.grader = Grader(s, self.sandbox)
+        self.grader = Grader(s, self.sandbox, self.core.request_timeout_s)
         probe = Sample("print(input())", Suite("stdin", ["ok\n"], ["ok"]))
         verdict = self.grader.grade([probe])[0]
         if verdict.status != "passed":
@@ -202,7 +202,7 @@ class CodeScorer(Scorer):
             )
         return self.environment.suite
 
-    def decode(self, payload: dict[str, Any]) -> list[Sample]:
+    def prepare(self, payload: dict[str, Any]) -> list[Sample]:
         if "responses" not in payload:
             raise Unprocessable("body needs 'responses' (one string per sample), 'prompts' and 'labels'")
         return self.samples(payload["responses"], payload.get("prompts"), payload.get("labels"), from_query=False)
@@ -210,7 +210,7 @@ class CodeScorer(Scorer):
     def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
         if self.grader is None:
             raise RuntimeError("the code sandbox is not started")
-        return self.grader.grade(samples) if samples else []
+        return self.grader.grade(samples, current_deadline()) if samples else []
 
     def reward(self, verdict: Verdict) -> float:
         """A verdict's reward; a sample without one gets ``infra_failure_score``."""
@@ -229,8 +229,3 @@ class CodeScorer(Scorer):
             "environments": environments.names(),
             "settings": asdict(self.settings),
         }
-
-    def protocols(self) -> list[Protocol]:
-        from services.code.openrlhf import protocol
-
-        return [protocol(self)]

@@ -9,14 +9,15 @@ from typing import Literal
 @dataclass(frozen=True)
 class CodeSettings:
     # What a sample left without a verdict scores: "nan" (for OpenRLHF's dynamic filtering,
-    # which drops the prompt group) or "zero". No default on purpose: see scorer.INFRA_HELP.
+    # which drops the prompt group) or "zero". No default on purpose: see preflight.INFRA_HELP.
     infra_failure_score: Literal["nan", "zero"] | None = None
     # The environment (services/code/environments) that grades samples whose label is empty.
     env: str = ""
     # Runs executing at once (one request: one less); a request waits for a slot without holding one.
     max_parallel: int = 32
-    # No request waits longer; a run still going then is judged as it stands.
-    request_timeout_s: float = 150.0
+    # Deprecated, kept one release: the request's deadline is the core's SCORER_REQUEST_TIMEOUT_S
+    # (from the request's arrival) for every service; this sets it when that is unset.
+    request_timeout_s: float | None = None
     # Pause before the one re-run of a run the infrastructure failed.
     retry_pause_s: float = 1.0
     # "fraction" of tests passed, or "all" (1 only when every test passes).

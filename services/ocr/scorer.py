@@ -102,7 +102,7 @@ class OCRScorer(Scorer):
         ImageDraw.Draw(image).text((40, 230), "warm up", fill="black", font=ImageFont.load_default(size=48))
         self.engine.read([self.engine.prepare(image)], self.settings.max_text_width)
 
-    def decode(self, payload: dict[str, Any]) -> list[OcrItem]:
+    def prepare(self, payload: dict[str, Any]) -> list[OcrItem]:
         request = parse_image_request(payload, self.core)
         options = self.options.override(request.metadata.get("ocr"))
         wanted = [self._targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]

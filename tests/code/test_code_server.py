@@ -156,6 +156,7 @@ def test_openrlhf_query_with_chat_template_and_truncated_prompt(server: Server) 
     assert out["rewards"][:2] == [1.0, 1.0] and out["scores"][:2] == [1.0, 1.0]
     assert out["rewards"][2] != out["rewards"][2]  # NaN, sent as the JSON constant
     assert out["error_types"][2] == "prompt_not_found"
+    assert out["extra_logs"]["prompt_not_found"] == [0.0, 0.0, 1.0]
     for values in out["extra_logs"].values():
         assert len(values) == 3
 
@@ -360,7 +361,7 @@ def test_programs_cannot_read_the_checkout_home_or_data(server: Server) -> None:
     source = REPOSITORY / "services/code/environments/coin_change.py"
     cheat = f"namespace = {{}}\nexec(open({str(source)!r}).read(), namespace)\nexec(namespace['REFERENCE'])"
     assert grade(server.url, [cheat], {})["rewards"] == [0.0]
-    places = [str(REPOSITORY), str(source), "/work", "/work/shared", "/root", "/home", "/var", "/opt", "/mnt", "/srv"]
+    places = [str(REPOSITORY), str(source), str(REPOSITORY.parent), "/root", "/home", "/var", "/opt", "/mnt", "/srv"]
     # Every file a program finds there, but for the interpreter's own prefix (under /root here).
     looker = (
         f"import os\nprefix = {os.path.realpath(sys.base_prefix)!r}\nseen = []\nfor place in {places!r}:\n"

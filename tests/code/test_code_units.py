@@ -24,6 +24,8 @@ from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 from services.code.zygote import from_plain, to_plain
 
+pytestmark = pytest.mark.unit
+
 
 def test_last_fenced_block_after_special_tokens() -> None:
     text = "first\n```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```<|im_end|><|endoftext|>"
@@ -156,10 +158,10 @@ def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:
 def test_infrastructure_failure_is_rerun_once_then_masked(caplog) -> None:
     settings = CodeSettings(infra_failure_score="nan", retry_pause_s=0.01)
     once = FailingSandbox(failures=1)
-    assert Grader(settings, once).grade([Sample("x", SUITE)])[0].score == 1.0 and once.calls["x"] == 2
+    assert Grader(settings, once, 150.0).grade([Sample("x", SUITE)])[0].score == 1.0 and once.calls["x"] == 2
     twice = FailingSandbox(failures=2)
     with caplog.at_level(logging.WARNING):
-        verdict = Grader(settings, twice).grade([Sample("x", SUITE)])[0]
+        verdict = Grader(settings, twice, 150.0).grade([Sample("x", SUITE)])[0]
     assert verdict.status == "sandbox_error" and verdict.score is None and twice.calls["x"] == 2
     assert "without a verdict" in caplog.text
 
@@ -168,7 +170,7 @@ def test_more_than_5_of_100_masked_is_a_warning(caplog) -> None:
     programs = [f"print({i})" for i in range(94)]
     # 12 runs fail once and pass on their re-run; only the 6 samples without a prompt stay masked.
     failing = FailingSandbox(failures=1, programs=set(programs[:12]))
-    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.01), failing)
+    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.01), failing, 150.0)
     with caplog.at_level(logging.WARNING):
         grader.grade([Sample(code, SUITE) for code in programs] + [Sample("x", None)] * 6)
     assert "6 of the last 100" in caplog.text

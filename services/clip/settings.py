@@ -1,0 +1,145 @@
+"""Settings of the CLIP-family rewards and the weights each one needs, judged from the disk.
+
+Standard library only: ``run.sh`` calls ``preflight`` with the system python3 before any
+virtual environment exists, so a service that is going to be skipped costs no install.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from common.config import ConfigError, env_name, from_env
+from services.clip.weights import missing_weights
+
+VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
+HPS_FILE = "HPS_v2.1_compressed.pt"
+# A processor: image preprocessing and a tokenizer (one file of each group).
+PROCESSOR_FILES = (("preprocessor_config.json",), ("tokenizer.json", "vocab.json"))
+
+
+@dataclass(frozen=True)
+class ClipRewardSettings:
+    """``SCORER_<SERVICE>_<FIELD>``; ``run.sh <service> --model`` / ``--processor`` set the first two."""
+
+    # A local directory (or, for HPSv2, a checkpoint file) or a hub id.
+    model: str = ""
+    # Tokenizer and image preprocessing: a directory or hub id. Unset: the model directory when
+    # it holds them, else the model's usual processor.
+    processor: str | None = None
+    # Used on GPU only; the CPU always runs float32.
+    precision: Literal["float16", "bfloat16", "float32"] = "float16"
+    # Samples per forward pass of each tower. Unset: 32 on GPU, 8 on CPU.
+    micro_batch: int | None = None
+    # score = cosine x (logit_scale.exp() where the recipe uses it) / divisor.
+    divisor: float = 1.0
+
+
+@dataclass(frozen=True)
+class PickScoreSettings(ClipRewardSettings):
+    model: str = "yuvalkirstain/PickScore_v1"
+    divisor: float = 26.0
+
+
+@dataclass(frozen=True)
+class ClipScoreSettings(ClipRewardSettings):
+    model: str = "openai/clip-vit-large-patch14"
+    divisor: float = 30.0
+
+
+@dataclass(frozen=True)
+class HPSv2Settings(ClipRewardSettings):
+    model: str = "xswu/HPSv2"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What one reward loads: its settings, checkpoint format, usual processor, and how to fetch it."""
+
+    settings_class: type[ClipRewardSettings]
+    usual_processor: str
+    # How to get the weights on a machine with internet (completes "Set ... to ").
+    download: str
+    checkpoint: Literal["pretrained", "open_clip"] = "pretrained"
+
+
+WEIGHTS = {
+    "pickscore": Weights(
+        PickScoreSettings,
+        VIT_H_14_PROCESSOR,
+        "a directory holding PickScore's config.json and weights (`hf download yuvalkirstain/PickScore_v1 "
+        f"--local-dir DIR`; the processor comes from {VIT_H_14_PROCESSOR}, or --processor",
+    ),
+    "clipscore": Weights(
+        ClipScoreSettings,
+        "openai/clip-vit-large-patch14",
+        "a directory holding the CLIP (`hf download openai/clip-vit-large-patch14 --local-dir DIR`",
+    ),
+    "hpsv2": Weights(
+        HPSv2Settings,
+        VIT_H_14_PROCESSOR,
+        f"{HPS_FILE} or a directory holding it (`hf download xswu/HPSv2 {HPS_FILE} --local-dir DIR`; the "
+        f"processor comes from {VIT_H_14_PROCESSOR}, or --processor",
+        checkpoint="open_clip",
+    ),
+}
+
+
+def read_settings(service: str) -> ClipRewardSettings:
+    """The settings of ``service`` from the environment; ``ConfigError`` for a bad one."""
+    settings = from_env(WEIGHTS[service].settings_class, service)
+    if settings.micro_batch is not None and settings.micro_batch < 1:
+        raise ConfigError(f"{env_name(service, 'micro_batch')} must be at least 1")
+    if not settings.model.strip():
+        raise ConfigError(f"{env_name(service, 'model')} is empty; give a model directory or hub id")
+    if not math.isfinite(settings.divisor) or settings.divisor == 0:
+        raise ConfigError(f"{env_name(service, 'divisor')}={settings.divisor} must be a finite non-zero number")
+    return settings
+
+
+def model_hint(service: str) -> str:
+    return (
+        f"Set {env_name(service, 'model')} (run.sh {service} --model) to {WEIGHTS[service].download} "
+        "on a machine with internet), or to a hub id this node can download."
+    )
+
+
+def processor_source(service: str, settings: ClipRewardSettings) -> str:
+    """``--processor``, else the model directory when it holds a processor, else the usual one."""
+    if settings.processor:
+        return settings.processor
+    local = Path(settings.model).expanduser()
+    directory = local if local.is_dir() else local.parent
+    if local.exists() and all(any((directory / n).is_file() for n in names) for names in PROCESSOR_FILES):
+        return str(directory)
+    return WEIGHTS[service].usual_processor
+
+
+def missing(service: str, settings: ClipRewardSettings, allow_download: bool) -> str | None:
+    """Why the weights or the processor can't be loaded, judged from the disk and the hub cache."""
+    setting, hint = env_name(service, "model"), model_hint(service)
+    if WEIGHTS[service].checkpoint == "open_clip":
+        problem = missing_weights(settings.model, setting, hint, allow_download, (HPS_FILE,), None)
+    else:
+        problem = missing_weights(settings.model, setting, hint, allow_download)
+    if problem:
+        return problem
+    processor = processor_source(service, settings)
+    setting = env_name(service, "processor")
+    hint = f"Set {setting} (run.sh {service} --processor) to a directory or hub id with them."
+    for names in PROCESSOR_FILES:
+        problem = missing_weights(processor, setting, hint, allow_download, names, None, "processor files")
+        if problem:
+            return problem
+    return None
+
+
+def preflight(service: str) -> str | None:
+    """Why ``service`` cannot start on this node without a download; None when it can."""
+    try:
+        settings = read_settings(service)
+    except ConfigError as exc:
+        return str(exc)
+    return missing(service, settings, allow_download=False)

@@ -1,0 +1,21 @@
+"""The quick loop stays in-process: a test marked ``unit`` cannot start a gunicorn service."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server import gunicorn_server
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_unit_test_that_starts_a_server_fails_at_once() -> None:
+    with pytest.raises(RuntimeError, match="marked unit"), gunicorn_server("ocr"):
+        pass
+
+
+def test_every_test_is_unit_or_integration(request: pytest.FixtureRequest) -> None:
+    items = request.session.items
+    assert items and all(
+        (item.get_closest_marker("unit") is None) != (item.get_closest_marker("integration") is None) for item in items
+    )
