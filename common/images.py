@@ -98,11 +98,21 @@ def open_image(data: bytes, index: int = 0) -> Image.Image:
         ) from None
 
 
-def check_image_sizes(images: Sequence[Image.Image], data: Sequence[bytes], core: CoreSettings) -> None:
-    """The limits on decoding work, from the bytes and headers alone: pixels per image (413),
-    the aspect ratio (422), scans per JPEG (413), and the pixels and PNG chunks of the whole
-    request (413), where an image the pickle memo references several times counts each time, as
-    it is decoded each time. Then the decoded images are held against the worker's work bytes."""
+def open_images(data: Sequence[bytes], core: CoreSettings) -> list[Image.Image]:
+    """A request's images with their headers read, once their bytes are within the limits that
+    Pillow's reading itself would break: scans per JPEG (413) and the chunks of the request's
+    PNGs (413; Pillow reads a PNG's chunks up to its pixels in ``Image.open``)."""
+    for index, item in enumerate(data):
+        _check_scans(item, core.max_jpeg_scans, index)
+    _check_png_chunks(data, core.max_png_chunks)
+    return [open_image(item, index) for index, item in enumerate(data)]
+
+
+def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings) -> None:
+    """The limits on decoding work, from the headers alone: pixels per image (413), the aspect
+    ratio (422) and the pixels of the whole request (413), where an image the pickle memo
+    references several times counts each time, as it is decoded each time. Then the decoded
+    images are held against the worker's work bytes."""
     for index, image in enumerate(images):
         _check_pixels(image, core.max_pixels, index)
         width, height = image.size
@@ -111,14 +121,12 @@ def check_image_sizes(images: Sequence[Image.Image], data: Sequence[bytes], core
                 f"images[{index}] is {width}x{height}, an aspect ratio over the limit of {core.max_aspect_ratio:g} "
                 f"({env_name('', 'max_aspect_ratio')})"
             )
-        _check_scans(data[index], core.max_jpeg_scans, index)
     total = sum(image.size[0] * image.size[1] for image in images)
     if total > core.max_request_pixels:
         raise PayloadTooLarge(
             f"the {len(images)} images of the request have {total} pixels together; the limit is "
             f"{core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
         )
-    _check_png_chunks(data, core.max_png_chunks)
     hold_work(sum(decoded_bytes(image) for image in images), "decoded images")
 
 
@@ -235,8 +243,8 @@ def _srgb_transform(profile: bytes, mode: str, output: str) -> ImageCms.ImageCms
 def decode_images(data: Sequence[bytes], core: CoreSettings) -> list[Image.Image]:
     """Decode a request's images to RGB once all their headers are within the limits; the
     request's deadline is checked between one image and the next."""
-    images = [open_image(item, index) for index, item in enumerate(data)]
-    check_image_sizes(images, data, core)
+    images = open_images(data, core)
+    check_image_sizes(images, core)
     decoded = []
     for index, image in enumerate(images):
         check_deadline("decoding its images")

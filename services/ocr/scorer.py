@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from common.batching import check_deadline, hold_work
 from common.config import describe, env_name, from_env
 from common.errors import PayloadTooLarge, Unprocessable
-from common.images import check_image_sizes, load_image, open_image, parse_image_request, shown_size
+from common.images import check_image_sizes, load_image, open_images, parse_image_request, shown_size
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
@@ -106,8 +106,8 @@ class OCRScorer(Scorer):
         request = parse_image_request(payload, self.core)
         options = self.options.override(request.metadata.get("ocr"))
         wanted = [self._targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]
-        images = [open_image(data, index) for index, data in enumerate(request.images)]
-        check_image_sizes(images, request.images, self.core)
+        images = open_images(request.images, self.core)
+        check_image_sizes(images, self.core)
         sizes = [self._check_input_size(image, index) for index, image in enumerate(images)]
         hold_work(sum(width * height for width, height in sizes) * self.engine.work_bytes_per_pixel, "OCR inputs")
         items = []
