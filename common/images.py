@@ -98,11 +98,21 @@ def open_image(data: bytes, index: int = 0) -> Image.Image:
         ) from None
 
 
-def check_image_sizes(images: Sequence[Image.Image], data: Sequence[bytes], core: CoreSettings) -> None:
-    """The limits on decoding work, from the bytes and headers alone: pixels per image (413),
-    the aspect ratio (422), scans per JPEG (413), and the pixels and PNG chunks of the whole
-    request (413), where an image the pickle memo references several times counts each time, as
-    it is decoded each time. Then the decoded images are held against the worker's work bytes."""
+def open_images(data: Sequence[bytes], core: CoreSettings) -> list[Image.Image]:
+    """A request's images with their headers read, once their bytes are within the limits that
+    Pillow's reading itself would break: scans per JPEG (413) and the chunks of the request's
+    PNGs (413; Pillow reads a PNG's chunks up to its pixels in ``Image.open``)."""
+    for index, item in enumerate(data):
+        _check_scans(item, core.max_jpeg_scans, index)
+    _check_png_chunks(data, core.max_png_chunks)
+    return [open_image(item, index) for index, item in enumerate(data)]
+
+
+def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings) -> None:
+    """The limits on decoding work, from the headers alone: pixels per image (413), the aspect
+    ratio (422) and the pixels of the whole request (413), where an image the pickle memo
+    references several times counts each time, as it is decoded each time. Then the decoded
+    images are held against the worker's work bytes."""
     for index, image in enumerate(images):
         _check_pixels(image, core.max_pixels, index)
         width, height = image.size
@@ -111,21 +121,21 @@ def check_image_sizes(images: Sequence[Image.Image], data: Sequence[bytes], core
                 f"images[{index}] is {width}x{height}, an aspect ratio over the limit of {core.max_aspect_ratio:g} "
                 f"({env_name('', 'max_aspect_ratio')})"
             )
-        _check_scans(data[index], core.max_jpeg_scans, index)
     total = sum(image.size[0] * image.size[1] for image in images)
     if total > core.max_request_pixels:
         raise PayloadTooLarge(
             f"the {len(images)} images of the request have {total} pixels together; the limit is "
             f"{core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
         )
-    _check_png_chunks(data, core.max_png_chunks)
     hold_work(sum(decoded_bytes(image) for image in images), "decoded images")
 
 
 def decoded_bytes(image: Image.Image) -> int:
-    """The most memory the decode of ``image`` (header read) and its conversion to RGB hold at once."""
+    """The most memory the decode of ``image`` (header read) holds: Pillow keeps 4 bytes a pixel,
+    and the decoded image and its RGB copy stay until the request's images are all decoded, with
+    one image's intermediate steps (turned, composited) at a time."""
     width, height = image.size
-    return width * height * (8 + 3)  # the decoded bands (up to 4 of 16 bits), then the RGB copy
+    return width * height * 12
 
 
 def _check_scans(data: bytes, limit: int, index: int) -> None:
@@ -165,8 +175,12 @@ def shown_size(image: Image.Image) -> tuple[int, int]:
 
 
 def _orientation(image: Image.Image) -> int | None:
+    """The EXIF orientation read with the header (``getexif`` of a PNG would decode it whole to
+    look past its pixels: libpng-based viewers too read only an eXIf before them)."""
     try:
-        return image.getexif().get(ImageOps.ExifTags.Base.Orientation)
+        exif = Image.Exif()
+        exif.load(image.info.get("exif") or b"")
+        return exif.get(ImageOps.ExifTags.Base.Orientation)
     except Exception:  # a viewer shows an image whose EXIF it cannot parse as stored
         return None
 
@@ -192,11 +206,9 @@ def as_shown(image: Image.Image) -> Image.Image:
     if _orientation(image) not in (None, 1):
         image = ImageOps.exif_transpose(image)
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit greyscale (PNG): 0..65535 to 0..255; Pillow's convert clips it at 255, all white.
-        scaled = np.asarray(image, dtype=np.float64) / 257.0
-        image = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
-    elif image.mode == "F":
-        image = Image.fromarray(np.clip(np.rint(np.asarray(image) * 255.0), 0, 255).astype(np.uint8), "L")
+        # 16-bit greyscale (PNG): 0..65535 to 0..255, rounded; Pillow's convert clips it at 255.
+        samples = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
+        image = Image.fromarray(((samples * 255 + 32767) // 65535).astype(np.uint8), "L")
     if image.mode in ("P", "PA", "LA", "La", "RGBa", "1") or "transparency" in image.info:
         has_alpha = "transparency" in image.info or image.mode in ("PA", "LA", "La", "RGBa")
         image = image.convert("RGBA" if has_alpha else "RGB")
@@ -231,8 +243,8 @@ def _srgb_transform(profile: bytes, mode: str, output: str) -> ImageCms.ImageCms
 def decode_images(data: Sequence[bytes], core: CoreSettings) -> list[Image.Image]:
     """Decode a request's images to RGB once all their headers are within the limits; the
     request's deadline is checked between one image and the next."""
-    images = [open_image(item, index) for index, item in enumerate(data)]
-    check_image_sizes(images, data, core)
+    images = open_images(data, core)
+    check_image_sizes(images, core)
     decoded = []
     for index, image in enumerate(images):
         check_deadline("decoding its images")

@@ -66,7 +66,7 @@ def dumped(value: Any, style: int) -> bytes:
     return json.dumps(value, separators=separators, ensure_ascii=style % 2 == 0).encode("utf-8")
 
 
-@fuzz(120)
+@fuzz(100)
 @given(value=JSON_VALUES, style=st.integers(0, 5))
 def test_the_json_value_count_is_exact(value: Any, style: int) -> None:
     """Values plus empty containers, whatever the strings hold: one more than the cap is refused."""
@@ -77,7 +77,7 @@ def test_the_json_value_count_is_exact(value: Any, style: int) -> None:
         check_json(body, JsonCap(count + empties - 1, "X"))
 
 
-@fuzz(120)
+@fuzz(100)
 @given(
     value=JSON_VALUES,
     style=st.integers(0, 5),
@@ -215,6 +215,7 @@ def mutated_pngs(draw) -> tuple[bytes, bool]:
                 (b"IDAT", b"")
             ]
         elif kind == "empties":  # empty ancillary chunks by the thousand
+            same = same and not chunks[index - 1][0] == name == b"IDAT"  # the IDATs must follow one another
             chunks[index:index] = [(b"tEXt", b"")] * draw(st.sampled_from([1, 100, 1999, 2001, 20_000]))
         elif kind == "header" and chunks[0][0] == b"IHDR":
             width, height = draw(st.integers(0, 5000)), draw(st.integers(0, 5000))
@@ -250,7 +251,7 @@ def decode_one(data: bytes) -> Image.Image | None:
     return image
 
 
-@fuzz(100)
+@fuzz(60)
 @given(data=mutated_jpegs())
 def test_jpeg_segments_and_scans_decode_as_shown_or_are_refused(data: bytes) -> None:
     image = decode_one(data)
@@ -258,7 +259,7 @@ def test_jpeg_segments_and_scans_decode_as_shown_or_are_refused(data: bytes) -> 
         assert data.count(b"\xff\xda") <= CORE.max_jpeg_scans
 
 
-@fuzz(100)
+@fuzz(60)
 @given(case=mutated_pngs())
 def test_png_chunks_decode_as_shown_or_are_refused(case: tuple[bytes, bool]) -> None:
     data, same = case
@@ -267,7 +268,7 @@ def test_png_chunks_decode_as_shown_or_are_refused(case: tuple[bytes, bool]) -> 
         assert image is not None, "a valid PNG (chunks re-cut or added) was refused"
 
 
-@fuzz(100)
+@fuzz(40)
 @given(case=pngs())
 def test_recut_chunks_never_change_the_pixels(case: tuple[bytes, Image.Image]) -> None:
     data, _ = case

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 import zlib
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from PIL import Image, ImageCms
 
 from common.errors import PayloadTooLarge
-from common.images import as_shown, check_image_sizes, decode_images, open_image, shown_size
+from common.images import as_shown, decode_images, open_image, open_images, shown_size
 from common.settings import CoreSettings
 from testing.images import encode
 
@@ -53,17 +54,22 @@ def empty_chunks_png(count: int) -> bytes:
 def test_a_jpeg_of_many_scans_is_refused_from_its_bytes() -> None:
     bomb = scan_bomb(256, 150)
     with pytest.raises(PayloadTooLarge, match=r"JPEG of 160 scans; the limit is 100 \(SCORER_MAX_JPEG_SCANS\)"):
-        check_image_sizes([open_image(bomb)], [bomb], CORE)
+        open_images([bomb], CORE)
     progressive = saved(Image.new("RGB", (256, 256), "white"), "JPEG", progressive=True)
     assert progressive.count(b"\xff\xda") == 10  # a real progressive JPEG: well within
     decoded(progressive)
 
 
 def test_png_chunks_are_counted_across_the_request_each_reference_counting() -> None:
+    """Counted before Pillow opens them: ``Image.open`` reads a PNG's chunks up to its pixels."""
     png = empty_chunks_png(30_000)
     assert decoded(png).min() == 255  # one image of 30,000 chunks: read
+    started = time.process_time()
     with pytest.raises(PayloadTooLarge, match=r"over 100000 chunks .* \(SCORER_MAX_PNG_CHUNKS\)"):
-        decode_images([png] * 4, CORE)
+        open_images([empty_chunks_png(1_000_000)], CORE)
+    assert time.process_time() - started < 1.0  # Image.open: 3.2 s
+    with pytest.raises(PayloadTooLarge, match="SCORER_MAX_PNG_CHUNKS"):
+        open_images([png] * 4, CORE)  # one image referenced 4 times: 120,000 chunks to read
     # chunks are walked by their declared lengths: bytes inside a chunk are not chunks
     big = saved(Image.fromarray(np.random.default_rng(0).integers(0, 255, (512, 512, 3), dtype=np.uint8)))
     decode_images([big] * 64, CORE)
@@ -89,6 +95,18 @@ def test_exif_orientation_is_applied_and_sizes_are_as_shown() -> None:
     pixels = decoded(data)
     assert pixels.shape == (100, 300, 3)
     assert pixels[10, 10].max() < 40 and pixels[90, 290].min() > 215
+
+
+def test_the_shown_size_is_read_without_decoding() -> None:
+    """Pillow's ``getexif`` of a PNG decodes it whole to look for an eXIf chunk after the pixels."""
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    for params in ({}, {"exif": exif}):
+        for fmt in ("PNG", "JPEG", "WEBP"):
+            image = open_image(saved(Image.new("RGB", (40, 20)), fmt, **params))
+            assert shown_size(image) == ((20, 40) if params else (40, 20)), (fmt, params)
+            assert image.tile or fmt == "WEBP", "decoded"  # (a WebP's tile is empty before and after)
+            assert decoded(saved(Image.new("RGB", (40, 20)), fmt, **params)).shape[:2] == shown_size(image)[::-1]
 
 
 @pytest.mark.parametrize(

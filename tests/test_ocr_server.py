@@ -23,6 +23,9 @@ import requests
 from PIL import Image, ImageDraw, ImageFont
 
 from common.client import AsyncScorerClient, ScorerClient
+from common.settings import CoreSettings
+from services.ocr.reward import RuleOptions, targets
+from services.ocr.scorer import OcrSettings
 from testing.images import blank, ocr_prompts, quoted, render_text
 from testing.server import ROOT, gunicorn_server
 from tests.test_images import empty_chunks_png, scan_bomb
@@ -583,3 +586,15 @@ def test_queued_work_is_bounded_in_bytes(tmp_path) -> None:
         assert first["answer"][:2] == (200, {"scores": [0.0] * 4, "outputs": [0.0] * 4})
         assert grown_mb < budget_mb + one_image_mb, (grown_mb, one_image_mb)
         assert timed_post(server.url, four)[0] == 200  # given back once answered
+
+
+def test_every_flow_grpo_prompt_is_within_the_default_limits() -> None:
+    """Every prompt of flow_grpo's OCR set, with every target taken (``target="all"``), is within
+    the default target limit; their renders' text widths (at most 768, one line each, measured
+    over all 1,017) are far within SCORER_OCR_MAX_TEXT_WIDTH, which the 12 above are read under."""
+    settings = OcrSettings()
+    every = RuleOptions(target="all")
+    prompts = ocr_prompts()
+    assert len(prompts) > 1000
+    assert max(len(targets(prompt, every) or []) for prompt in prompts) <= settings.max_targets
+    assert max(len(prompt) for prompt in prompts) <= CoreSettings().max_prompt_chars

@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from common.batching import check_deadline, hold_work
 from common.config import describe, env_name, from_env
 from common.errors import PayloadTooLarge, Unprocessable
-from common.images import check_image_sizes, load_image, open_image, parse_image_request, shown_size
+from common.images import check_image_sizes, load_image, open_images, parse_image_request, shown_size
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
@@ -42,7 +42,7 @@ class OcrSettings(RuleOptions):
     max_input_pixels: int = 6_000_000
     # Recognizer work per image: the widths of its detected text lines as the recognizer reads
     # them (48 pixels high), summed, checked before the recognizer runs (413). A render of a
-    # flow_grpo OCR prompt is one line of at most 736; a 64 KB PNG of 46 lines of small text
+    # flow_grpo OCR prompt (all 1,017) is one line of at most 768; a 64 KB PNG of 46 lines of small text
     # was 128,000 (30 s of recognizer work on a loaded 2-core CPU).
     max_text_width: int = 65_536
     # Quoted targets per prompt (with ``target="all"``), each matched against every run of
@@ -106,8 +106,8 @@ class OCRScorer(Scorer):
         request = parse_image_request(payload, self.core)
         options = self.options.override(request.metadata.get("ocr"))
         wanted = [self._targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]
-        images = [open_image(data, index) for index, data in enumerate(request.images)]
-        check_image_sizes(images, request.images, self.core)
+        images = open_images(request.images, self.core)
+        check_image_sizes(images, self.core)
         sizes = [self._check_input_size(image, index) for index, image in enumerate(images)]
         hold_work(sum(width * height for width, height in sizes) * self.engine.work_bytes_per_pixel, "OCR inputs")
         items = []
