@@ -22,16 +22,16 @@ from services.code.zygote import from_plain
 log = logging.getLogger(__name__)
 
 STATUSES = (
-    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "sandbox_error",
+    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "invalid_label",
+    "sandbox_error",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
-# What comparison needs of a stdin test's stdout (twice the longest expected output) or of a
-# call's answer (four times the longest expected value as JSON: tags of tuples, sets, dicts),
-# plus a margin: a longer one cannot match and is not kept (stdin: a wrong answer; a call:
-# an output over the limit).
+# How much of the kept output (``compared_output_bytes``) an expected output may need: a
+# program's stdout may pad each line (twice), a call's answer tags tuples, sets and dicts
+# (four times its JSON). A label that needs more could never pass: an invalid label.
 KEEP_FACTOR = {"stdin": 2, "call": 4}
-KEEP_MARGIN = 1 << 16
+LONG_OUTPUT = "an expected output longer than compared_output_bytes allows"
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,16 @@ def _judge_call(suite: Suite, index: int, run: dict[str, Any], tolerance: float)
     return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 
-def keep_bytes(suite: Suite, cap: int) -> int:
-    """How much of a stdin test's stdout or a call's answer comparison needs (``KEEP_FACTOR``)."""
+def too_long(suite: Suite, kept: int) -> bool:
+    """Whether an expected output of ``suite`` needs more than ``kept`` bytes of a program's
+    output to be matched (``KEEP_FACTOR``): no program could pass it."""
     if suite.kind == "stdin":
         longest = max(len(want.encode()) for want in suite.expected)
     elif suite.kind == "call":
         longest = max(len(json.dumps(want, default=str)) for want in suite.expected)
-    else:  # assert tests' calls: the label's code decides what it needs
-        return cap
-    return min(cap, KEEP_FACTOR[suite.kind] * longest + KEEP_MARGIN)
+    else:  # assert tests: the label's code compares in the tests' process
+        return False
+    return KEEP_FACTOR[suite.kind] * longest > kept
 
 
 class Grader:
@@ -134,12 +135,18 @@ class Grader:
             with ThreadPoolExecutor(threads, thread_name_prefix="code-grade") as pool:
                 verdicts = list(pool.map(lambda s: self.grade_one(s, deadline, request), samples))
         self._count_masked(verdicts)
+        invalid = [s.suite for s, v in zip(samples, verdicts, strict=True) if v.status == "invalid_label"]
+        if invalid and invalid[0] is not None:
+            reason = invalid[0].invalid or LONG_OUTPUT
+            log.warning("%d code sample(s) scored 0 for an invalid label; one: %s", len(invalid), reason)
         return verdicts
 
     def grade_one(self, sample: Sample, deadline: float, request: object) -> Verdict:
         if sample.suite is None:
             return Verdict("prompt_not_found", 0, 0, None)
         total = len(sample.suite.tests)
+        if sample.suite.invalid or too_long(sample.suite, self._kept_bytes()):
+            return Verdict("invalid_label", 0, total, 0.0)
         if not sample.code:
             return Verdict("no_code", 0, total, 0.0)
         for attempt in range(2):
@@ -158,12 +165,12 @@ class Grader:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
             statuses = ["timeout"] * len(suite.tests)
+            # Every test runs, whatever the scoring: which ran must not tell the program
+            # which of its answers were right.
             runs = self.sandbox.run(self._job(suite, code, deadline), uid)
             try:
                 for run in runs:
                     statuses[run["index"]] = self._judge(suite, run)
-                    if s.scoring == "all" and statuses[run["index"]] != "passed":
-                        break  # the rest cannot change the verdict
             finally:
                 runs.close()
         passed = statuses.count("passed")
@@ -183,11 +190,16 @@ class Grader:
             "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
             "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
             "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes, "tmp_bytes": s.tmp_mb << 20,
-            "keep_bytes": keep_bytes(suite, s.max_output_bytes),
+            # The same for every sample: nothing the program can read depends on its answers.
+            "keep_bytes": self._kept_bytes(),
         }  # fmt: skip
         if suite.kind == "assert":
             job["trusted"] = {"tests": suite.tests, "setup": suite.setup, "entry_point": suite.entry_point}
         return job
+
+    def _kept_bytes(self) -> int:
+        """How much of a stdin test's stdout or a call's answer is kept for comparison."""
+        return min(self.settings.compared_output_bytes, self.settings.max_output_bytes)
 
     def trial(self, code: str) -> dict[str, Any]:
         """What one run of ``code`` (empty stdin) reported, unjudged: for the startup checks."""
