@@ -23,7 +23,7 @@ log() { printf '[run.sh] %s\n' "$*" >&2; }
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 # plan COMMAND: what COMMAND sets up, from common/registry.py (VENV, PORT, REQUIREMENTS,
-# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, SYSTEM_COMMANDS).
+# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, PREPARE, SYSTEM_COMMANDS).
 plan() {
   local assignments
   assignments=$("$PYTHON" -m common.registry shell "$1") || exit 2
@@ -99,8 +99,9 @@ ensure_system_packages() {
   fi
 }
 
-# ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages.
-# Installs only when the requirement files changed since the last install.
+# ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages,
+# then its PREPARE modules (e.g. the code sandbox's packages). Installs only when the
+# requirement files changed since the last install.
 ensure_venv() {
   plan "$1"
   local dir=$ROOT/$VENV stamp
@@ -125,6 +126,10 @@ ensure_venv() {
     fi
     echo "$stamp" >"$dir/.installed"
   fi
+  local module
+  for module in ${PREPARE[@]+"${PREPARE[@]}"}; do
+    (cd "$ROOT" && "$dir/bin/python" -m "$module")
+  done
   VENV=$dir
 }
 

@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from services.code.packages import SANDBOX_PATH
+
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "unshare", "none")
@@ -75,8 +77,9 @@ def interpreter_dirs() -> list[str]:
     return found
 
 
-def _visible_filesystem() -> list[str]:
-    """bwrap arguments for the zygote's root: system dirs, the interpreter, a root-only ``/tmp``.
+def _visible_filesystem(packages: str) -> list[str]:
+    """bwrap arguments for the zygote's root: system dirs, the interpreter, a root-only ``/tmp``,
+    and the programs' packages (``packages``, if any) at ``SANDBOX_PATH``.
 
     Every directory bwrap creates on the way to a bind is made 0755 first: bwrap would make
     it 0700, which the sandbox uids cannot cross (a Python under ``/root`` would not import).
@@ -96,16 +99,18 @@ def _visible_filesystem() -> list[str]:
         for parent in reversed(list(parents)[:-1]):  # from the top, without "/"
             args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", path, path]
+    if packages:
+        args += ["--ro-bind", packages, SANDBOX_PATH]
     return args
 
 
-def _prefix(isolation: str) -> list[str]:
+def _prefix(isolation: str, packages: str = "") -> list[str]:
     """Command prefix that puts the zygote in ``isolation``."""
     if isolation == "bwrap":
         caps = [arg for cap in BWRAP_CAPS for arg in ("--cap-add", cap)]
         return [
             "bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session", "--clearenv", *_visible_filesystem(),
+            "--die-with-parent", "--new-session", "--clearenv", *_visible_filesystem(packages),
             "--dev", "/dev", "--proc", "/proc", *caps,
         ]  # fmt: skip
     if isolation == "unshare":
@@ -232,10 +237,12 @@ class FairSlots:
 
 
 class Sandbox:
-    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid."""
+    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid, whose
+    programs may import from the directory ``packages`` (read-only)."""
 
-    def __init__(self, isolation: str, slots: int, uid_base: int) -> None:
+    def __init__(self, isolation: str, slots: int, uid_base: int, packages: str = "") -> None:
         self.isolation = isolation
+        self.packages = packages
         # Each slot has two uids: its candidates' (``uids``) and, ``slots`` above it, its tests'.
         first_uid, self._uid_lock = claim_uids(uid_base, 2 * slots)
         self.uids = range(first_uid, first_uid + slots)
@@ -263,12 +270,19 @@ class Sandbox:
         listener.listen(512)
         # The base interpreter, not the venv's link to it: the zygote needs only the standard
         # library, and only the interpreter's own prefix is visible in the sandbox.
-        command = [*_prefix(self.isolation), os.path.realpath(sys.executable), "-I", "-S", "-c", ZYGOTE_SOURCE]
+        command = [
+            *_prefix(self.isolation, self.packages),
+            os.path.realpath(sys.executable),
+            "-I",
+            "-S",
+            "-c",
+            ZYGOTE_SOURCE,
+        ]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
         threading.Thread(
-            target=self._keep, args=([*command, str(listener.fileno())], listener, spawned),
+            target=self._keep, args=([*command, str(listener.fileno()), self._packages_path()], listener, spawned),
             name="code-zygote", daemon=True,
         ).start()  # fmt: skip
         proc = spawned.get()
@@ -281,6 +295,10 @@ class Sandbox:
             self._stop_locked()
             raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start")
         log.info("code sandbox ready: isolation=%s", self.isolation)
+
+    def _packages_path(self) -> str:
+        """Where the zygote finds the programs' packages ("" for none)."""
+        return SANDBOX_PATH if self.packages and self.isolation == "bwrap" else self.packages
 
     def _restart(self) -> None:
         """Restart a dead zygote, once however many runs found it dead.

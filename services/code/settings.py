@@ -40,6 +40,9 @@ class CodeSettings:
     tmp_mb: int = 64
     # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.
     float_tolerance: float = 0.0
+    # Packages graded programs may import beyond the standard library: pip requirements,
+    # separated by spaces or commas, installed by run.sh into .sandbox-packages/ (see packages.py).
+    sandbox_packages: str = "numpy==2.4.6 sortedcontainers==2.4.0"
     # Isolation: "auto" takes the strongest the host offers (bwrap > unshare > none).
     sandbox: Literal["auto", "bwrap", "unshare", "none"] = "auto"
     # Name of a weaker isolation than bwrap that the operator accepts ("unshare" or "none").
