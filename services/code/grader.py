@@ -5,6 +5,7 @@ The sandbox only reports what each test printed or returned; every verdict is ma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -12,12 +13,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.sandbox import Sandbox, SandboxFailure
+from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import CodeSettings
-from services.code.zygote import from_plain
 
 log = logging.getLogger(__name__)
 
@@ -51,27 +51,27 @@ class Verdict:
     score: float | None
 
 
-def judge(suite: Suite, index: int, run: dict[str, Any], tolerance: float) -> str:
-    """The status of test ``index`` from what the sandbox reported."""
-    if run.get("skipped"):
+def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
+    """The status of test ``run.index`` from what the sandbox reported."""
+    if isinstance(run, Skipped):
         return "timeout"
-    if suite.kind != "stdin":
-        return _judge_call(suite, index, run, tolerance)
+    if isinstance(run, CallOutcome):
+        return _judge_call(suite, run, tolerance)
     try:
-        reported = json.loads(run["result"]) if run["result"] else {}
+        reported = json.loads(run.result) if run.result else {}
     except ValueError:
         reported = {}
     if isinstance(reported, dict) and "compile_error" in reported:
         return "compile_error"
-    if run["timed_out"]:
+    if run.timed_out:
         return "timeout"
-    if run["output_exceeded"]:
+    if run.output_exceeded:
         return "runtime_error"
-    if run["exit"] != 0:
-        return "memory_limit" if "MemoryError" in run["stderr"] else "runtime_error"
-    if run.get("stdout_truncated"):
+    if run.exit != 0:
+        return "memory_limit" if "MemoryError" in run.stderr else "runtime_error"
+    if run.stdout_truncated:
         return "wrong_answer"
-    return "passed" if stdout_matches(run["stdout"], suite.expected[index], tolerance) else "wrong_answer"
+    return "passed" if stdout_matches(run.stdout, suite.expected[run.index], tolerance) else "wrong_answer"
 
 
 # What a call-based or assert test that failed before an answer or a report gets.
@@ -80,21 +80,21 @@ FAILURES = {"compile_error": "compile_error", "timeout": "timeout", "output_exce
 ASSERT_ERRORS = {"AssertionError": "wrong_answer", "MemoryError": "memory_limit"}
 
 
-def _judge_call(suite: Suite, index: int, run: dict[str, Any], tolerance: float) -> str:
+def _judge_call(suite: Suite, run: CallOutcome, tolerance: float) -> str:
     """A call-based test from the candidate's answer (plain data), compared here; an assert
     test from the tests' process's report, never from anything the candidate sent."""
-    failure = run["failure"]
+    failure = run.failure
     if failure is not None:
-        return FAILURES.get(failure) or ("memory_limit" if "MemoryError" in run["stderr"] else "runtime_error")
+        return FAILURES.get(failure) or ("memory_limit" if "MemoryError" in run.stderr else "runtime_error")
     if suite.kind == "assert":
-        report = run.get("report") or {}
+        report = run.report or {}
         return "passed" if report.get("passed") is True else ASSERT_ERRORS.get(report.get("error"), "runtime_error")
     try:
-        answer = from_plain(run.get("answer", ""))
+        answer = from_plain(run.answer or "")
     except (ValueError, TypeError, RecursionError):
         return "runtime_error"
     if isinstance(answer, list) and len(answer) == 2 and answer[0] == "result":
-        return "passed" if result_matches(answer[1], suite.expected[index], tolerance) else "wrong_answer"
+        return "passed" if result_matches(answer[1], suite.expected[run.index], tolerance) else "wrong_answer"
     return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 
@@ -167,10 +167,10 @@ class Grader:
             statuses = ["timeout"] * len(suite.tests)
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(self._job(suite, code, deadline), uid)
+            runs = self.sandbox.run(self._job(suite, code, deadline), uid, self._trusted(suite))
             try:
                 for run in runs:
-                    statuses[run["index"]] = self._judge(suite, run)
+                    statuses[run.index] = self._judge(suite, run)
             finally:
                 runs.close()
         passed = statuses.count("passed")
@@ -179,45 +179,52 @@ class Grader:
             return Verdict(status, passed, len(statuses), float(status == "passed"))
         return Verdict(status, passed, len(statuses), passed / len(statuses))
 
-    def _job(self, suite: Suite, code: str, deadline: float) -> dict[str, Any]:
+    def _job(self, suite: Suite, code: str, deadline: float) -> Job:
         """What the sandbox gets to run ``code`` against ``suite`` (never the expected outputs)."""
         s = self.settings
-        job = {
-            "kind": suite.kind, "code": code, "fn_name": suite.fn_name,
-            # Assert tests hold the expected values: they go to the tests' process only.
-            "tests": [None] * len(suite.tests) if suite.kind == "assert" else suite.tests,
-            "cpu_s": s.test_cpu_s, "wall_s": s.test_wall_s,
-            "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
-            "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
-            "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes, "tmp_bytes": s.tmp_mb << 20,
+        return Job(
+            kind=suite.kind, code=code, fn_name=suite.fn_name,
+            # Assert tests hold the expected values: they go to the tests' process only (``_trusted``).
+            tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
+            cpu_s=s.test_cpu_s, wall_s=s.test_wall_s,
+            sample_s=max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
+            memory_bytes=s.memory_mb << 20, nproc=s.max_processes, nofile=s.max_open_files,
+            fsize=s.max_file_bytes, output_bytes=s.max_output_bytes, tmp_bytes=s.tmp_mb << 20,
             # The same for every sample: nothing the program can read depends on its answers.
-            "keep_bytes": self._kept_bytes(),
-        }  # fmt: skip
-        if suite.kind == "assert":
-            job["trusted"] = {"tests": suite.tests, "setup": suite.setup, "entry_point": suite.entry_point}
-        return job
+            keep_bytes=self._kept_bytes(),
+        )  # fmt: skip
+
+    @staticmethod
+    def _trusted(suite: Suite) -> TrustedTests | None:
+        """An assert label's code, for the tests' process alone."""
+        if suite.kind != "assert":
+            return None
+        return TrustedTests(tests=list(suite.tests), setup=suite.setup, entry_point=suite.entry_point)
 
     def _kept_bytes(self) -> int:
         """How much of a stdin test's stdout or a call's answer is kept for comparison."""
         return min(self.settings.compared_output_bytes, self.settings.max_output_bytes)
 
-    def trial(self, code: str) -> dict[str, Any]:
+    def trial(self, code: str) -> StdinOutcome:
         """What one run of ``code`` (empty stdin) reported, unjudged: for the startup checks."""
         deadline = time.monotonic() + self.settings.request_timeout_s
         job = self._job(Suite("stdin", [""], [""]), code, deadline)
         with self.sandbox.slot(object(), self.settings.request_timeout_s) as uid:
             if uid is None:
                 raise SandboxFailure("no run slot came free")
-            runs = self.sandbox.run({**job, "keep_bytes": self.settings.max_output_bytes}, uid)
+            runs = self.sandbox.run(dataclasses.replace(job, keep_bytes=self.settings.max_output_bytes), uid)
             try:
-                return next(runs)
+                run = next(runs)
+                if not isinstance(run, StdinOutcome):
+                    raise SandboxFailure(f"a trial run answered {run}")
+                return run
             finally:
                 runs.close()
 
-    def _judge(self, suite: Suite, run: dict[str, Any]) -> str:
+    def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""
         try:
-            return judge(suite, run["index"], run, self.settings.float_tolerance)
+            return judge(suite, run, self.settings.float_tolerance)
         except Exception as exc:  # e.g. RecursionError on deeply nested output
             log.warning("judging a code test failed (%s: %.200s); judged a runtime error", type(exc).__name__, exc)
             return "runtime_error"

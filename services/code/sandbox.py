@@ -22,8 +22,8 @@ mechanism it would get.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
-import json
 import logging
 import os
 import queue
@@ -40,12 +40,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from services.code import sandboxed
 from services.code.packages import SANDBOX_PATH
+from services.code.sandboxed import wire
+from services.code.sandboxed.wire import Job, Outcome, TrustedTests
 
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "unshare", "none")
-ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_text()
+ZYGOTE_SOURCE = sandboxed.bundle()
 # Root may do these inside bwrap; a test process loses them all when it drops its uid.
 # CAP_SYS_ADMIN lets each supervisor mount its sample's /tmp in a namespace of its own.
 BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
@@ -134,26 +137,6 @@ def available(isolation: str) -> bool:
 def strongest() -> str:
     """The strongest isolation this host offers."""
     return next(name for name in ISOLATIONS if available(name))
-
-
-def _send(sock: socket.socket, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    sock.sendall(struct.pack("!I", len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise SandboxFailure("sandbox supervisor closed the connection before the end")
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv(sock: socket.socket) -> dict[str, Any]:
-    (length,) = struct.unpack("!I", _recv_exact(sock, 4))
-    return json.loads(_recv_exact(sock, length))
 
 
 def claim_uids(base: int, count: int, blocks: int = 64) -> tuple[int, int]:
@@ -359,29 +342,27 @@ class Sandbox:
         finally:
             self._slots.release(owner, uid)
 
-    def run(self, job: dict[str, Any], uid: int) -> Iterator[dict[str, Any]]:
-        """Run ``job`` as ``uid``; yields one result per test. Raises ``SandboxFailure``.
+    def run(self, job: Job, uid: int, trusted: TrustedTests | None = None) -> Iterator[Outcome]:
+        """Run ``job`` as ``uid``; yields one outcome per test. Raises ``SandboxFailure``.
 
-        ``job["trusted"]`` (assert tests: the label's code) is sent apart, after the rest.
+        ``trusted`` (assert tests: the label's code) is sent apart, after the job.
         """
         if not self.alive():
             self._restart()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(job["sample_s"] + 10.0)
+        sock.settimeout(job.sample_s + 10.0)
         try:
             try:
                 sock.connect(self._socket_path)
-                trusted = job.get("trusted")
-                header = {key: value for key, value in job.items() if key != "trusted"}
-                _send(sock, {**header, "uid": uid, "gid": uid, "test_uid": uid + len(self.uids)})
+                wire.send(sock, dataclasses.replace(job, uid=uid, gid=uid, test_uid=uid + len(self.uids)))
                 if trusted is not None:  # read by the tests' process alone, never by the candidate's
-                    _send(sock, trusted)
+                    wire.send(sock, trusted)
                 while True:
-                    message = _recv(sock)
-                    if message.get("done"):
+                    message = wire.recv(sock)
+                    if isinstance(message, wire.Done):
                         return
                     yield message
-            except (OSError, struct.error, ValueError) as exc:
+            except (OSError, EOFError, struct.error, ValueError) as exc:
                 raise SandboxFailure(f"sandbox run failed: {exc}") from exc
         finally:
             sock.close()

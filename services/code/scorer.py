@@ -154,11 +154,11 @@ class CodeScorer(Scorer):
         assert self.grader is not None
         modules = (*STDLIB_MODULES, *packages.top_level_modules(self.settings.sandbox_packages))
         run = self.grader.trial(STARTUP_PROBE.format(modules=modules, repository=str(REPOSITORY)))
-        said = run.get("stdout", "").strip()
+        said = run.stdout.strip()
         if said == "ok" or (self.isolation != "bwrap" and said.startswith("can see the checkout")):
             return
         interpreter = os.path.realpath(sys.executable)
-        error = "" if said else ": " + (run.get("stderr", "") + run.get("result", ""))[-500:]
+        error = "" if said else ": " + (run.stderr + run.result)[-500:]
         raise RuntimeError(
             f"the code sandbox's programs (uid {self.grader.sandbox.uids[0]}) {said or 'failed'}{error}. "
             f"Packages beyond the standard library come from {packages.PACKAGES_DIR}. "

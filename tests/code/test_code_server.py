@@ -532,7 +532,7 @@ def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
 
 
 def _zygote(root: int) -> int:
-    """The zygote under gunicorn master ``root``: the root-owned process running zygote.py
+    """The zygote under gunicorn master ``root``: the root-owned process running the sandboxed zygote
     whose parent does not."""
     tree = _tree(root)
     return next(

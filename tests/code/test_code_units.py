@@ -20,9 +20,9 @@ from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite, parse_label, result_matches, stdout_matches
 from services.code.sandbox import FairSlots, SandboxFailure
+from services.code.sandboxed.wire import StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
-from services.code.zygote import from_plain, to_plain
 
 
 def test_last_fenced_block_after_special_tokens() -> None:
@@ -117,14 +117,14 @@ class FailingSandbox:
 
         return contextlib.nullcontext(61000)
 
-    def run(self, job, uid):
+    def run(self, job, uid, trusted=None):
         with self._lock:
-            self.calls[job["code"]] += 1
-            calls = self.calls[job["code"]]
-        if (self.programs is None or job["code"] in self.programs) and calls <= self.failures:
+            self.calls[job.code] += 1
+            calls = self.calls[job.code]
+        if (self.programs is None or job.code in self.programs) and calls <= self.failures:
             raise SandboxFailure("worker died")
-        ran = {"exit": 0, "timed_out": False, "output_exceeded": False, "stdout": "ok", "stderr": "", "result": ""}
-        yield from ({**ran, "index": i} for i in range(len(job["tests"])))
+        for index in range(len(job.tests)):
+            yield StdinOutcome(index, 0, False, False, False, 0.0, 0.0, stdout="ok", stderr="", result="")
 
 
 SUITE = Suite("stdin", ["", ""], ["ok", "ok"])

@@ -1,0 +1,171 @@
+"""What crosses between the sandbox's processes: typed messages, plain data, pipe numbers.
+
+Server <-> supervisor: one framed JSON message each way per step (a 4-byte length, then the
+JSON of a message dataclass tagged with its type): the ``Job`` in (and, for assert tests,
+``TrustedTests`` after it, read by the tests' process alone), then one outcome per test and
+``Done`` out. Candidate <-> supervisor <-> tests' process: lines of plain data (``to_plain``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+# A stdin program's result pipe (a compile error, before the program runs).
+RESULT_FD = 3
+# The candidate's process reads calls on fd 3 and answers on fd 4; the tests' process sends
+# calls and reports on fd 3, reads answers on fd 4, and its tests once from fd 5.
+CALLS_FD, ANSWERS_FD = 3, 4
+TESTER_OUT_FD, TESTER_IN_FD, TRUSTED_FD = 3, 4, 5
+# The candidate's first line once its code has loaded.
+LOADED = b'["loaded"]\n'
+# What is kept of a process's stderr (its tail) and of an error's message.
+STDERR_TAIL = 4096
+
+
+@dataclass
+class Job:
+    """One sample to run: its code and test inputs (never the expected outputs), and limits."""
+
+    kind: str  # "stdin", "call" or "assert"
+    code: str
+    fn_name: str | None
+    tests: list[Any]  # stdin: each test's input; call: each call's arguments; assert: one None per test
+    cpu_s: float
+    wall_s: float
+    sample_s: float
+    memory_bytes: int
+    nproc: int
+    nofile: int
+    fsize: int
+    output_bytes: int
+    tmp_bytes: int
+    keep_bytes: int
+    uid: int = 0  # the slot's candidate uid, and its tests' uid: set by the server per run
+    gid: int = 0
+    test_uid: int = 0
+
+
+@dataclass
+class TrustedTests:
+    """An assert label's code, for the tests' process only."""
+
+    tests: list[str]
+    setup: str
+    entry_point: str | None
+
+
+@dataclass
+class StdinOutcome:
+    """What a stdin test's process did (stdout kept up to the job's ``keep_bytes``)."""
+
+    index: int
+    exit: int
+    timed_out: bool
+    output_exceeded: bool
+    stdout_truncated: bool
+    cpu_s: float
+    wall_s: float
+    stdout: str
+    stderr: str
+    result: str  # what the harness reported before the program ran (a compile error)
+
+
+@dataclass
+class CallOutcome:
+    """A call-based test's answer line, or an assert test's report; ``failure`` when neither came."""
+
+    index: int
+    failure: str | None  # "timeout", "died", "compile_error", "output_exceeded", "tester"
+    cpu_s: float
+    stderr: str
+    answer: str | None = None
+    report: dict[str, Any] | None = None
+
+
+@dataclass
+class Skipped:
+    """A test the sample's deadline left no time for."""
+
+    index: int
+
+
+@dataclass
+class Done:
+    """The sample's last message."""
+
+
+Outcome = StdinOutcome | CallOutcome | Skipped
+MESSAGES = {kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Skipped, Done)}
+
+
+def send(sock: socket.socket, message: object) -> None:
+    """Send one message (a dataclass above), framed."""
+    data = json.dumps({"type": type(message).__name__, **vars(message)}).encode()
+    sock.sendall(struct.pack("!I", len(data)) + data)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("the connection closed before the end of a message")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv(sock: socket.socket) -> Any:
+    """The next message; ``EOFError`` at a closed connection, ``ValueError`` if it is not one."""
+    (length,) = struct.unpack("!I", recv_exact(sock, 4))
+    fields = json.loads(recv_exact(sock, length))
+    kind = MESSAGES.get(fields.pop("type", None)) if isinstance(fields, dict) else None
+    if kind is None:
+        raise ValueError("not a sandbox message")
+    try:
+        return kind(**fields)
+    except TypeError as exc:
+        raise ValueError(f"a malformed {kind.__name__}: {exc}") from exc
+
+
+# -- plain data: what crosses between the candidate's process and the tests ----------------
+# JSON, with the containers JSON lacks tagged as one-key objects: {"t": [...]} a tuple,
+# {"s": [...]} a set, {"f": [...]} a frozenset, {"d": [[key, value], ...]} a dict, {"b": hex}
+# bytes. Decoding builds fresh builtin objects, so nothing the candidate defined survives it.
+SCALARS = (type(None), bool, int, float, str)
+UNTAG = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes.fromhex}
+
+
+def to_plain(value: object) -> object:
+    """``value`` as JSON-ready plain data; a ``TypeError`` for anything else (exact types only)."""
+    kind = type(value)
+    if kind in SCALARS:
+        return value
+    if kind is list:
+        return [to_plain(item) for item in value]
+    if kind is tuple:
+        return {"t": [to_plain(item) for item in value]}
+    if kind is dict:
+        return {"d": [[to_plain(k), to_plain(v)] for k, v in value.items()]}
+    if kind is set or kind is frozenset:
+        return {"s" if kind is set else "f": [to_plain(item) for item in value]}
+    if kind is bytes:
+        return {"b": value.hex()}
+    raise TypeError(f"a {kind.__name__} is not plain data")
+
+
+def _untag(obj: dict) -> object:
+    if len(obj) != 1:
+        raise ValueError("not plain data")
+    ((tag, items),) = obj.items()
+    if tag not in UNTAG or not isinstance(items, str if tag == "b" else list):
+        raise ValueError("not plain data")
+    return UNTAG[tag](items)
+
+
+def from_plain(text: str | bytes) -> object:
+    """Plain data back from its JSON text (a ``ValueError`` or ``TypeError`` if it is not)."""
+    return json.loads(text, object_hook=_untag)
