@@ -1,7 +1,8 @@
 """The warm fork server that runs inside the sandbox's namespaces (stdlib only).
 
 Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <the package's bundle>
-<fd>``, where ``fd`` is a listening Unix socket made by the server. Forking a warm interpreter
+<fd> <packages>``, where ``fd`` is a listening Unix socket made by the server and
+``packages`` the directory of the packages programs may import ("" for none). Forking a warm interpreter
 costs a few milliseconds where a fresh ``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8).
 Per connection it forks a supervisor (``supervisor.supervise``) for one sample.
 """
@@ -21,6 +22,8 @@ WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "mat
 
 
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[2]:
+        sys.path.append(sys.argv[2])  # after the standard library, which it cannot shadow
     for name in WARM_MODULES:
         __import__(name)
     gc.freeze()  # forked children then copy fewer pages when their collector runs
