@@ -5,14 +5,22 @@
 - ``run_tests``: the tests' process runs an assert label's code, calling the candidate's
   functions through proxies.
 
-Each is entered in a process ``confine.spawn`` made (its uid, limits and fds already set).
+Each is entered in a process ``confine.spawn`` made (its uid, limits and fds already set),
+and first made to look like a fresh ``python3`` (``_fresh_interpreter``): a program runs as
+a judge's CPython would run it, the stdin one as ``__main__`` ending as the interpreter ends,
+the others as a module of their own (``PROGRAM_MODULE``), as HumanEval's and LiveCodeBench's
+harnesses load them. What the tests' process observes of the program never depends on
+whether an earlier answer was right (``_Observed``).
 """
 
 from __future__ import annotations
 
+import _sitebuiltins
 import ast
+import atexit
 import builtins
 import contextlib
+import gc
 import importlib
 import io
 import json
@@ -40,12 +48,60 @@ def _line(out: typing.TextIO, obj: dict) -> None:
     out.flush()
 
 
-def _fresh_std_streams() -> None:
-    """New ``sys.stdin``/``stdout``/``stderr`` over fds 0-2 (the ones this body was given), which
-    stay open if the candidate closes the objects."""
+# Call-based and assert programs are loaded as this module, registered in ``sys.modules``
+# (pickle finds their functions); a stdin program is ``__main__``.
+PROGRAM_MODULE = "solution"
+# Each program runs its numeric libraries on one thread: its CPU limit is per process.
+THREAD_VARIABLES = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _fresh_interpreter() -> None:
+    """What a fresh ``python3 solution.py`` has and the zygote (``-I -S``) lacks: new
+    ``sys.stdin``/``stdout``/``stderr`` over fds 0-2 (which stay open if the program closes
+    the objects), ``exit``/``quit``/``help``, no exit handlers, ``sys.argv``; integers
+    printed and parsed at any length, as before CPython 3.11 (the program's own CPU time)."""
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
     sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)))
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    builtins.help = _sitebuiltins._Helper()
+    atexit._clear()
+    sys.argv = ["solution.py"]
+    sys.set_int_max_str_digits(0)
+    os.environ.update(THREAD_VARIABLES)
+
+
+def _program_module(name: str) -> types.ModuleType:
+    """An empty module ``name`` for the program to run in, registered as ``sys.modules[name]``."""
+    module = types.ModuleType(name)
+    module.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    return module
+
+
+def _finalize(module: types.ModuleType) -> None:
+    """End as CPython ends after its main module: join the threads that are not daemons, run
+    the exit handlers, flush ``sys.stdout``/``stderr``, clear the program's module (its
+    objects' finalizers run) and flush every file object still open."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(BaseException):
+            threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    _flush(sys.stdout, sys.stderr)
+    with contextlib.suppress(BaseException):
+        module.__dict__.clear()
+        gc.collect()
+    _flush(*(obj for obj in gc.get_objects() if isinstance(obj, io.IOBase)), sys.stdout, sys.stderr)
+
+
+def _flush(*streams: object) -> None:
+    for stream in streams:
+        with contextlib.suppress(BaseException):
+            if not stream.closed:  # type: ignore[attr-defined]
+                stream.flush()  # type: ignore[attr-defined]
 
 
 def _compile_or_exit(code: str, out: typing.TextIO, report: typing.Callable[[str], object]) -> types.CodeType:
@@ -99,9 +155,9 @@ def serve_calls(source: str) -> None:
     """
     calls = os.fdopen(CALLS_FD, "rb", buffering=1 << 16)
     out = os.fdopen(ANSWERS_FD, "w", closefd=True)
-    _fresh_std_streams()
+    _fresh_interpreter()
     code = _compile_or_exit(source, out, lambda message: ["compile_error", message])
-    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    namespace = _program_module(PROGRAM_MODULE).__dict__
     try:
         exec(code, namespace)
         out.write(LOADED.decode())
@@ -213,6 +269,124 @@ def _candidate_names(candidate: Candidate, namespace: dict, free: set) -> None:
             namespace[name] = value[0]
 
 
+# Names the rewritten asserts use in the tests' namespace (no label binds a dunder of ours).
+RECORD, ALL_OF, ANY_OF = "__harness_failed__", "__harness_and__", "__harness_or__"
+
+
+class _Observed(ast.NodeTransformer):
+    """Rewrites a label's asserts so that what the program sees (which calls come, in what
+    order) never depends on whether an earlier answer was right:
+
+    - an assert's message is never evaluated (HumanEval/95's messages call the program again);
+    - a failed assert is recorded and the test goes on: every assert of it runs, and it fails
+      as its first failed assert would have ended it (an assert inside a ``try`` that handles
+      exceptions still raises, as its handler may expect);
+    - ``and``/``or`` in an assert evaluate every operand (their errors held until reached),
+      so ``f(1) == 2 and f(2) == 4`` calls ``f(2)`` whatever ``f(1)`` answered; so do
+      ``all`` and ``any`` in the tests (``_all``).
+    """
+
+    def __init__(self) -> None:
+        self.handled = 0  # depth of try bodies with handlers around the node
+
+    def visit_Try(self, node: ast.Try) -> ast.AST:
+        if not node.handlers:
+            return self.generic_visit(node)
+        self.handled += 1
+        node.body = [self.visit(stmt) for stmt in node.body]
+        self.handled -= 1
+        for field in ("handlers", "orelse", "finalbody"):
+            setattr(node, field, [self.visit(item) for item in getattr(node, field)])
+        return node
+
+    visit_TryStar = visit_Try
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        return node  # lambdas would not see a class body's names: left as written
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        test = _Eager().visit(node.test)
+        if self.handled:
+            return ast.copy_location(ast.Assert(test=test, msg=None), node)
+        checked = ast.parse(
+            f"try:\n    __harness_ok__ = not not TEST\nexcept Exception as __harness_error__:\n"
+            f"    {RECORD}(__harness_error__)\nelse:\n    if not __harness_ok__:\n        {RECORD}(None)\n"
+        ).body[0]
+        checked.body[0].value.operand.operand = test  # type: ignore[attr-defined]
+        return ast.fix_missing_locations(ast.copy_location(checked, node))
+
+
+class _Eager(ast.NodeTransformer):
+    """``a and b`` as ``ALL_OF(lambda: a, lambda: b)`` (``or``: ``ANY_OF``), unless an operand
+    binds a name (a lambda would keep it)."""
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+        node = self.generic_visit(node)  # type: ignore[assignment]
+        if any(isinstance(inner, ast.NamedExpr) for value in node.values for inner in ast.walk(value)):
+            return node
+        thunks = [ast.Lambda(args=ast.arguments([], [], None, [], [], None, []), body=value) for value in node.values]
+        name = ALL_OF if isinstance(node.op, ast.And) else ANY_OF
+        return ast.copy_location(ast.Call(func=ast.Name(name, ast.Load()), args=thunks, keywords=[]), node)
+
+
+Outcomes = list[tuple[object, Exception | None]]
+
+
+def _evaluate_all(thunks: tuple) -> Outcomes:
+    """Each operand's value or the exception it raised, every one evaluated."""
+    outcomes: Outcomes = []
+    for thunk in thunks:
+        try:
+            outcomes.append((thunk(), None))
+        except Exception as exc:
+            outcomes.append((None, exc))
+    return outcomes
+
+
+def _every(iterable: typing.Iterable) -> Outcomes:
+    """Every item of ``iterable`` (up to an error it raised, the last outcome)."""
+    outcomes: Outcomes = []
+    iterator = iter(iterable)
+    while True:
+        try:
+            outcomes.append((next(iterator), None))
+        except StopIteration:
+            return outcomes
+        except Exception as exc:
+            return [*outcomes, (None, exc)]
+
+
+def _fold(outcomes: Outcomes, stop_at: bool, otherwise: object) -> object:
+    """What ``and`` (``stop_at`` False) or ``or`` (True) answers over values already taken:
+    the first value whose truth is ``stop_at``, an error reached before it, else ``otherwise``
+    (``None``: the last value)."""
+    for value, error in outcomes:
+        if error is not None:
+            raise error
+        if bool(value) is stop_at:
+            return value
+    return outcomes[-1][0] if otherwise is None and outcomes else otherwise
+
+
+def _all_of(*thunks: typing.Callable[[], object]) -> object:
+    return _fold(_evaluate_all(thunks), False, None)
+
+
+def _any_of(*thunks: typing.Callable[[], object]) -> object:
+    return _fold(_evaluate_all(thunks), True, None)
+
+
+def _all(iterable: typing.Iterable) -> bool:
+    """``all``, taking every item first (``all(f(x) == y for ...)`` calls ``f`` on each ``x``
+    whatever it answered)."""
+    return bool(_fold(_every(iterable), False, True))
+
+
+def _any(iterable: typing.Iterable) -> bool:
+    """``any``, taking every item first."""
+    return bool(_fold(_every(iterable), True, False))
+
+
 def run_tests(trusted: TrustedTests) -> None:
     """Body of the tests' process: the label's setup and tests, a report line per test.
 
@@ -220,7 +394,10 @@ def run_tests(trusted: TrustedTests) -> None:
     it; its reports go to the supervisor on a pipe only it holds.
     """
     candidate = Candidate()
-    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    failures: list[str] = []
+    namespace: dict = {"__name__": "__main__", "__builtins__": builtins, ALL_OF: _all_of, ANY_OF: _any_of}
+    namespace.update(all=_all, any=_any)
+    namespace[RECORD] = lambda error: failures.append("AssertionError" if error is None else type(error).__name__)
     entry = trusted.entry_point
     try:
         setup = ast.parse(trusted.setup, "<setup>")
@@ -236,36 +413,35 @@ def run_tests(trusted: TrustedTests) -> None:
         for index in range(len(trusted.tests)):
             candidate.report(index, type(exc).__name__)
         return
-    for index in range(len(tests)):
+    for index, tree in enumerate(tests):
         error = None
+        failures.clear()
         try:
             namespace.pop("check", None)
-            exec(compile(tests[index], "<tests>", "exec"), namespace)
+            exec(compile(_Observed().visit(tree), "<tests>", "exec"), namespace)
             if entry and callable(namespace.get("check")):
                 namespace["check"](namespace[entry])
         except BaseException as exc:  # the test's verdict
             error = type(exc).__name__
-        candidate.report(index, error)
+        candidate.report(index, failures[0] if failures else error)
 
 
 def run_stdin_program(source: str) -> None:
     """Body of a stdin test process: compile (a compile error is the one thing reported on
     fd 3, which is closed before the program runs: nothing it writes counts but its stdout), run."""
     out = os.fdopen(RESULT_FD, "w", closefd=True)
-    _fresh_std_streams()
+    _fresh_interpreter()
     code = _compile_or_exit(source, out, lambda message: {"compile_error": message})
     out.close()
-    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    module = _program_module("__main__")
     status = 0
     try:
-        exec(code, namespace)
+        exec(code, module.__dict__)
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # the model's error is its verdict
         status = 1
         with contextlib.suppress(BaseException):
             sys.stderr.write(f"\n{type(exc).__name__}: {exc}"[:STDERR_TAIL])
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
+    _finalize(module)
     os._exit(status)
