@@ -189,6 +189,45 @@ def test_builtin_subclasses_compare_as_their_plain_values(server: Server, name: 
     assert out["rewards"] == [1.0], out
 
 
+NUMPY = (
+    "import numpy as np\n"
+    "def f(n):\n"
+    "    return np.arange(n).reshape(2, -1)\n"
+    "def total(n):\n"
+    "    return np.int64(n) * 2\n"
+    "def dot():\n"
+    "    a = np.ones((200, 200))\n"
+    "    return float((a @ a).sum())\n"
+)
+
+
+def test_numpy_and_sortedcontainers_import_in_the_sandbox(server: Server) -> None:
+    """The default ``sandbox_packages``: numpy's arrays and scalars compare as their values,
+    its BLAS runs one thread, and its files come from the packages directory alone."""
+    call = {"fn_name": "f", "inputs": [[4]], "outputs": [[[0, 1], [2, 3]]]}
+    asserts = {"test": ["assert total(21) == 42", "assert dot() == 200 ** 3", "assert f(2) == [[0], [1]]"]}
+    stdin = (
+        "import os, numpy, sortedcontainers\n"
+        "s = sortedcontainers.SortedList(map(int, input().split()))\n"
+        "threads = [os.environ.get(v) for v in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS')]\n"
+        "print(*s, threads == ['1'] * 3, numpy.__file__.startswith('/sandbox-packages/'))"
+    )
+    out = grade_labels(
+        server, [NUMPY, NUMPY, stdin], [call, asserts, {"inputs": ["3 1 2"], "outputs": ["1 2 3 True True"]}]
+    )
+    assert out["rewards"] == [1.0, 1.0, 1.0], out
+
+
+def test_and_or_all_any_in_asserts_call_every_operand(server: Server) -> None:
+    """``f(1) == 2 and f(2) == 4`` called ``f(2)`` only when ``f(1)`` was right."""
+    label = {
+        "test": ["assert f(1) == 2 and f(2) == 4", "assert all(f(x) == 2 * x for x in (3, 4))", "assert calls() == 4"]
+    }
+    code = "count = 0\ndef f(x):\n    global count\n    count += 1\n    return 0\ndef calls():\n    return count\n"
+    out = grade_labels(server, [code], [label])
+    assert out["rewards"] == [1 / 3], out
+
+
 def test_human_eval_111_returning_a_counter_passes(server: Server) -> None:
     row = HUMAN_EVAL[111]
     code = row["prompt"] + (
@@ -202,8 +241,18 @@ def test_human_eval_111_returning_a_counter_passes(server: Server) -> None:
     assert out["rewards"] == [1.0], out
 
 
-def test_big_integers_cross_both_ways(server: Server) -> None:
-    """Integers past CPython's 4,300-digit default cross in labels, answers and arguments."""
+@pytest.fixture
+def long_integers() -> Iterator[None]:
+    """This process writes integers of up to 30,000 digits in its requests."""
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(30_000)
+    yield
+    sys.set_int_max_str_digits(before)
+
+
+def test_big_integers_cross_both_ways(server: Server, long_integers: None) -> None:
+    """Integers past CPython's 4,300-digit default cross in labels (up to 20,000 digits, where
+    parsing costs 4.5 times more a digit), answers and arguments (as hex past 4,300)."""
     big = 7**20000  # 16,902 digits
     label = {"fn_name": "power", "inputs": [[7, 20000]], "outputs": [big]}
     body = json.dumps(
@@ -216,6 +265,10 @@ def test_big_integers_cross_both_ways(server: Server) -> None:
                         "assert half(10 ** 50000) == 5 * 10 ** 49999"]}  # fmt: skip
     code = "def power(a, b):\n    return a ** b\ndef half(n):\n    return n // 2"
     assert grade_labels(server, [code], [asserts])["rewards"] == [1.0]
+    too_long = {"fn_name": "power", "inputs": [[10, 20000]], "outputs": [10**20000]}  # 20,001 digits
+    body = json.dumps({"outputs": ["x"], "prompts": ["p"], "labels": [too_long]})
+    response = requests.post(server.url + "/reward/score", data=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text[:300]
     printed = grade_labels(
         server, ["print(7 ** 20000 % 1000, len(str(10 ** 60000)))"], [{"inputs": [""], "outputs": ["1 60001"]}]
     )

@@ -134,38 +134,63 @@ def recv(sock: socket.socket) -> Any:
 # -- plain data: what crosses between the candidate's process and the tests ----------------
 # JSON, with the containers JSON lacks tagged as one-key objects: {"t": [...]} a tuple,
 # {"s": [...]} a set, {"f": [...]} a frozenset, {"d": [[key, value], ...]} a dict, {"b": hex}
-# bytes. Decoding builds fresh builtin objects, so nothing the candidate defined survives it.
+# bytes, {"i": hex} an integer past ``DECIMAL_DIGITS`` (hexadecimal converts in linear time,
+# decimal in quadratic). Decoding builds fresh builtin objects, so nothing the candidate
+# defined survives it.
 SCALARS = (type(None), bool, int, float, str)
-UNTAG = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes.fromhex}
+UNTAG = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes.fromhex, "i": lambda text: int(text, 16)}
+STRING_TAGS = ("b", "i")
+# The longest decimal integer decoded (CPython's default limit); longer ones cross as hex.
+DECIMAL_DIGITS = 4300
+HEX_FROM_BITS = 3 * DECIMAL_DIGITS  # under 10 ** DECIMAL_DIGITS
 
 
 def to_plain(value: object) -> object:
-    """``value`` as JSON-ready plain data; a ``TypeError`` for anything else (exact types only)."""
-    kind = type(value)
-    if kind in SCALARS:
+    """``value`` as JSON-ready plain data; a ``TypeError`` for anything else.
+
+    Subclasses of the builtin types (``Counter``, ``defaultdict``, ``OrderedDict``, a
+    ``namedtuple``, an ``IntEnum``) and numpy's scalars and arrays become their plain values,
+    as CPython's ``==`` would compare them: whatever they override never crosses.
+    """
+    if value is None or type(value) is bool:
         return value
-    if kind is list:
-        return [to_plain(item) for item in value]
-    if kind is tuple:
-        return {"t": [to_plain(item) for item in value]}
-    if kind is dict:
-        return {"d": [[to_plain(k), to_plain(v)] for k, v in value.items()]}
-    if kind is set or kind is frozenset:
-        return {"s" if kind is set else "f": [to_plain(item) for item in value]}
-    if kind is bytes:
-        return {"b": value.hex()}
-    raise TypeError(f"a {kind.__name__} is not plain data")
+    if isinstance(value, int):
+        number = int.__int__(value)
+        return {"i": format(number, "x")} if number.bit_length() > HEX_FROM_BITS else number
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, list):
+        return [to_plain(item) for item in list.__iter__(value)]
+    if isinstance(value, tuple):
+        return {"t": [to_plain(item) for item in tuple.__iter__(value)]}
+    if isinstance(value, dict):
+        return {"d": [[to_plain(k), to_plain(v)] for k, v in dict.items(value)]}
+    if isinstance(value, (set, frozenset)):
+        return {"f" if isinstance(value, frozenset) else "s": [to_plain(item) for item in value]}
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": bytes(value).hex()}
+    if type(value).__module__ == "numpy" and callable(getattr(value, "tolist", None)):
+        return to_plain(value.tolist())  # type: ignore[attr-defined]  # numpy: its Python values
+    raise TypeError(f"a {type(value).__name__} is not plain data")
 
 
 def _untag(obj: dict) -> object:
     if len(obj) != 1:
         raise ValueError("not plain data")
     ((tag, items),) = obj.items()
-    if tag not in UNTAG or not isinstance(items, str if tag == "b" else list):
+    if tag not in UNTAG or not isinstance(items, str if tag in STRING_TAGS else list):
         raise ValueError("not plain data")
     return UNTAG[tag](items)
 
 
+def _decimal(text: str) -> int:
+    if len(text.lstrip("-")) > DECIMAL_DIGITS:
+        raise ValueError("a decimal integer too long to convert (longer ones cross as hex)")
+    return int(text)
+
+
 def from_plain(text: str | bytes) -> object:
     """Plain data back from its JSON text (a ``ValueError`` or ``TypeError`` if it is not)."""
-    return json.loads(text, object_hook=_untag)
+    return json.loads(text, object_hook=_untag, parse_int=_decimal)

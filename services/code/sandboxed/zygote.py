@@ -24,6 +24,7 @@ WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "mat
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[2]:
         sys.path.append(sys.argv[2])  # after the standard library, which it cannot shadow
+    sys.set_int_max_str_digits(0)  # the server's jobs hold the integers its labels may (scorer.INT_MAX_DIGITS)
     for name in WARM_MODULES:
         __import__(name)
     gc.freeze()  # forked children then copy fewer pages when their collector runs
