@@ -35,7 +35,7 @@ class CodeSettings:
     # wrong answer, or a call's output over the limit). The same for every sample, so nothing
     # a program reads depends on the expected outputs; a label whose expected output needs
     # more (over half of it on stdin, a quarter as a call's JSON) is an invalid label.
-    compared_output_bytes: int = 8 << 20
+    compared_output_bytes: int = 4 << 20
     # Size of each sample's own /tmp (also its /dev/shm) and the most SysV shared memory it holds.
     tmp_mb: int = 64
     # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.

@@ -8,7 +8,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict, namedtuple
 
 import pytest
 
@@ -74,10 +74,16 @@ def test_plain_data_crosses_as_fresh_builtins() -> None:
         def __eq__(self, other: object) -> bool:
             return True
 
-    for bad in (object(), Int(1), [len], {1: iter([])}, range(3)):
+    # A builtin's subclass crosses as its plain value: what it overrides stays behind.
+    forged = from_plain(json.dumps(to_plain([Int(1), Counter("ab"), namedtuple("P", "x")(3), OrderedDict(a=1)])))
+    assert forged == [1, {"a": 1, "b": 1}, (3,), {"a": 1}] and forged[0] != 2
+    assert [type(item) for item in forged] == [int, dict, tuple, dict]
+    # Past 4,300 digits an integer crosses as hex; a longer decimal one is refused.
+    assert from_plain(json.dumps(to_plain(-(10**9000)))) == -(10**9000)
+    for bad in (object(), [len], {1: iter([])}, range(3)):
         with pytest.raises(TypeError):
             to_plain(bad)
-    for text in ('{"t": 1}', '{"x": []}', '{"t": [], "s": []}', '{"b": "zz"}'):
+    for text in ('{"t": 1}', '{"x": []}', '{"t": [], "s": []}', '{"b": "zz"}', '{"i": 5}', "1" * 4301):
         with pytest.raises(ValueError):
             from_plain(text)
     with pytest.raises(TypeError):  # a list cannot be a dict key or a set member
