@@ -20,11 +20,13 @@ import ast
 import atexit
 import builtins
 import contextlib
+import functools
 import gc
 import importlib
 import io
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -270,63 +272,90 @@ def _candidate_names(candidate: Candidate, namespace: dict, free: set) -> None:
 
 
 # Names the rewritten asserts use in the tests' namespace (no label binds a dunder of ours).
-RECORD, ALL_OF, ANY_OF = "__harness_failed__", "__harness_and__", "__harness_or__"
+CHECK, ALL_OF, ANY_OF = "__harness_check__", "__harness_and__", "__harness_or__"
 
 
-class _Observed(ast.NodeTransformer):
-    """Rewrites a label's asserts so that what the program sees (which calls come, in what
-    order) never depends on whether an earlier answer was right:
+def _observed(statements: list[ast.stmt], plain: bool, handled: bool = False) -> list[ast.stmt]:
+    """``statements`` with their asserts rewritten so that what the program sees (which calls
+    come, in what order) never depends on whether an earlier answer was right:
 
     - an assert's message is never evaluated (HumanEval/95's messages call the program again);
     - a failed assert is recorded and the test goes on: every assert of it runs, and it fails
       as its first failed assert would have ended it (an assert inside a ``try`` that handles
-      exceptions still raises, as its handler may expect);
+      exceptions, ``handled``, still raises, as its handler may expect);
     - ``and``/``or`` in an assert evaluate every operand (their errors held until reached),
       so ``f(1) == 2 and f(2) == 4`` calls ``f(2)`` whatever ``f(1)`` answered; so do
       ``all`` and ``any`` in the tests (``_all``).
+
+    Only statements are walked (asserts are statements), in place; an assert's expression
+    only when the code is not ``plain`` (``_plain``). A class body is left as written (a
+    lambda would not see its names).
     """
-
-    def __init__(self) -> None:
-        self.handled = 0  # depth of try bodies with handlers around the node
-
-    def visit_Try(self, node: ast.Try) -> ast.AST:
-        if not node.handlers:
-            return self.generic_visit(node)
-        self.handled += 1
-        node.body = [self.visit(stmt) for stmt in node.body]
-        self.handled -= 1
-        for field in ("handlers", "orelse", "finalbody"):
-            setattr(node, field, [self.visit(item) for item in getattr(node, field)])
-        return node
-
-    visit_TryStar = visit_Try
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
-        return node  # lambdas would not see a class body's names: left as written
-
-    def visit_Assert(self, node: ast.Assert) -> ast.AST:
-        test = _Eager().visit(node.test)
-        if self.handled:
-            return ast.copy_location(ast.Assert(test=test, msg=None), node)
-        checked = ast.parse(
-            f"try:\n    __harness_ok__ = not not TEST\nexcept Exception as __harness_error__:\n"
-            f"    {RECORD}(__harness_error__)\nelse:\n    if not __harness_ok__:\n        {RECORD}(None)\n"
-        ).body[0]
-        checked.body[0].value.operand.operand = test  # type: ignore[attr-defined]
-        return ast.fix_missing_locations(ast.copy_location(checked, node))
+    for position, statement in enumerate(statements):
+        if isinstance(statement, ast.Assert):
+            statements[position] = _observed_assert(statement, plain, handled)
+        elif isinstance(statement, (ast.Try, ast.TryStar)):
+            _observed(statement.body, plain, handled or bool(statement.handlers))
+            for block in (*(handler.body for handler in statement.handlers), statement.orelse, statement.finalbody):
+                _observed(block, plain, handled)
+        elif isinstance(statement, ast.Match):
+            for case in statement.cases:
+                _observed(case.body, plain, handled)
+        elif not isinstance(statement, ast.ClassDef):
+            for block in (getattr(statement, "body", None), getattr(statement, "orelse", None)):
+                if isinstance(block, list):
+                    _observed(block, plain, handled)
+    return statements
 
 
-class _Eager(ast.NodeTransformer):
-    """``a and b`` as ``ALL_OF(lambda: a, lambda: b)`` (``or``: ``ANY_OF``), unless an operand
-    binds a name (a lambda would keep it)."""
+# Code without these words has no and/or, walrus, await or yield in its asserts (words in its
+# strings only cost a look at each assert's expression).
+NOT_PLAIN = re.compile(r"\b(?:and|or|await|yield)\b|:=")
 
-    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
-        node = self.generic_visit(node)  # type: ignore[assignment]
-        if any(isinstance(inner, ast.NamedExpr) for value in node.values for inner in ast.walk(value)):
-            return node
-        thunks = [ast.Lambda(args=ast.arguments([], [], None, [], [], None, []), body=value) for value in node.values]
-        name = ALL_OF if isinstance(node.op, ast.And) else ANY_OF
-        return ast.copy_location(ast.Call(func=ast.Name(name, ast.Load()), args=thunks, keywords=[]), node)
+
+def _observed_assert(node: ast.Assert, plain: bool, handled: bool) -> ast.stmt:
+    """``assert test`` without its message; unless ``handled``, as ``CHECK(lambda: test)``,
+    which records a failure (``_check``) where the assert would have raised."""
+    inner = [] if plain else list(ast.walk(node.test))
+    test = _eager(node.test) if any(isinstance(item, ast.BoolOp) for item in inner) else node.test
+    if handled or any(isinstance(item, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for item in inner):
+        return ast.copy_location(ast.Assert(test=test, msg=None), node)  # a lambda would change what it binds
+    return ast.copy_location(ast.Expr(_call(node, CHECK, _thunk(test, node))), node)
+
+
+def _call(like: ast.AST, name: str, *args: ast.expr) -> ast.Call:
+    """``name(*args)``, located at ``like``."""
+    return ast.copy_location(ast.Call(ast.copy_location(ast.Name(name, ast.Load()), like), list(args), []), like)
+
+
+def _thunk(value: ast.expr, like: ast.AST) -> ast.Lambda:
+    """``lambda: value``, located at ``like``."""
+    return ast.copy_location(ast.Lambda(ast.arguments([], [], None, [], [], None, []), value), like)
+
+
+def _eager(node: ast.expr) -> ast.expr:
+    """``a and b`` as ``ALL_OF(lambda: a, lambda: b)`` (``or``: ``ANY_OF``), nested ones too,
+    unless an operand binds a name (a lambda would keep it)."""
+
+    class Eager(ast.NodeTransformer):
+        def visit_BoolOp(self, op: ast.BoolOp) -> ast.AST:
+            op = self.generic_visit(op)  # type: ignore[assignment]
+            if any(isinstance(inner, ast.NamedExpr) for value in op.values for inner in ast.walk(value)):
+                return op
+            return _call(op, ALL_OF if isinstance(op.op, ast.And) else ANY_OF, *(_thunk(v, v) for v in op.values))
+
+    return Eager().visit(node)
+
+
+def _check(failures: list[str], test: typing.Callable[[], object]) -> None:
+    """A rewritten assert: a false ``test`` or its error is recorded (by name), not raised."""
+    try:
+        held = bool(test())
+    except Exception as exc:
+        failures.append(type(exc).__name__)
+        return
+    if not held:
+        failures.append("AssertionError")
 
 
 Outcomes = list[tuple[object, Exception | None]]
@@ -397,7 +426,7 @@ def run_tests(trusted: TrustedTests) -> None:
     failures: list[str] = []
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins, ALL_OF: _all_of, ANY_OF: _any_of}
     namespace.update(all=_all, any=_any)
-    namespace[RECORD] = lambda error: failures.append("AssertionError" if error is None else type(error).__name__)
+    namespace[CHECK] = functools.partial(_check, failures)
     entry = trusted.entry_point
     try:
         setup = ast.parse(trusted.setup, "<setup>")
@@ -418,7 +447,8 @@ def run_tests(trusted: TrustedTests) -> None:
         failures.clear()
         try:
             namespace.pop("check", None)
-            exec(compile(_Observed().visit(tree), "<tests>", "exec"), namespace)
+            tree.body = _observed(tree.body, plain=not NOT_PLAIN.search(trusted.tests[index]))
+            exec(compile(tree, "<tests>", "exec"), namespace)
             if entry and callable(namespace.get("check")):
                 namespace["check"](namespace[entry])
         except BaseException as exc:  # the test's verdict
