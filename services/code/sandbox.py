@@ -62,6 +62,8 @@ QUICK_RESTART_S = 10.0
 RESERVE_FROM_SLOTS = 8
 RESTART_PAUSE_S = 0.2
 RESTART_PAUSE_MAX_S = 5.0
+# Uids between the first uids of two workers' blocks (two per slot).
+UID_BLOCK = 2048
 
 
 class SandboxFailure(RuntimeError):
@@ -138,16 +140,20 @@ def strongest() -> str:
 def claim_uids(base: int, count: int, blocks: int = 64) -> tuple[int, int]:
     """A block of ``count`` uids no other worker on this host uses: (first uid, lock fd).
 
-    Each worker holds an exclusive lock on its block's file for its lifetime.
+    Each worker holds an exclusive lock on its block's file for its lifetime. Blocks are
+    ``UID_BLOCK`` apart whatever ``count`` is, so workers with different slot counts never
+    overlap.
     """
+    if count > UID_BLOCK:
+        raise SandboxFailure(f"{count} uids per worker; at most {UID_BLOCK} (max_parallel up to {UID_BLOCK // 2})")
     for block in range(blocks):
-        fd = os.open(f"/tmp/scorer-code-uids-{base}-{block}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fd = os.open(f"/tmp/scorer-code-uid-block-{base}-{block}.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        return base + block * count, fd
+        return base + block * UID_BLOCK, fd
     raise SandboxFailure(f"all {blocks} uid blocks from {base} are taken by other workers")
 
 

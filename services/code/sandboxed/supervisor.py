@@ -424,13 +424,28 @@ def run_stdin_test(job: Job, start: int, workdir: str, deadline: float, conn: so
 
 
 def supervise(conn: socket.socket) -> None:
-    """One sample: run its tests in order, stream a result per test, clean up."""
-    confine.prctl(confine.PR_SET_CHILD_SUBREAPER, 1)
+    """One sample, in namespaces made for it: the sample's init runs its tests in order and
+    streams a result per test; when it exits, the kernel kills whatever is left in them."""
     job = wire.recv(conn)
     if not isinstance(job, Job):
         raise ValueError(f"a {type(job).__name__} where a Job was expected")
     deadline = time.monotonic() + job.sample_s
-    confine.private_tmp(job)
+    confine.private_namespaces(job)
+    init = os.fork()
+    if init == 0:
+        code = 1
+        try:
+            confine.enter_own_pids()
+            _run_sample(job, conn, deadline)
+            code = 0
+        finally:
+            os._exit(code)
+    conn.close()  # the server sees the end of the connection when the sample's init ends
+    os.waitpid(init, 0)
+
+
+def _run_sample(job: Job, conn: socket.socket, deadline: float) -> None:
+    """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
     workdir = "/tmp"
     try:
         if job.kind != "stdin":
