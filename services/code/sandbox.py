@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from services.code import sandboxed
+from services.code import cgroups, sandboxed
 from services.code.sandboxed import wire
 from services.code.sandboxed.wire import Job, Outcome, TrustedTests
 
@@ -222,10 +222,12 @@ class FairSlots:
 
 
 class Sandbox:
-    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid."""
+    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid, and the
+    worker's cgroups (``cgroups.setup``: ``wanted`` is "auto" or "off") its samples' are made in."""
 
-    def __init__(self, isolation: str, slots: int, uid_base: int) -> None:
+    def __init__(self, isolation: str, slots: int, uid_base: int, wanted_cgroups: str = "auto") -> None:
         self.isolation = isolation
+        self.cgroups = cgroups.setup(wanted_cgroups)
         # Each slot has two uids: its candidates' (``uids``) and, ``slots`` above it, its tests'.
         first_uid, self._uid_lock = claim_uids(uid_base, 2 * slots)
         self.uids = range(first_uid, first_uid + slots)
@@ -253,7 +255,10 @@ class Sandbox:
         listener.listen(512)
         # The base interpreter, not the venv's link to it: the zygote needs only the standard
         # library, and only the interpreter's own prefix is visible in the sandbox.
-        command = [*_prefix(self.isolation), os.path.realpath(sys.executable), "-I", "-S", "-c", ZYGOTE_SOURCE]
+        self.cgroups.sweep()
+        binds = self.cgroups.bwrap_binds() if self.isolation == "bwrap" else []
+        python = os.path.realpath(sys.executable)
+        command = [*_prefix(self.isolation), *binds, python, "-I", "-S", "-c", ZYGOTE_SOURCE]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
@@ -314,6 +319,7 @@ class Sandbox:
         with self._lock:
             self._stop_locked()
         shutil.rmtree(self._dir, ignore_errors=True)
+        self.cgroups.remove()
         os.close(self._uid_lock)
 
     def alive(self) -> bool:

@@ -8,6 +8,8 @@ sample scores 1.0 only when the channel is closed.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -153,3 +155,140 @@ print("nothing left" if not found else "found " + ", ".join(found))
 
 def test_nothing_a_sample_leaves_reaches_a_later_one(server: Server) -> None:
     rounds(server.url, LEFTOVERS, "nothing left")
+
+
+# -- resources, enforced by the kernel per sample ---------------------------------------------
+def stdin_verdict(url: str, code: str, expected: str) -> tuple[float, str | None]:
+    out = group(url, [code], expected)
+    return out["rewards"][0], out["error_types"][0]
+
+
+# Shared memory no rlimit counts: memfd pages are neither address space nor the sample's tmpfs.
+MEMFD_HOG = """
+import os
+held = []
+try:
+    while len(held) < 48:
+        fd = os.memfd_create("hog")
+        for _ in range(2):
+            os.write(fd, b"x" * (8 << 20))
+        held.append(fd)
+except OSError:
+    pass
+print("held" if len(held) == 48 else "bounded")
+"""
+
+
+def test_memfd_counts_toward_the_samples_memory(server: Server) -> None:
+    assert stdin_verdict(server.url, MEMFD_HOG, "held")[0] == 0.0
+
+
+THREADS = """
+import threading
+together = threading.Barrier(16)
+def work():
+    together.wait()
+    sum(range(200_000))
+threads = [threading.Thread(target=work) for _ in range(16)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print("ok")
+"""
+
+STACK = """
+import resource, sys, threading
+resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+sys.setrecursionlimit(10 ** 6)
+threading.stack_size(64 << 20)
+def depth(n):
+    return 0 if n == 0 else 1 + depth(n - 1)
+result = []
+thread = threading.Thread(target=lambda: result.append(depth(50_000)))
+thread.start()
+thread.join()
+print("ok" if result == [50_000] else "failed")
+"""
+
+
+@pytest.mark.parametrize("code", [THREADS, STACK], ids=["16 running threads", "an unlimited stack"])
+def test_common_idioms_run(server: Server, code: str) -> None:
+    assert stdin_verdict(server.url, code, "ok") == (1.0, None)
+
+
+# test_cpu_s is 1 s: four processes of 0.6 s each use 2.4 s together.
+FORKED_CPU = """
+import os, time
+def spin(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        spin(0.6)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print("done")
+"""
+
+
+def test_a_stdin_programs_processes_share_its_cpu_limit(tmp_path) -> None:
+    env = {**ENV, "SCORER_CODE_TEST_WALL_S": "60", "SCORER_CODE_SAMPLE_WALL_S": "60"}  # only CPU time decides
+    with gunicorn_server("code", env, log_dir=tmp_path) as srv:
+        assert stdin_verdict(srv.url, FORKED_CPU, "done") == (0.0, "timeout")
+
+
+# Busy loops left running (never waited for) while the program ends at once.
+BUSY_LOOPS = """
+import os
+for _ in range(16):
+    if os.fork() == 0:
+        while True:
+            pass
+print("done")
+"""
+
+
+def test_another_requests_busy_loops_do_not_time_out_a_correct_program(server: Server) -> None:
+    hogs = threading.Thread(target=group, args=(server.url, [BUSY_LOOPS] * 2, "done"))
+    hogs.start()
+    time.sleep(0.3)
+    assert stdin_verdict(server.url, NEEDS_HALF_A_SECOND, "ok") == (1.0, None)
+    hogs.join()
+
+
+# A correct program needing 0.5 s of CPU (test_cpu_s is 1 s, test_wall_s 5 s), 31 copies in
+# one request: on few cores they wait for CPU, and waiting is not their own time.
+NEEDS_HALF_A_SECOND = """
+import time
+end = time.process_time() + 0.5
+while time.process_time() < end:
+    pass
+print("ok")
+"""
+
+
+def test_a_program_slowed_by_others_is_not_timed_out(server: Server) -> None:
+    out = group(server.url, [NEEDS_HALF_A_SECOND] * 31, "ok")
+    assert out["rewards"] == [1.0] * 31, out["error_types"]
+
+
+def test_info_says_which_resource_limits_are_in_force(server: Server) -> None:
+    model = requests.get(server.url + "/info", timeout=10).json()["model"]
+    assert model["resource_limits"].startswith(("cgroup v1 per sample", "cgroup v2 per sample", "rlimits only"))
+    assert model["parallel"] >= 8
+
+
+def test_without_cgroups_the_fallback_still_bounds_shared_memory(tmp_path) -> None:
+    """Forced by the setting: rlimits only, and memfd_create (which no rlimit counts) refused."""
+    with gunicorn_server("code", {**ENV, "SCORER_CODE_CGROUPS": "off"}, log_dir=tmp_path) as srv:
+        model = requests.get(srv.url + "/info", timeout=10).json()["model"]
+        assert model["resource_limits"] == "rlimits only, per process (no cgroups: SCORER_CODE_CGROUPS=off)"
+        assert stdin_verdict(srv.url, MEMFD_HOG, "held")[0] == 0.0
+        assert stdin_verdict(srv.url, STACK, "ok") == (1.0, None)
+        assert group(srv.url, [NETWORK_MEETING] * 4, "alone")["rewards"] == [1.0] * 4

@@ -19,6 +19,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 import typing
 
 from services.code.sandboxed.wire import Job
@@ -37,6 +38,10 @@ SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 TMP_INODES = 4096
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A program's stack to begin with; it may raise it (the hard limit is unlimited: its address
+# space and its sample's memory cgroup bound it).
+STACK_BYTES = 64 << 20
+M_ARENA_MAX, MALLOC_ARENAS = -8, 2
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -80,13 +85,12 @@ def _check(result: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
-# Syscall numbers by ABI: fork, vfork, clone, clone3; unshare, setns; add_key, request_key,
-# keyctl (0xFFFFFFFF: the ABI has none).
+# Syscall numbers by ABI (0xFFFFFFFF: the ABI has none).
 SYSCALLS = {
     "x86_64": {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "unshare": 272, "setns": 308,
-               "add_key": 248, "request_key": 249, "keyctl": 250},
+               "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319},
     "aarch64": {"fork": 0xFFFFFFFF, "vfork": 0xFFFFFFFF, "clone": 220, "clone3": 435, "unshare": 97, "setns": 268,
-                "add_key": 217, "request_key": 218, "keyctl": 219},
+                "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279},
 }  # fmt: skip
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_SYSCALL_BIT = 0x40000000
@@ -107,13 +111,15 @@ def forbid_new_processes() -> None:
     _seccomp(_refusing(("fork", "vfork"), clone_allowed_only_with=CLONE_THREAD))
 
 
-def forbid_shared_kernel_state() -> None:
+def forbid_shared_kernel_state(memfd: bool) -> None:
     """A seccomp filter: no ``unshare``, ``setns`` or ``clone`` into new namespaces, no key
-    management (``add_key``, ``request_key``, ``keyctl``); ``clone3`` answers ENOSYS, so
+    management (``add_key``, ``request_key``, ``keyctl``), and ``memfd_create`` only with
+    ``memfd`` (a cgroup counts its pages; no rlimit does); ``clone3`` answers ENOSYS, so
     threads and ``posix_spawn`` fall back to ``clone``. Unprivileged, a user namespace would
     give a program its own mounts (a tmpfs past every limit); the kernel's key store is kept
     per uid, not per namespace, so a key would outlive its sample for the next one."""
-    _seccomp(_refusing(("unshare", "setns", "add_key", "request_key", "keyctl"), clone_refused_with=CLONE_NEW_ANY))
+    refused = ("unshare", "setns", "add_key", "request_key", "keyctl") + (() if memfd else ("memfd_create",))
+    _seccomp(_refusing(refused, clone_refused_with=CLONE_NEW_ANY))
 
 
 def _refusing(
@@ -173,6 +179,9 @@ def limit(job: Job, tests: int) -> None:
     """
     with open("/proc/self/oom_score_adj", "w") as oom:
         oom.write("1000")
+    # Threads share malloc's arenas: one of its own would reserve 64 MiB of the address space
+    # per thread, and a few threads would exhaust ``memory_bytes`` without using it.
+    _LIBC.mallopt(M_ARENA_MAX, MALLOC_ARENAS)
     cpu = int(job.cpu_s * tests) + 1
     memory = job.memory_bytes
     for res, value in (
@@ -183,15 +192,24 @@ def limit(job: Job, tests: int) -> None:
         (resource.RLIMIT_NOFILE, (job.nofile, job.nofile)),
         (resource.RLIMIT_FSIZE, (job.fsize, job.fsize)),
         (resource.RLIMIT_CORE, (0, 0)),
-        (resource.RLIMIT_STACK, (64 << 20, 64 << 20)),
+        (resource.RLIMIT_STACK, (STACK_BYTES, resource.RLIM_INFINITY)),  # the program may raise it
     ):
         resource.setrlimit(res, value)
-    forbid_shared_kernel_state()
+    forbid_shared_kernel_state(memfd=bool(job.cgroups))
 
 
-def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None], tests: int) -> int:
-    """Fork a process that keeps only ``fds`` (its number: ours), drops to ``uid`` with the
-    rlimits of ``tests`` tests, no groups and no new privileges, and runs ``body``."""
+def spawn(
+    job: Job,
+    uid: int,
+    fds: dict[int, int],
+    cwd: str,
+    body: typing.Callable[[], None],
+    tests: int,
+    cgroup: SampleCgroup | None,
+) -> int:
+    """Fork a process that keeps only ``fds`` (its number: ours), joins the programs' part of
+    the sample's ``cgroup``, drops to ``uid`` with the rlimits of ``tests`` tests, no groups
+    and no new privileges, and runs ``body``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -202,6 +220,8 @@ def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callab
             for target, source in high.items():
                 os.dup2(source, target)
             os.closerange(max(fds) + 1, 65536)
+            if cgroup is not None:
+                cgroup.join_programs()
             limit(job, tests)
             os.chdir(cwd)
             os.setgroups([])
@@ -255,3 +275,91 @@ def clean_up(uid: int) -> None:
             with contextlib.suppress(ChildProcessError):
                 while True:
                     os.waitpid(-1, 0)
+
+
+def run_delay(schedstat: int) -> float:
+    """Seconds a process has waited for a CPU while runnable, from its ``/proc/<pid>/schedstat``
+    (open): time others' load took from it, not its own."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(os.pread(schedstat, 256, 0).split()[1]) / 1e9
+    return 0.0
+
+
+# The files of a sample's cgroup by version: the memory limit, the task limit, the OOM kill
+# count (a line of the file), the CPU time used (nanoseconds in v1, a line in microseconds in v2).
+CGROUP_FILES = {
+    1: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "events": "memory.oom_control", "cpu": "cpuacct.usage"},
+    2: {"memory": "memory.max", "pids": "pids.max", "events": "memory.events", "cpu": "cpu.stat"},
+}
+# The part of a sample's cgroup that holds its programs' processes (not its supervisor): their CPU time.
+PROGRAMS = "programs"
+
+
+class SampleCgroup:
+    """A sample's cgroup, made by its supervisor and removed after its last process.
+
+    Bounds the sample as a whole: its memory, shared memory (tmpfs, memfd, SysV) included,
+    and its tasks (processes and threads); counts its programs' CPU time together.
+    """
+
+    def __init__(self, job: Job) -> None:
+        self.files = CGROUP_FILES[job.cgroup_version]
+        name = f"sample-{os.getpid()}-{time.monotonic_ns()}"
+        self.dirs = {role: os.path.join(parent, name) for role, parent in job.cgroups.items()}
+        self.programs = os.path.join(self.dirs["cpu"], PROGRAMS)
+        for path in dict.fromkeys(self.dirs.values()):
+            os.mkdir(path)
+        os.mkdir(self.programs)
+        self._write(self.dirs["memory"], self.files["memory"], job.cgroup_memory_bytes)
+        self._write(self.dirs["pids"], self.files["pids"], job.cgroup_tasks)
+        if job.cgroup_version == 2:
+            with contextlib.suppress(FileNotFoundError):  # no swap for a sample
+                self._write(self.dirs["memory"], "memory.swap.max", 0)
+
+    @staticmethod
+    def _write(directory: str, name: str, value: int) -> None:
+        with open(os.path.join(directory, name), "w") as file:
+            file.write(str(value))
+
+    def add(self, pid: int) -> None:
+        """Put process ``pid`` (and so what it forks from now on) in the sample's cgroup."""
+        for path in dict.fromkeys(self.dirs.values()):
+            self._write(path, "cgroup.procs", pid)
+
+    def join_programs(self) -> None:
+        """Put this process (a program's, still root) in the programs' part."""
+        self._write(self.programs, "cgroup.procs", os.getpid())
+
+    def cpu_seconds(self) -> float:
+        """CPU time of every process of the programs' part so far, threads included."""
+        with open(os.path.join(self.programs, self.files["cpu"])) as file:
+            text = file.read()
+        if self.files["cpu"] == "cpuacct.usage":
+            return int(text) / 1e9
+        return int(_field(text, "usage_usec")) / 1e6
+
+    def oom_kills(self) -> int:
+        """How many of the sample's processes the kernel killed at its memory limit so far."""
+        with open(os.path.join(self.dirs["memory"], self.files["events"])) as file:
+            return int(_field(file.read(), "oom_kill") or 0)
+
+    def remove(self) -> None:
+        """Remove the cgroup (its processes are gone: the kernel may take a moment to see it)."""
+        for path in (self.programs, *dict.fromkeys(self.dirs.values())):
+            for _ in range(100):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def _field(text: str, key: str) -> str | None:
+    """The value of line ``key value`` in a cgroup file."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return value
+    return None
