@@ -32,6 +32,10 @@ MASK_WARN_ABOVE = 5
 # (four times its JSON). A label that needs more could never pass: an invalid label.
 KEEP_FACTOR = {"stdin": 2, "call": 4}
 LONG_OUTPUT = "an expected output longer than compared_output_bytes allows"
+# A sample's cgroup holds its supervisor (the sample's init) too: this much memory and these
+# tasks (it, a clean-up helper, the tests' process) besides the program's.
+SUPERVISOR_BYTES = 64 << 20
+SUPERVISOR_TASKS = 4
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,17 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     if run.output_exceeded:
         return "runtime_error"
     if run.exit != 0:
-        return "memory_limit" if "MemoryError" in run.stderr else "runtime_error"
+        return "memory_limit" if run.oom_killed or "MemoryError" in run.stderr else "runtime_error"
     if run.stdout_truncated:
         return "wrong_answer"
     return "passed" if stdout_matches(run.stdout, suite.expected[run.index], tolerance) else "wrong_answer"
 
 
 # What a call-based or assert test that failed before an answer or a report gets.
-FAILURES = {"compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "runtime_error"}
+FAILURES = {
+    "compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "runtime_error",
+    "memory_limit": "memory_limit",
+}  # fmt: skip
 # An assert test's report names the exception that ended it.
 ASSERT_ERRORS = {"AssertionError": "wrong_answer", "MemoryError": "memory_limit"}
 
@@ -111,10 +118,10 @@ def too_long(suite: Suite, kept: int) -> bool:
 
 
 class Grader:
-    """Grades samples with at most ``max_parallel`` runs at once and a per-request deadline.
+    """Grades samples with at most ``settings.parallel`` runs at once and a per-request deadline.
 
     Slots are shared between requests in turn (``FairSlots``): each request runs its samples
-    on threads of its own, at most ``max_parallel``, so none waits behind another's queue.
+    on threads of its own, at most ``settings.parallel``, so none waits behind another's queue.
     """
 
     def __init__(self, settings: CodeSettings, sandbox: Sandbox) -> None:
@@ -131,7 +138,7 @@ class Grader:
         if len(samples) == 1:
             verdicts = [self.grade_one(samples[0], deadline, request)]
         else:
-            threads = min(len(samples), self.settings.max_parallel)
+            threads = min(len(samples), self.settings.parallel)
             with ThreadPoolExecutor(threads, thread_name_prefix="code-grade") as pool:
                 verdicts = list(pool.map(lambda s: self.grade_one(s, deadline, request), samples))
         self._count_masked(verdicts)
@@ -182,16 +189,22 @@ class Grader:
     def _job(self, suite: Suite, code: str, deadline: float) -> Job:
         """What the sandbox gets to run ``code`` against ``suite`` (never the expected outputs)."""
         s = self.settings
+        cgroups = self.sandbox.cgroups
         return Job(
             kind=suite.kind, code=code, fn_name=suite.fn_name,
             # Assert tests hold the expected values: they go to the tests' process only (``_trusted``).
             tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
             cpu_s=s.test_cpu_s, wall_s=s.test_wall_s,
             sample_s=max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
-            memory_bytes=s.memory_mb << 20, nproc=s.max_processes, nofile=s.max_open_files,
+            memory_bytes=s.memory_mb << 20, nofile=s.max_open_files,
+            # The rlimit counts a uid's threads too: with a cgroup, the cgroup's task limit decides.
+            nproc=s.max_threads if cgroups.version else s.max_processes,
             fsize=s.max_file_bytes, output_bytes=s.max_output_bytes, tmp_bytes=s.tmp_mb << 20,
             # The same for every sample: nothing the program can read depends on its answers.
             keep_bytes=self._kept_bytes(),
+            cgroup_version=cgroups.version, cgroups=cgroups.sandbox_dirs(self.sandbox.isolation),
+            cgroup_memory_bytes=((s.memory_mb + s.tmp_mb) << 20) + SUPERVISOR_BYTES,
+            cgroup_tasks=s.max_threads + SUPERVISOR_TASKS,
         )  # fmt: skip
 
     @staticmethod

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from services.code import sandboxed
+from services.code import cgroups, sandboxed
 from services.code.packages import SANDBOX_PATH
 from services.code.sandboxed import wire
 from services.code.sandboxed.wire import Job, Outcome, TrustedTests
@@ -63,6 +63,8 @@ QUICK_RESTART_S = 10.0
 RESERVE_FROM_SLOTS = 8
 RESTART_PAUSE_S = 0.2
 RESTART_PAUSE_MAX_S = 5.0
+# Uids between the first uids of two workers' blocks (two per slot).
+UID_BLOCK = 2048
 
 
 class SandboxFailure(RuntimeError):
@@ -142,16 +144,20 @@ def strongest() -> str:
 def claim_uids(base: int, count: int, blocks: int = 64) -> tuple[int, int]:
     """A block of ``count`` uids no other worker on this host uses: (first uid, lock fd).
 
-    Each worker holds an exclusive lock on its block's file for its lifetime.
+    Each worker holds an exclusive lock on its block's file for its lifetime. Blocks are
+    ``UID_BLOCK`` apart whatever ``count`` is, so workers with different slot counts never
+    overlap.
     """
+    if count > UID_BLOCK:
+        raise SandboxFailure(f"{count} uids per worker; at most {UID_BLOCK} (max_parallel up to {UID_BLOCK // 2})")
     for block in range(blocks):
-        fd = os.open(f"/tmp/scorer-code-uids-{base}-{block}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fd = os.open(f"/tmp/scorer-code-uid-block-{base}-{block}.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        return base + block * count, fd
+        return base + block * UID_BLOCK, fd
     raise SandboxFailure(f"all {blocks} uid blocks from {base} are taken by other workers")
 
 
@@ -220,11 +226,15 @@ class FairSlots:
 
 
 class Sandbox:
-    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid, whose
-    programs may import from the directory ``packages`` (read-only)."""
+    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid, the
+    worker's cgroups (``cgroups.setup``: ``wanted`` is "auto" or "off") its samples' are made
+    in, and the directory ``packages`` its programs may import from (read-only)."""
 
-    def __init__(self, isolation: str, slots: int, uid_base: int, packages: str = "") -> None:
+    def __init__(
+        self, isolation: str, slots: int, uid_base: int, wanted_cgroups: str = "auto", packages: str = ""
+    ) -> None:
         self.isolation = isolation
+        self.cgroups = cgroups.setup(wanted_cgroups)
         self.packages = packages
         # Each slot has two uids: its candidates' (``uids``) and, ``slots`` above it, its tests'.
         first_uid, self._uid_lock = claim_uids(uid_base, 2 * slots)
@@ -253,14 +263,10 @@ class Sandbox:
         listener.listen(512)
         # The base interpreter, not the venv's link to it: the zygote needs only the standard
         # library, and only the interpreter's own prefix is visible in the sandbox.
-        command = [
-            *_prefix(self.isolation, self.packages),
-            os.path.realpath(sys.executable),
-            "-I",
-            "-S",
-            "-c",
-            ZYGOTE_SOURCE,
-        ]
+        self.cgroups.sweep()
+        binds = self.cgroups.bwrap_binds() if self.isolation == "bwrap" else []
+        python = os.path.realpath(sys.executable)
+        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", ZYGOTE_SOURCE]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
@@ -325,6 +331,7 @@ class Sandbox:
         with self._lock:
             self._stop_locked()
         shutil.rmtree(self._dir, ignore_errors=True)
+        self.cgroups.remove()
         os.close(self._uid_lock)
 
     def alive(self) -> bool:

@@ -134,7 +134,7 @@ class CodeScorer(Scorer):
         """Start the warm zygote and grade one known-good program through it."""
         s = self.settings
         shown = str(packages.PACKAGES_DIR) if s.sandbox_packages else ""
-        self.sandbox = sandbox.Sandbox(self.isolation, s.max_parallel, s.uid_base, shown)
+        self.sandbox = sandbox.Sandbox(self.isolation, s.parallel, s.uid_base, s.cgroups, shown)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
         self.grader = Grader(s, self.sandbox)
@@ -144,8 +144,9 @@ class CodeScorer(Scorer):
             raise RuntimeError(f"the code sandbox failed its self-check: {verdict.status}")
         self._check_what_programs_see()
         log.warning(
-            "code sandbox isolation: %s (uids %d-%d, %d slots); environment: %s",
-            self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.max_parallel, s.env or "none",
+            "code sandbox isolation: %s (uids %d-%d, %d slots); resource limits: %s; environment: %s",
+            self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.parallel,
+            self.sandbox.cgroups.describe(), s.env or "none",
         )  # fmt: skip
 
     def _check_what_programs_see(self) -> None:
@@ -242,6 +243,8 @@ class CodeScorer(Scorer):
     def info(self) -> dict[str, Any]:
         return {
             "isolation": self.isolation,
+            "resource_limits": self.sandbox.cgroups.describe() if self.sandbox else None,
+            "parallel": self.settings.parallel,
             "environment": self.settings.env or None,
             "environments": environments.names(),
             "settings": asdict(self.settings),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,19 +15,24 @@ class CodeSettings:
     # The environment (services/code/environments) that grades samples whose label is empty.
     env: str = ""
     # Runs executing at once (one request: one less); a request waits for a slot without holding one.
-    max_parallel: int = 32
+    # 0: one per CPU core this process may use, at least MIN_PARALLEL (see the README's bench).
+    max_parallel: int = 0
     # No request waits longer; a run still going then is judged as it stands.
     request_timeout_s: float = 150.0
     # Pause before the one re-run of a run the infrastructure failed.
     retry_pause_s: float = 1.0
     # "fraction" of tests passed, or "all" (1 only when every test passes).
     scoring: Literal["fraction", "all"] = "fraction"
-    # Per test: CPU seconds, and wall seconds (catches sleeping); per sample: wall seconds.
+    # Per test: CPU seconds, and wall seconds of its own (catches sleeping; time spent waiting for
+    # a CPU others hold does not count); per sample: wall seconds.
     test_cpu_s: float = 4.0
     test_wall_s: float = 10.0
     sample_wall_s: float = 60.0
     # Limits of each test process.
     memory_mb: int = 1024
+    # Tasks (processes and threads) per sample, enforced by its cgroup; without cgroups, the
+    # rlimit on a uid's tasks is max_processes (it counts threads too).
+    max_threads: int = 256
     max_processes: int = 16
     max_open_files: int = 64
     max_file_bytes: int = 16 << 20
@@ -45,6 +51,9 @@ class CodeSettings:
     sandbox_packages: str = "numpy==2.4.6 sortedcontainers==2.4.0"
     # Isolation: "auto" takes the strongest the host offers (bwrap > unshare > none).
     sandbox: Literal["auto", "bwrap", "unshare", "none"] = "auto"
+    # A cgroup per sample (memory incl. shared memory, tasks, CPU time) where the node lets us
+    # make them ("auto"), or rlimits only ("off").
+    cgroups: Literal["auto", "off"] = "auto"
     # Name of a weaker isolation than bwrap that the operator accepts ("unshare" or "none").
     allow_weak_sandbox: str = ""
     # Test processes run as uids from here on, one per slot (and per worker).
@@ -53,3 +62,12 @@ class CodeSettings:
     max_samples: int = 1024
     max_text_chars: int = 2_000_000
     max_request_chars: int = 64_000_000
+
+    @property
+    def parallel(self) -> int:
+        """Runs at once: ``max_parallel``, or when 0 one per core this process may use (at least
+        ``MIN_PARALLEL``, so that one slot can be kept from any single request)."""
+        return self.max_parallel or max(MIN_PARALLEL, len(os.sched_getaffinity(0)))
+
+
+MIN_PARALLEL = 8

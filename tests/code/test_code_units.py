@@ -16,6 +16,7 @@ from common.config import ConfigError
 from common.errors import Unprocessable
 from common.settings import CoreSettings
 from services.code import environments
+from services.code.cgroups import Cgroups
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite, parse_label, result_matches, stdout_matches
@@ -117,6 +118,8 @@ class FailingSandbox:
         self.programs = programs
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self.isolation = "none"
+        self.cgroups = Cgroups(0, reason="a fake sandbox")
 
     def slot(self, owner: object, timeout: float):
         import contextlib

@@ -42,14 +42,14 @@ CPU_TICK_S = 0.05
 TESTER_GRACE_S = 2.0
 
 
-def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]]:
+def _start_test(job: Job, start: int, workdir: str, cgroup: confine.SampleCgroup | None) -> tuple[int, dict[int, str]]:
     """Fork the process of stdin test ``start``; returns its pid and the read ends of its pipes by role."""
     stdin = os.memfd_create("stdin")
     os.write(stdin, str(job.tests[start]).encode())
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    pid = confine.spawn(job, job.uid, fds, workdir, lambda: harness.run_stdin_program(job.code), tests=1)
+    pid = confine.spawn(job, job.uid, fds, workdir, lambda: harness.run_stdin_program(job.code), 1, cgroup)
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
@@ -64,12 +64,15 @@ class CallRun:
     streams the answer back, to be compared in the service. Assert: the label's tests run in
     a *tests' process* under a second uid; each call of the candidate it makes passes through
     here, and only its report says whether a test passed. Each test has ``cpu_s`` of the
-    candidate's CPU (measured here, from ``/proc``) and ``wall_s``; a candidate that dies or
-    overruns is killed, the test fails, and the next test gets a fresh candidate process.
+    candidate's CPU (measured here, from ``/proc``) and ``wall_s`` of its own (time it waited
+    for a CPU others held does not count); a candidate that dies or overruns is killed, the
+    test fails, and the next test gets a fresh candidate process.
     """
 
-    def __init__(self, job: Job, conn: socket.socket, workdir: str, deadline: float) -> None:
-        self.job, self.conn, self.workdir, self.deadline = job, conn, workdir, deadline
+    def __init__(
+        self, job: Job, conn: socket.socket, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
+    ) -> None:
+        self.job, self.conn, self.workdir, self.deadline, self.cgroup = job, conn, workdir, deadline, cgroup
         self.total = len(job.tests)
         self.index = 0
         self.sel = selectors.DefaultSelector()
@@ -79,10 +82,11 @@ class CallRun:
         self.tester: dict | None = None
         self._new_window()
 
-    def _new_window(self, cpu: float = 0.0) -> None:
-        """Test ``index`` starts now, with the candidate's CPU time at ``cpu``."""
+    def _new_window(self, cpu: float = 0.0, delay: float = 0.0) -> None:
+        """Test ``index`` starts now, with the candidate's CPU time at ``cpu`` and its time
+        waiting for a CPU at ``delay``."""
         self.started = self.cpu_read = time.monotonic()
-        self.cpu_before = cpu
+        self.cpu_before, self.delay_before = cpu, delay
         self.failure: str | None = None
         self.stderr = bytearray()
 
@@ -98,12 +102,15 @@ class CallRun:
             harness.serve_calls(job.code)
 
         fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls[0], ANSWERS_FD: answers[1]}
-        pid = confine.spawn(job, job.uid, fds, self.workdir, body, tests=len(job.tests))
+        pid = confine.spawn(job, job.uid, fds, self.workdir, body, len(job.tests), self.cgroup)
         for fd in (null, calls[0], answers[1], out[1], err[1]):
             os.close(fd)
         os.set_blocking(calls[1], False)
-        self.candidate = {"pid": pid, "calls": calls[1], "answers": answers[0], "loaded": False, "pending": b"",
-                          "cpu": 0.0, "stdout_bytes": 0, "stat": os.open(f"/proc/{pid}/stat", os.O_RDONLY)}  # fmt: skip
+        self.candidate = {"pid": pid, "calls": calls[1], "answers": answers[0], "loaded": False,
+                          "pending": bytearray(), "cpu": 0.0, "delay": 0.0, "stdout_bytes": 0,
+                          "stat": os.open(f"/proc/{pid}/stat", os.O_RDONLY),
+                          "schedstat": os.open(f"/proc/{pid}/schedstat", os.O_RDONLY),
+                          "oom_kills": self.cgroup.oom_kills() if self.cgroup else 0}  # fmt: skip
         for fd, role in ((answers[0], "answers"), (out[0], "stdout"), (err[0], "stderr")):
             os.set_blocking(fd, False)
             self.candidate[role] = fd
@@ -117,16 +124,27 @@ class CallRun:
             self.candidate["cpu"] = confine.cpu_seconds(self.candidate["stat"])
         return self.candidate["cpu"]
 
+    def _candidate_delay(self) -> float:
+        """The running candidate's time waiting for a CPU so far (its last reading if it ended)."""
+        if self.candidate is None:
+            return 0.0
+        self.candidate["delay"] = confine.run_delay(self.candidate["schedstat"]) or self.candidate["delay"]
+        return self.candidate["delay"]
+
     def _stop_candidate(self, failure: str | None) -> None:
         """Kill and reap the candidate's process; a call it left unanswered fails."""
         cand = self.candidate
         if cand is None:
             return
+        delay = self._candidate_delay()
         self.candidate = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(cand["pid"], signal.SIGKILL)
         _, _, usage = os.wait4(cand["pid"], 0)
-        self.cpu_before -= usage.ru_utime + usage.ru_stime  # its time stays in this window
+        self.cpu_before -= usage.ru_utime + usage.ru_stime  # its times stay in this window
+        self.delay_before -= delay
+        if failure == "died" and self.cgroup is not None and self.cgroup.oom_kills() > cand["oom_kills"]:
+            failure = "memory_limit"
         for role in ("answers", "stdout", "stderr"):
             with contextlib.suppress(KeyError):
                 self.sel.unregister(cand[role])
@@ -134,6 +152,7 @@ class CallRun:
         self._drop_outbox(cand["calls"])
         os.close(cand["calls"])
         os.close(cand["stat"])
+        os.close(cand["schedstat"])
         self.failure = self.failure or failure
         if not cand["loaded"]:  # it never got to answer: every test still to run fails alike
             self._fail_rest()
@@ -156,12 +175,12 @@ class CallRun:
 
         fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
         fds[TRUSTED_FD] = conn.fileno()
-        pid = confine.spawn(job, job.test_uid, fds, "/", body, tests=len(job.tests))
+        pid = confine.spawn(job, job.test_uid, fds, "/", body, len(job.tests), self.cgroup)
         for fd in (null, requests[1], answers[0]):
             os.close(fd)
         os.set_blocking(answers[1], False)
         os.set_blocking(requests[0], False)
-        self.tester = {"pid": pid, "out": requests[0], "in": answers[1], "pending": b""}
+        self.tester = {"pid": pid, "out": requests[0], "in": answers[1], "pending": bytearray()}
         self.sel.register(requests[0], selectors.EVENT_READ, "tester")
 
     def _stop_tester(self) -> None:
@@ -233,7 +252,7 @@ class CallRun:
         wire.send(self.conn, outcome)
         self.index += 1
         self.waiting = None
-        self._new_window(cpu)
+        self._new_window(cpu, self._candidate_delay())
 
     def _call_test(self) -> None:
         """Call-based: send the call of test ``index``."""
@@ -283,8 +302,7 @@ class CallRun:
                 self.failure = self.failure or "tester"
                 self._fail_rest()
                 return
-            *lines, self.tester["pending"] = (self.tester["pending"] + data).split(b"\n")
-            for line in lines:
+            for line in _complete_lines(self.tester["pending"], data):
                 if self.tester is not None:
                     self._on_tester_line(line)
         elif not data:
@@ -299,24 +317,23 @@ class CallRun:
             if cand["stdout_bytes"] > self.job.output_bytes:
                 self._stop_candidate("output_exceeded")
         else:
-            *lines, rest = (cand["pending"] + data).split(b"\n")
-            if len(rest) > self.job.keep_bytes:  # longer than any answer that could match
+            lines = _complete_lines(cand["pending"], data)
+            if len(cand["pending"]) > self.job.keep_bytes:  # longer than any answer that could match
                 self._stop_candidate("output_exceeded")
                 return
-            cand["pending"] = rest
             for line in lines:
                 if self.candidate is cand:
                     self._on_answer(line)
 
     def _check_budget(self) -> None:
-        """Kill a candidate past its test's CPU or wall time (its CPU time is read every
-        ``CPU_TICK_S``); a tests' process stuck past it too."""
+        """Kill a candidate past its test's CPU or own wall time (read every ``CPU_TICK_S``); a
+        tests' process stuck past it too."""
         now = time.monotonic()
-        wall = now - self.started
         over_cpu = False
         if self.candidate is not None and now - self.cpu_read >= CPU_TICK_S:
             self.cpu_read = now
             over_cpu = self._candidate_cpu() - self.cpu_before > self.job.cpu_s
+        wall = now - self.started - (self._candidate_delay() - self.delay_before)
         if self.candidate is not None and (wall > self.job.wall_s or over_cpu):
             self._stop_candidate("timeout")
         if self.tester is not None and wall > self.job.wall_s + TESTER_GRACE_S:
@@ -356,19 +373,47 @@ class CallRun:
         self.sel.close()
 
 
-def _run_calls(job: Job, conn: socket.socket, workdir: str, deadline: float) -> None:
-    run = CallRun(job, conn, workdir, deadline)
+def _complete_lines(pending: bytearray, data: bytes) -> list[bytes]:
+    """The lines ``data`` completes after ``pending``, which keeps what follows the last
+    newline. Only ``data`` is scanned and ``pending`` copied once per completion, so reading
+    a long line costs its length, not its length times its reads."""
+    end = data.rfind(b"\n")
+    if end < 0:
+        pending += data
+        return []
+    lines = (bytes(pending) + data[:end]).split(b"\n")
+    pending[:] = data[end + 1 :]
+    return lines
+
+
+def _run_calls(
+    job: Job, conn: socket.socket, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
+) -> None:
+    run = CallRun(job, conn, workdir, deadline, cgroup)
     try:
         run.run()
     finally:
         run.close()
 
 
-def run_stdin_test(job: Job, start: int, workdir: str, deadline: float, conn: socket.socket) -> int:
+def run_stdin_test(
+    job: Job, start: int, workdir: str, deadline: float, conn: socket.socket, cgroup: confine.SampleCgroup | None
+) -> int:
     """Run stdin test ``start`` in a process of its own, send what it produced, and return
-    the index of the next test."""
-    pid, fds = _start_test(job, start, workdir)
+    the index of the next test.
+
+    Its processes together get ``cpu_s`` (with a cgroup: all of them, read every
+    ``CPU_TICK_S``; without: each its own rlimit) and ``wall_s`` of the main one's own time
+    (time it waited for a CPU others held does not count).
+    """
+    cpu_before = cgroup.cpu_seconds() if cgroup else 0.0
+    oom_before = cgroup.oom_kills() if cgroup else 0
+    pid, fds = _start_test(job, start, workdir, cgroup)
     started = time.monotonic()
+    try:
+        schedstat = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
+    except OSError:  # already gone
+        schedstat = os.open("/dev/null", os.O_RDONLY)
     # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr, the
     # start of the result pipe (a compile error); counted: everything, up to the caps.
     kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
@@ -380,11 +425,12 @@ def run_stdin_test(job: Job, start: int, workdir: str, deadline: float, conn: so
     for fd in fds:
         sel.register(fd, selectors.EVENT_READ)
     while sel.get_map() and not over:
-        remaining = min(started + job.wall_s, deadline) - time.monotonic()
-        if remaining <= 0:
+        now = time.monotonic()
+        remaining = min(job.wall_s - (now - started - confine.run_delay(schedstat)), deadline - now)
+        if remaining <= 0 or (cgroup is not None and cgroup.cpu_seconds() - cpu_before > job.cpu_s):
             timed_out = True
             break
-        for key, _ in sel.select(remaining):
+        for key, _ in sel.select(min(remaining, CPU_TICK_S)):
             role = fds[key.fd]
             data = os.read(key.fd, 1 << 16)
             if not data:
@@ -403,10 +449,10 @@ def run_stdin_test(job: Job, start: int, workdir: str, deadline: float, conn: so
         os.killpg(pid, signal.SIGKILL)
     _, status, usage = os.wait4(pid, 0)
     confine.clean_up(job.uid)
-    for fd in fds:
+    for fd in (*fds, schedstat):
         os.close(fd)
     exit_code = os.waitstatus_to_exitcode(status)
-    cpu = usage.ru_utime + usage.ru_stime
+    cpu = cgroup.cpu_seconds() - cpu_before if cgroup else usage.ru_utime + usage.ru_stime
     ended = StdinOutcome(
         index=start,
         exit=exit_code,
@@ -418,23 +464,52 @@ def run_stdin_test(job: Job, start: int, workdir: str, deadline: float, conn: so
         stdout=kept["stdout"].decode(errors="replace"),
         stderr=kept["stderr"].decode(errors="replace"),
         result=kept["result"].decode(errors="replace"),
+        oom_killed=cgroup is not None and cgroup.oom_kills() > oom_before,
     )
     wire.send(conn, ended)
     return start + 1
 
 
 def supervise(conn: socket.socket) -> None:
-    """One sample: run its tests in order, stream a result per test, clean up."""
-    confine.prctl(confine.PR_SET_CHILD_SUBREAPER, 1)
+    """One sample, in namespaces made for it: the sample's init runs its tests in order and
+    streams a result per test; when it exits, the kernel kills whatever is left in them."""
     job = wire.recv(conn)
     if not isinstance(job, Job):
         raise ValueError(f"a {type(job).__name__} where a Job was expected")
     deadline = time.monotonic() + job.sample_s
-    confine.private_tmp(job)
+    cgroup = confine.SampleCgroup(job) if job.cgroups else None
+    confine.private_namespaces(job)
+    go_read, go_write = os.pipe()
+    init = os.fork()
+    if init == 0:
+        code = 1
+        try:
+            os.close(go_write)
+            if os.read(go_read, 2) == b"go":  # in its cgroup (if any): it may start the sample
+                confine.enter_own_pids()
+                _run_sample(job, conn, deadline, cgroup)
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(go_read)
+    conn.close()  # the server sees the end of the connection when the sample's init ends
+    try:
+        if cgroup is not None:
+            cgroup.add(init)
+        os.write(go_write, b"go")
+    finally:
+        os.close(go_write)
+        os.waitpid(init, 0)
+        if cgroup is not None:
+            cgroup.remove()
+
+
+def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
+    """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
     workdir = "/tmp"
     try:
         if job.kind != "stdin":
-            _run_calls(job, conn, workdir, deadline)
+            _run_calls(job, conn, workdir, deadline, cgroup)
         else:
             index = 0
             while index < len(job.tests):
@@ -442,7 +517,7 @@ def supervise(conn: socket.socket) -> None:
                     wire.send(conn, Skipped(index))
                     index += 1
                     continue
-                index = run_stdin_test(job, index, workdir, deadline, conn)
+                index = run_stdin_test(job, index, workdir, deadline, conn, cgroup)
     finally:
         confine.clean_up(job.uid)
     wire.send(conn, wire.Done())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # A stdin program's result pipe (a compile error, before the program runs).
@@ -47,6 +47,12 @@ class Job:
     uid: int = 0  # the slot's candidate uid, and its tests' uid: set by the server per run
     gid: int = 0
     test_uid: int = 0
+    # The worker's cgroup directories by role ("memory", "pids", "cpu"), empty without cgroups,
+    # and what bounds the sample's cgroup: its memory and its tasks (processes and threads).
+    cgroup_version: int = 0
+    cgroups: dict[str, str] = field(default_factory=dict)
+    cgroup_memory_bytes: int = 0
+    cgroup_tasks: int = 0
 
 
 @dataclass
@@ -72,6 +78,7 @@ class StdinOutcome:
     stdout: str
     stderr: str
     result: str  # what the harness reported before the program ran (a compile error)
+    oom_killed: bool = False  # the kernel killed a process of it at the sample's memory limit
 
 
 @dataclass
@@ -79,7 +86,7 @@ class CallOutcome:
     """A call-based test's answer line, or an assert test's report; ``failure`` when neither came."""
 
     index: int
-    failure: str | None  # "timeout", "died", "compile_error", "output_exceeded", "tester"
+    failure: str | None  # "timeout", "died", "memory_limit", "compile_error", "output_exceeded", "tester"
     cpu_s: float
     stderr: str
     answer: str | None = None
