@@ -193,7 +193,7 @@ class Grader:
             nproc=s.max_threads if cgroups.version else s.max_processes,
             fsize=s.max_file_bytes, output_bytes=s.max_output_bytes, tmp_bytes=s.tmp_mb << 20,
             keep_bytes=keep_bytes(suite, s.max_output_bytes),
-            cgroup_version=cgroups.version, cgroups=cgroups.sandbox_dirs(self.sandbox.isolation),
+            cgroup_version=cgroups.version,
             cgroup_memory_bytes=(s.memory_mb + s.tmp_mb + SUPERVISOR_MB) << 20,
             cgroup_tasks=s.max_threads + SUPERVISOR_TASKS,
         )  # fmt: skip
