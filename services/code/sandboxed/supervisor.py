@@ -42,14 +42,14 @@ CPU_TICK_S = 0.05
 TESTER_GRACE_S = 2.0
 
 
-def _start_test(job: Job, start: int, workdir: str, cgroup: confine.SampleCgroup | None) -> tuple[int, dict[int, str]]:
+def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]]:
     """Fork the process of stdin test ``start``; returns its pid and the read ends of its pipes by role."""
     stdin = os.memfd_create("stdin")
     os.write(stdin, str(job.tests[start]).encode())
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    pid = confine.spawn(job, job.uid, fds, workdir, lambda: harness.run_stdin_program(job.code), 1, cgroup)
+    pid = confine.spawn(job, job.uid, fds, workdir, lambda: harness.run_stdin_program(job.code), tests=1)
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
@@ -102,7 +102,7 @@ class CallRun:
             harness.serve_calls(job.code)
 
         fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls[0], ANSWERS_FD: answers[1]}
-        pid = confine.spawn(job, job.uid, fds, self.workdir, body, len(job.tests), self.cgroup)
+        pid = confine.spawn(job, job.uid, fds, self.workdir, body, tests=len(job.tests))
         for fd in (null, calls[0], answers[1], out[1], err[1]):
             os.close(fd)
         os.set_blocking(calls[1], False)
@@ -175,7 +175,7 @@ class CallRun:
 
         fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
         fds[TRUSTED_FD] = conn.fileno()
-        pid = confine.spawn(job, job.test_uid, fds, "/", body, len(job.tests), self.cgroup)
+        pid = confine.spawn(job, job.test_uid, fds, "/", body, tests=len(job.tests))
         for fd in (null, requests[1], answers[0]):
             os.close(fd)
         os.set_blocking(answers[1], False)
@@ -333,7 +333,9 @@ class CallRun:
         if self.candidate is not None and now - self.cpu_read >= CPU_TICK_S:
             self.cpu_read = now
             over_cpu = self._candidate_cpu() - self.cpu_before > self.job.cpu_s
-        wall = now - self.started - (self._candidate_delay() - self.delay_before)
+        wall = now - self.started
+        if wall > self.job.wall_s:  # past it only if the candidate's waits for a CPU do not explain it
+            wall -= self._candidate_delay() - self.delay_before
         if self.candidate is not None and (wall > self.job.wall_s or over_cpu):
             self._stop_candidate("timeout")
         if self.tester is not None and wall > self.job.wall_s + TESTER_GRACE_S:
@@ -402,18 +404,13 @@ def run_stdin_test(
     """Run stdin test ``start`` in a process of its own, send what it produced, and return
     the index of the next test.
 
-    Its processes together get ``cpu_s`` (with a cgroup: all of them, read every
-    ``CPU_TICK_S``; without: each its own rlimit) and ``wall_s`` of the main one's own time
-    (time it waited for a CPU others held does not count).
+    Its processes together get ``cpu_s`` (read every ``CPU_TICK_S``) and ``wall_s`` of their
+    own time (time one of them waited for a CPU others held does not count).
     """
-    cpu_before = cgroup.cpu_seconds() if cgroup else 0.0
+    cpu_before = confine.sample_cpu_seconds()
     oom_before = cgroup.oom_kills() if cgroup else 0
-    pid, fds = _start_test(job, start, workdir, cgroup)
+    pid, fds = _start_test(job, start, workdir)
     started = time.monotonic()
-    try:
-        schedstat = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
-    except OSError:  # already gone
-        schedstat = os.open("/dev/null", os.O_RDONLY)
     # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr, the
     # start of the result pipe (a compile error); counted: everything, up to the caps.
     kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
@@ -424,10 +421,17 @@ def run_stdin_test(
     sel = selectors.DefaultSelector()
     for fd in fds:
         sel.register(fd, selectors.EVENT_READ)
+    cpu_read = started
     while sel.get_map() and not over:
         now = time.monotonic()
-        remaining = min(job.wall_s - (now - started - confine.run_delay(schedstat)), deadline - now)
-        if remaining <= 0 or (cgroup is not None and cgroup.cpu_seconds() - cpu_before > job.cpu_s):
+        remaining = min(job.wall_s - (now - started), deadline - now)
+        if remaining <= 0 and now < deadline:  # past the wall backstop: its own time only
+            remaining = min(job.wall_s - (now - started - confine.sample_run_delay()), deadline - now)
+        over_cpu = False
+        if now - cpu_read >= CPU_TICK_S:
+            cpu_read = now
+            over_cpu = confine.sample_cpu_seconds() - cpu_before > job.cpu_s
+        if remaining <= 0 or over_cpu:
             timed_out = True
             break
         for key, _ in sel.select(min(remaining, CPU_TICK_S)):
@@ -447,12 +451,12 @@ def run_stdin_test(
     sel.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    _, status, usage = os.wait4(pid, 0)
+    _, status = os.waitpid(pid, 0)
     confine.clean_up(job.uid)
-    for fd in (*fds, schedstat):
+    for fd in fds:
         os.close(fd)
     exit_code = os.waitstatus_to_exitcode(status)
-    cpu = cgroup.cpu_seconds() - cpu_before if cgroup else usage.ru_utime + usage.ru_stime
+    cpu = confine.sample_cpu_seconds() - cpu_before
     ended = StdinOutcome(
         index=start,
         exit=exit_code,
@@ -470,29 +474,39 @@ def run_stdin_test(
     return start + 1
 
 
-def supervise(conn: socket.socket) -> None:
-    """One sample, in namespaces made for it: the sample's init runs its tests in order and
-    streams a result per test; when it exits, the kernel kills whatever is left in them."""
-    job = wire.recv(conn)
-    if not isinstance(job, Job):
-        raise ValueError(f"a {type(job).__name__} where a Job was expected")
-    deadline = time.monotonic() + job.sample_s
-    cgroup = confine.SampleCgroup(job) if job.cgroups else None
-    confine.private_namespaces(job)
+def prepare_and_supervise(listener: socket.socket, accepted: int, cgroups: dict) -> None:
+    """Prepare a sample's namespaces and cgroup (``cgroups``: the version and the worker's
+    directories by role, empty without), then let its init take the next connection (and
+    say so on ``accepted``: another is prepared meanwhile) and ``supervise`` it.
+
+    What cannot be prepared fails the next connection at once (it is closed unanswered).
+    """
+    try:
+        cgroup = confine.SampleCgroup(cgroups["version"], cgroups["dirs"]) if cgroups["dirs"] else None
+        confine.private_namespaces()
+    except BaseException:
+        conn, _ = listener.accept()
+        os.write(accepted, b"!")  # a failure: the zygote pauses before the next one
+        raise
     go_read, go_write = os.pipe()
     init = os.fork()
     if init == 0:
         code = 1
         try:
             os.close(go_write)
-            if os.read(go_read, 2) == b"go":  # in its cgroup (if any): it may start the sample
+            if os.read(go_read, 2) == b"go":  # in its cgroup (if any): it may start
                 confine.enter_own_pids()
-                _run_sample(job, conn, deadline, cgroup)
+                conn, _ = listener.accept()
+                listener.close()
+                os.write(accepted, b".")
+                os.close(accepted)
+                supervise(conn, cgroup)
                 code = 0
         finally:
             os._exit(code)
     os.close(go_read)
-    conn.close()  # the server sees the end of the connection when the sample's init ends
+    listener.close()
+    os.close(accepted)
     try:
         if cgroup is not None:
             cgroup.add(init)
@@ -502,6 +516,19 @@ def supervise(conn: socket.socket) -> None:
         os.waitpid(init, 0)
         if cgroup is not None:
             cgroup.remove()
+
+
+def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
+    """One sample, as its init (pid 1 of its PID namespace): its tests in order, a result
+    streamed per test; when it exits, the kernel kills whatever is left in the namespace."""
+    job = wire.recv(conn)
+    if not isinstance(job, Job):
+        raise ValueError(f"a {type(job).__name__} where a Job was expected")
+    deadline = time.monotonic() + job.sample_s
+    if cgroup is not None:
+        cgroup.set_limits(job)
+    confine.private_tmp(job)
+    _run_sample(job, conn, deadline, cgroup)
 
 
 def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
