@@ -25,7 +25,7 @@ log() { printf '[run.sh] %s\n' "$*" >&2; }
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 # plan COMMAND: what COMMAND sets up, from common/registry.py (VENV, PORT, REQUIREMENTS,
-# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, SYSTEM_COMMANDS).
+# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, PREPARE, SYSTEM_COMMANDS).
 plan() {
   local assignments
   assignments=$("$PYTHON" -m common.registry shell "$1") || exit 2
@@ -139,15 +139,16 @@ uv_install() {
   "$UV" pip install -q --python "$dir/bin/python" "${UV_ARGS[@]}" "$@"
 }
 
-# ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages.
-# Installs only when the requirement files changed since the last install.
+# ensure_venv COMMAND: the virtual environment of COMMAND (a service, or test) with its packages,
+# then its PREPARE modules (e.g. the code sandbox's packages). Installs only when the
+# requirement files changed since the last install.
 ensure_venv() {
   plan "$1"
   ensure_uv
   local dir=$ROOT/$VENV stamp
   if [ ! -x "$dir/bin/python" ]; then
     log "creating $dir"
-    "$UV" venv -q --python "$PYTHON" "$dir"
+    "$UV" venv -q --seed --python "$PYTHON" "$dir"  # with pip: a service's set-up may use it
   fi
   stamp=$(cat "${REQUIREMENTS[@]}" | sha256sum | cut -d' ' -f1)
   if has_gpu; then stamp+=-gpu; fi
@@ -167,6 +168,10 @@ ensure_venv() {
     echo "$stamp" >"$dir/.installed"
     log "$dir ready ($((SECONDS - started)) s, $(du -sh "$dir" | cut -f1))"
   fi
+  local module
+  for module in ${PREPARE[@]+"${PREPARE[@]}"}; do
+    (cd "$ROOT" && "$dir/bin/python" -m "$module")
+  done
   VENV=$dir
 }
 

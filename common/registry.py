@@ -53,6 +53,9 @@ class Service:
     # "module:Class" of each wire protocol it speaks beside the core's (a ``WireProtocol``
     # subclass, on the same request path: common/protocols.py).
     protocols: tuple[str, ...] = ()
+    # Modules ``run.sh`` runs (``python -m``) in its environment once its packages are in,
+    # to set up what it needs besides them.
+    prepare: tuple[str, ...] = ()
 
     def flag_variables(self) -> tuple[str, ...]:
         """``--flag=VARIABLE`` for each flag, as ``run.sh`` reads them."""
@@ -125,6 +128,8 @@ SERVICES: dict[str, Service] = {
             flags=("infra_failure_score", "env"),
             preflight="services.code.preflight:preflight",
             protocols=("services.code.openrlhf:OpenRLHFProtocol",),
+            # The packages graded programs may import, in a directory of their own.
+            prepare=("services.code.packages",),
         ),
     )
 }
@@ -178,6 +183,8 @@ class Setup:
     system_packages: tuple[str, ...] = ()
     # "--flag=VARIABLE" for the flags of the command's services (``Service.flags``).
     flags: tuple[str, ...] = ()
+    # Modules run in the environment once its packages are in (``Service.prepare``).
+    prepare: tuple[str, ...] = ()
 
 
 def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
@@ -191,6 +198,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             requirements=_unique([*(f for s in services for f in s.requirements), *TEST_REQUIREMENTS]),
             no_deps=_unique([*(p for s in services for p in s.no_deps), *TEST_NO_DEPS]),
             system_packages=_unique([*(p for s in services for p in s.system_packages), *TEST_SYSTEM_PACKAGES]),
+            prepare=_unique(m for s in services for m in s.prepare),
         )
     if command == "all":
         return Setup(
@@ -211,6 +219,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             no_deps=service.no_deps if set(service.requirements) <= set(requirements) else (),
             system_packages=service.system_packages,
             flags=service.flag_variables(),
+            prepare=service.prepare,
         )
     return Setup(
         venv=f".venv-{service.venv or service.name}",
@@ -220,6 +229,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
         gpu_requirements=service.gpu_requirements,
         system_packages=service.system_packages,
         flags=service.flag_variables(),
+        prepare=service.prepare,
     )
 
 

@@ -14,9 +14,26 @@ from pathlib import Path
 
 import requests
 
+from common import registry
+
 ROOT = Path(__file__).resolve().parent.parent
 # The node id of the ``unit`` test now running (tests/conftest.py): it may not start a server.
 UNIT_TEST: str | None = None
+
+# The service preparations already run in this process (run.sh runs them before a service starts).
+_PREPARED: set[tuple[str, ...]] = set()
+
+
+def prepare(service: str, env: dict[str, str] | None, python: str | None) -> None:
+    """Run what ``run.sh`` runs before ``service`` starts (``Service.prepare``: the code
+    sandbox's packages), once per interpreter and settings."""
+    full_env = {**os.environ, **(env or {})}
+    settings = tuple(sorted(f"{k}={v}" for k, v in full_env.items() if k.startswith("SCORER_")))
+    for module in registry.get(service).prepare:
+        key = (python or sys.executable, module, *settings)
+        if key not in _PREPARED:
+            subprocess.run([key[0], "-m", module], cwd=ROOT, env=full_env, check=True)
+            _PREPARED.add(key)
 
 
 def free_port() -> int:
@@ -43,6 +60,7 @@ class Server:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
+        prepare(service, env, python)
         full_env = {
             **os.environ,
             "SCORER_SERVICE": service,

@@ -52,6 +52,7 @@ def test_what_each_command_sets_up() -> None:
     paddle = registry.setup_of("ocr", {"SCORER_OCR_ENGINE": "paddleocr"})
     assert paddle.venv == ".venv-ocr-paddleocr" and paddle.requirements == ("requirements-ocr-paddle.txt",)
     code = registry.setup_of("code", {})
+    assert code.prepare == ("services.code.packages",) and test.prepare == code.prepare
     assert code.flags == (
         "--infra-failure-score=SCORER_CODE_INFRA_FAILURE_SCORE",
         "--env=SCORER_CODE_ENV",

@@ -202,6 +202,9 @@ def test_flags_come_from_the_registry(fake: Path) -> None:
     result = run_sh(fake, ["code", "--infra-failure-score", "nan", "--env", "coin_change", "--port", "9999"], hide=[])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    # The service's preparation first (the sandbox's packages), with the same settings.
+    assert lines[0] == "-m services.code.packages"
+    lines = lines[lines.index(next(line for line in lines if line.startswith("-m gunicorn"))) :]
     assert lines[0].startswith("-m gunicorn -c ")
     assert {"SCORER_CODE_ENV=coin_change", "SCORER_CODE_INFRA_FAILURE_SCORE=nan", "SCORER_PORT=9999"} <= set(lines)
     assert "SCORER_SERVICE=code" in lines

@@ -5,6 +5,7 @@ The sandbox only reports what each test printed or returned; every verdict is ma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -12,28 +13,29 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from common.batching import Deadline
 from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.sandbox import Sandbox, SandboxFailure
-from services.code.settings import CodeSettings
-from services.code.zygote import from_plain
+from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
+from services.code.settings import SUPERVISOR_MB, CodeSettings
 
 log = logging.getLogger(__name__)
 
 STATUSES = (
-    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "sandbox_error",
-    "prompt_not_found",
+    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "invalid_label",
+    "sandbox_error", "prompt_not_found",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
-# What comparison needs of a stdin test's stdout (twice the longest expected output) or of a
-# call's answer (four times the longest expected value as JSON: tags of tuples, sets, dicts),
-# plus a margin: a longer one cannot match and is not kept (stdin: a wrong answer; a call:
-# an output over the limit).
+# How much of the kept output (``compared_output_bytes``) an expected output may need: a
+# program's stdout may pad each line (twice), a call's answer tags tuples, sets and dicts
+# (four times its JSON). A label that needs more could never pass: an invalid label.
 KEEP_FACTOR = {"stdin": 2, "call": 4}
-KEEP_MARGIN = 1 << 16
+LONG_OUTPUT = "an expected output longer than compared_output_bytes allows"
+# A sample's cgroup holds its supervisor (the sample's init) too: these tasks (it, a clean-up
+# helper, the tests' process) besides the program's, and ``SUPERVISOR_MB`` of memory.
+SUPERVISOR_TASKS = 4
 
 
 @dataclass(frozen=True)
@@ -53,70 +55,74 @@ class Verdict:
     score: float | None
 
 
-def judge(suite: Suite, index: int, run: dict[str, Any], tolerance: float) -> str:
-    """The status of test ``index`` from what the sandbox reported."""
-    if run.get("skipped"):
+def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
+    """The status of test ``run.index`` from what the sandbox reported."""
+    if isinstance(run, Skipped):
         return "timeout"
-    if suite.kind != "stdin":
-        return _judge_call(suite, index, run, tolerance)
+    if isinstance(run, CallOutcome):
+        return _judge_call(suite, run, tolerance)
     try:
-        reported = json.loads(run["result"]) if run["result"] else {}
+        reported = json.loads(run.result) if run.result else {}
     except ValueError:
         reported = {}
     if isinstance(reported, dict) and "compile_error" in reported:
         return "compile_error"
-    if run["timed_out"]:
+    if run.timed_out:
         return "timeout"
-    if run["output_exceeded"]:
+    if run.output_exceeded:
         return "runtime_error"
-    if run["exit"] != 0:
-        return "memory_limit" if "MemoryError" in run["stderr"] else "runtime_error"
-    if run.get("stdout_truncated"):
+    if run.exit != 0:
+        return "memory_limit" if run.oom_killed or "MemoryError" in run.stderr else "runtime_error"
+    if run.stdout_truncated:
         return "wrong_answer"
-    return "passed" if stdout_matches(run["stdout"], suite.expected[index], tolerance) else "wrong_answer"
+    return "passed" if stdout_matches(run.stdout, suite.expected[run.index], tolerance) else "wrong_answer"
 
 
 # What a call-based or assert test that failed before an answer or a report gets.
-FAILURES = {"compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "runtime_error"}
+FAILURES = {
+    "compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "runtime_error",
+    "memory_limit": "memory_limit",
+}  # fmt: skip
 # An assert test's report names the exception that ended it.
 ASSERT_ERRORS = {"AssertionError": "wrong_answer", "MemoryError": "memory_limit"}
 
 
-def _judge_call(suite: Suite, index: int, run: dict[str, Any], tolerance: float) -> str:
+def _judge_call(suite: Suite, run: CallOutcome, tolerance: float) -> str:
     """A call-based test from the candidate's answer (plain data), compared here; an assert
     test from the tests' process's report, never from anything the candidate sent."""
-    failure = run["failure"]
+    failure = run.failure
     if failure is not None:
-        return FAILURES.get(failure) or ("memory_limit" if "MemoryError" in run["stderr"] else "runtime_error")
+        return FAILURES.get(failure) or ("memory_limit" if "MemoryError" in run.stderr else "runtime_error")
     if suite.kind == "assert":
-        report = run.get("report") or {}
+        report = run.report or {}
         return "passed" if report.get("passed") is True else ASSERT_ERRORS.get(report.get("error"), "runtime_error")
     try:
-        answer = from_plain(run.get("answer", ""))
+        answer = from_plain(run.answer or "")
     except (ValueError, TypeError, RecursionError):
         return "runtime_error"
     if isinstance(answer, list) and len(answer) == 2 and answer[0] == "result":
-        return "passed" if result_matches(answer[1], suite.expected[index], tolerance) else "wrong_answer"
+        return "passed" if result_matches(answer[1], suite.expected[run.index], tolerance) else "wrong_answer"
     return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 
-def keep_bytes(suite: Suite, cap: int) -> int:
-    """How much of a stdin test's stdout or a call's answer comparison needs (``KEEP_FACTOR``)."""
+def too_long(suite: Suite, kept: int) -> bool:
+    """Whether an expected output of ``suite`` needs more than ``kept`` bytes of a program's
+    output to be matched (``KEEP_FACTOR``): no program could pass it."""
     if suite.kind == "stdin":
         longest = max(len(want.encode()) for want in suite.expected)
     elif suite.kind == "call":
         longest = max(len(json.dumps(want, default=str)) for want in suite.expected)
-    else:  # assert tests' calls: the label's code decides what it needs
-        return cap
-    return min(cap, KEEP_FACTOR[suite.kind] * longest + KEEP_MARGIN)
+    else:  # assert tests: the label's code compares in the tests' process
+        return False
+    return KEEP_FACTOR[suite.kind] * longest > kept
 
 
 class Grader:
-    """Grades samples with at most ``max_parallel`` runs at once, by the request's deadline (the
-    core's, from when the request arrived; ``timeout_s`` from now outside a request).
+    """Grades samples with at most ``settings.parallel`` runs at once, by the request's deadline
+    (the core's, from when the request arrived; ``timeout_s`` from now outside a request).
 
     Slots are shared between requests in turn (``FairSlots``): each request runs its samples
-    on threads of its own, at most ``max_parallel``, so none waits behind another's queue.
+    on threads of its own, at most ``settings.parallel``, so none waits behind another's queue.
     """
 
     def __init__(self, settings: CodeSettings, sandbox: Sandbox, timeout_s: float) -> None:
@@ -134,16 +140,22 @@ class Grader:
         if len(samples) == 1:
             verdicts = [self.grade_one(samples[0], deadline, request)]
         else:
-            threads = min(len(samples), self.settings.max_parallel)
+            threads = min(len(samples), self.settings.parallel)
             with ThreadPoolExecutor(threads, thread_name_prefix="code-grade") as pool:
                 verdicts = list(pool.map(lambda s: self.grade_one(s, deadline, request), samples))
         self._count_masked(verdicts)
+        invalid = [s.suite for s, v in zip(samples, verdicts, strict=True) if v.status == "invalid_label"]
+        if invalid and invalid[0] is not None:
+            reason = invalid[0].invalid or LONG_OUTPUT
+            log.warning("%d code sample(s) scored 0 for an invalid label; one: %s", len(invalid), reason)
         return verdicts
 
     def grade_one(self, sample: Sample, deadline: float, request: object) -> Verdict:
         if sample.suite is None:
             return Verdict("prompt_not_found", 0, 0, None)
         total = len(sample.suite.tests)
+        if sample.suite.invalid or too_long(sample.suite, self._kept_bytes()):
+            return Verdict("invalid_label", 0, total, 0.0)
         if not sample.code:
             return Verdict("no_code", 0, total, 0.0)
         for attempt in range(2):
@@ -162,12 +174,12 @@ class Grader:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
             statuses = ["timeout"] * len(suite.tests)
-            runs = self.sandbox.run(self._job(suite, code, deadline), uid)
+            # Every test runs, whatever the scoring: which ran must not tell the program
+            # which of its answers were right.
+            runs = self.sandbox.run(self._job(suite, code, deadline), uid, self._trusted(suite))
             try:
                 for run in runs:
-                    statuses[run["index"]] = self._judge(suite, run)
-                    if s.scoring == "all" and statuses[run["index"]] != "passed":
-                        break  # the rest cannot change the verdict
+                    statuses[run.index] = self._judge(suite, run)
             finally:
                 runs.close()
         passed = statuses.count("passed")
@@ -176,40 +188,58 @@ class Grader:
             return Verdict(status, passed, len(statuses), float(status == "passed"))
         return Verdict(status, passed, len(statuses), passed / len(statuses))
 
-    def _job(self, suite: Suite, code: str, deadline: float) -> dict[str, Any]:
+    def _job(self, suite: Suite, code: str, deadline: float) -> Job:
         """What the sandbox gets to run ``code`` against ``suite`` (never the expected outputs)."""
         s = self.settings
-        job = {
-            "kind": suite.kind, "code": code, "fn_name": suite.fn_name,
-            # Assert tests hold the expected values: they go to the tests' process only.
-            "tests": [None] * len(suite.tests) if suite.kind == "assert" else suite.tests,
-            "cpu_s": s.test_cpu_s, "wall_s": s.test_wall_s,
-            "sample_s": max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
-            "memory_bytes": s.memory_mb << 20, "nproc": s.max_processes, "nofile": s.max_open_files,
-            "fsize": s.max_file_bytes, "output_bytes": s.max_output_bytes, "tmp_bytes": s.tmp_mb << 20,
-            "keep_bytes": keep_bytes(suite, s.max_output_bytes),
-        }  # fmt: skip
-        if suite.kind == "assert":
-            job["trusted"] = {"tests": suite.tests, "setup": suite.setup, "entry_point": suite.entry_point}
-        return job
+        cgroups = self.sandbox.cgroups
+        return Job(
+            kind=suite.kind, code=code, fn_name=suite.fn_name,
+            # Assert tests hold the expected values: they go to the tests' process only (``_trusted``).
+            tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
+            cpu_s=s.test_cpu_s, wall_s=s.test_wall_s,
+            sample_s=max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
+            memory_bytes=s.memory_mb << 20, nofile=s.max_open_files,
+            # The rlimit counts a uid's threads too: with a cgroup, the cgroup's task limit decides.
+            nproc=s.max_threads if cgroups.version else s.max_processes,
+            fsize=s.max_file_bytes, output_bytes=s.max_output_bytes, tmp_bytes=s.tmp_mb << 20,
+            # The same for every sample: nothing the program can read depends on its answers.
+            keep_bytes=self._kept_bytes(),
+            cgroup_version=cgroups.version,
+            cgroup_memory_bytes=(s.memory_mb + s.tmp_mb + SUPERVISOR_MB) << 20,
+            cgroup_tasks=s.max_threads + SUPERVISOR_TASKS,
+        )  # fmt: skip
 
-    def trial(self, code: str) -> dict[str, Any]:
+    @staticmethod
+    def _trusted(suite: Suite) -> TrustedTests | None:
+        """An assert label's code, for the tests' process alone."""
+        if suite.kind != "assert":
+            return None
+        return TrustedTests(tests=list(suite.tests), setup=suite.setup, entry_point=suite.entry_point)
+
+    def _kept_bytes(self) -> int:
+        """How much of a stdin test's stdout or a call's answer is kept for comparison."""
+        return min(self.settings.compared_output_bytes, self.settings.max_output_bytes)
+
+    def trial(self, code: str) -> StdinOutcome:
         """What one run of ``code`` (empty stdin) reported, unjudged: for the startup checks."""
         deadline = time.monotonic() + self.timeout_s
         job = self._job(Suite("stdin", [""], [""]), code, deadline)
         with self.sandbox.slot(object(), self.timeout_s) as uid:
             if uid is None:
                 raise SandboxFailure("no run slot came free")
-            runs = self.sandbox.run({**job, "keep_bytes": self.settings.max_output_bytes}, uid)
+            runs = self.sandbox.run(dataclasses.replace(job, keep_bytes=self.settings.max_output_bytes), uid)
             try:
-                return next(runs)
+                run = next(runs)
+                if not isinstance(run, StdinOutcome):
+                    raise SandboxFailure(f"a trial run answered {run}")
+                return run
             finally:
                 runs.close()
 
-    def _judge(self, suite: Suite, run: dict[str, Any]) -> str:
+    def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""
         try:
-            return judge(suite, run["index"], run, self.settings.float_tolerance)
+            return judge(suite, run, self.settings.float_tolerance)
         except Exception as exc:  # e.g. RecursionError on deeply nested output
             log.warning("judging a code test failed (%s: %.200s); judged a runtime error", type(exc).__name__, exc)
             return "runtime_error"

@@ -9,6 +9,7 @@ process, apart from the candidate's (see ``zygote.CallRun``).
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import math
@@ -30,6 +31,8 @@ class Suite:
     # Assert tests: trusted code run before them in the tests' process (HumanEval's prompt,
     # MBPP's test_setup_code), so helpers the tests call are not the candidate's.
     setup: str = ""
+    # Why the label cannot test anything (its samples score 0 as ``invalid_label``), or "".
+    invalid: str = ""
 
 
 def _text(value: Any, what: str) -> str:
@@ -56,6 +59,16 @@ def _check_python(code: str) -> None:
         compile(code, "<label>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         raise Unprocessable(f"labels: test code does not compile: {exc}") from None
+
+
+NO_ENTRY_POINT = "its test defines check(candidate) but no 'entry_point' names the function to check"
+
+
+@functools.lru_cache(maxsize=4096)
+def _defines_check(code: str) -> bool:
+    """Whether test code defines ``check`` at its top level (HumanEval's form)."""
+    tree = ast.parse(code)
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "check" for node in tree.body)
 
 
 def parse_label(label: Any) -> Suite | str:
@@ -88,7 +101,8 @@ def parse_label(label: Any) -> Suite | str:
             raise Unprocessable("labels: 'entry_point' and 'setup' must be strings")
         for code in (setup, *tests):
             _check_python(code)
-        return Suite("assert", tests, [None] * len(tests), entry_point=entry, setup=setup)
+        invalid = "" if entry or not any(map(_defines_check, tests)) else NO_ENTRY_POINT
+        return Suite("assert", tests, [None] * len(tests), entry_point=entry, setup=setup, invalid=invalid)
     if "tests" in label:
         cases = label["tests"]
         if not isinstance(cases, list) or not all(

@@ -22,6 +22,7 @@ mechanism it would get.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -40,10 +41,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from services.code import cgroups, sandboxed
+from services.code.packages import SANDBOX_PATH
+from services.code.sandboxed import wire
+from services.code.sandboxed.wire import Job, Outcome, TrustedTests
+
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "unshare", "none")
-ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_text()
+ZYGOTE_SOURCE = sandboxed.bundle()
 # Root may do these inside bwrap; a test process loses them all when it drops its uid.
 # CAP_SYS_ADMIN lets each supervisor mount its sample's /tmp in a namespace of its own.
 BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
@@ -58,6 +64,8 @@ QUICK_RESTART_S = 10.0
 RESERVE_FROM_SLOTS = 8
 RESTART_PAUSE_S = 0.2
 RESTART_PAUSE_MAX_S = 5.0
+# Uids between the first uids of two workers' blocks (two per slot).
+UID_BLOCK = 2048
 
 
 class SandboxFailure(RuntimeError):
@@ -75,8 +83,9 @@ def interpreter_dirs() -> list[str]:
     return found
 
 
-def _visible_filesystem() -> list[str]:
-    """bwrap arguments for the zygote's root: system dirs, the interpreter, a root-only ``/tmp``.
+def _visible_filesystem(packages: str) -> list[str]:
+    """bwrap arguments for the zygote's root: system dirs, the interpreter, a root-only ``/tmp``,
+    and the programs' packages (``packages``, if any) at ``SANDBOX_PATH``.
 
     Every directory bwrap creates on the way to a bind is made 0755 first: bwrap would make
     it 0700, which the sandbox uids cannot cross (a Python under ``/root`` would not import).
@@ -96,16 +105,18 @@ def _visible_filesystem() -> list[str]:
         for parent in reversed(list(parents)[:-1]):  # from the top, without "/"
             args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", path, path]
+    if packages:
+        args += ["--ro-bind", packages, SANDBOX_PATH]
     return args
 
 
-def _prefix(isolation: str) -> list[str]:
+def _prefix(isolation: str, packages: str = "") -> list[str]:
     """Command prefix that puts the zygote in ``isolation``."""
     if isolation == "bwrap":
         caps = [arg for cap in BWRAP_CAPS for arg in ("--cap-add", cap)]
         return [
             "bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session", "--clearenv", *_visible_filesystem(),
+            "--die-with-parent", "--new-session", "--clearenv", *_visible_filesystem(packages),
             "--dev", "/dev", "--proc", "/proc", *caps,
         ]  # fmt: skip
     if isolation == "unshare":
@@ -131,39 +142,23 @@ def strongest() -> str:
     return next(name for name in ISOLATIONS if available(name))
 
 
-def _send(sock: socket.socket, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    sock.sendall(struct.pack("!I", len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise SandboxFailure("sandbox supervisor closed the connection before the end")
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv(sock: socket.socket) -> dict[str, Any]:
-    (length,) = struct.unpack("!I", _recv_exact(sock, 4))
-    return json.loads(_recv_exact(sock, length))
-
-
 def claim_uids(base: int, count: int, blocks: int = 64) -> tuple[int, int]:
     """A block of ``count`` uids no other worker on this host uses: (first uid, lock fd).
 
-    Each worker holds an exclusive lock on its block's file for its lifetime.
+    Each worker holds an exclusive lock on its block's file for its lifetime. Blocks are
+    ``UID_BLOCK`` apart whatever ``count`` is, so workers with different slot counts never
+    overlap.
     """
+    if count > UID_BLOCK:
+        raise SandboxFailure(f"{count} uids per worker; at most {UID_BLOCK} (max_parallel up to {UID_BLOCK // 2})")
     for block in range(blocks):
-        fd = os.open(f"/tmp/scorer-code-uids-{base}-{block}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fd = os.open(f"/tmp/scorer-code-uid-block-{base}-{block}.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        return base + block * count, fd
+        return base + block * UID_BLOCK, fd
     raise SandboxFailure(f"all {blocks} uid blocks from {base} are taken by other workers")
 
 
@@ -232,10 +227,16 @@ class FairSlots:
 
 
 class Sandbox:
-    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid."""
+    """A warm zygote in ``isolation`` plus ``slots`` run slots, each with its own uid, the
+    worker's cgroups (``cgroups.setup``: ``wanted`` is "auto" or "off") its samples' are made
+    in, and the directory ``packages`` its programs may import from (read-only)."""
 
-    def __init__(self, isolation: str, slots: int, uid_base: int) -> None:
+    def __init__(
+        self, isolation: str, slots: int, uid_base: int, wanted_cgroups: str = "auto", packages: str = ""
+    ) -> None:
         self.isolation = isolation
+        self.cgroups = cgroups.setup(wanted_cgroups)
+        self.packages = packages
         # Each slot has two uids: its candidates' (``uids``) and, ``slots`` above it, its tests'.
         first_uid, self._uid_lock = claim_uids(uid_base, 2 * slots)
         self.uids = range(first_uid, first_uid + slots)
@@ -263,13 +264,17 @@ class Sandbox:
         listener.listen(512)
         # The base interpreter, not the venv's link to it: the zygote needs only the standard
         # library, and only the interpreter's own prefix is visible in the sandbox.
-        command = [*_prefix(self.isolation), os.path.realpath(sys.executable), "-I", "-S", "-c", ZYGOTE_SOURCE]
+        self.cgroups.sweep()
+        binds = self.cgroups.bwrap_binds() if self.isolation == "bwrap" else []
+        python = os.path.realpath(sys.executable)
+        spec = json.dumps({"version": self.cgroups.version, "dirs": self.cgroups.sandbox_dirs(self.isolation)})
+        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", ZYGOTE_SOURCE]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
+        arguments = [str(listener.fileno()), spec, self._packages_path()]
         threading.Thread(
-            target=self._keep, args=([*command, str(listener.fileno())], listener, spawned),
-            name="code-zygote", daemon=True,
+            target=self._keep, args=([*command, *arguments], listener, spawned), name="code-zygote", daemon=True,
         ).start()  # fmt: skip
         proc = spawned.get()
         if isinstance(proc, BaseException):
@@ -281,6 +286,10 @@ class Sandbox:
             self._stop_locked()
             raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start")
         log.info("code sandbox ready: isolation=%s", self.isolation)
+
+    def _packages_path(self) -> str:
+        """Where the zygote finds the programs' packages ("" for none)."""
+        return SANDBOX_PATH if self.packages and self.isolation == "bwrap" else self.packages
 
     def _restart(self) -> None:
         """Restart a dead zygote, once however many runs found it dead.
@@ -324,6 +333,7 @@ class Sandbox:
         with self._lock:
             self._stop_locked()
         shutil.rmtree(self._dir, ignore_errors=True)
+        self.cgroups.remove()
         os.close(self._uid_lock)
 
     def alive(self) -> bool:
@@ -341,29 +351,27 @@ class Sandbox:
         finally:
             self._slots.release(owner, uid)
 
-    def run(self, job: dict[str, Any], uid: int) -> Iterator[dict[str, Any]]:
-        """Run ``job`` as ``uid``; yields one result per test. Raises ``SandboxFailure``.
+    def run(self, job: Job, uid: int, trusted: TrustedTests | None = None) -> Iterator[Outcome]:
+        """Run ``job`` as ``uid``; yields one outcome per test. Raises ``SandboxFailure``.
 
-        ``job["trusted"]`` (assert tests: the label's code) is sent apart, after the rest.
+        ``trusted`` (assert tests: the label's code) is sent apart, after the job.
         """
         if not self.alive():
             self._restart()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(job["sample_s"] + 10.0)
+        sock.settimeout(job.sample_s + 10.0)
         try:
             try:
                 sock.connect(self._socket_path)
-                trusted = job.get("trusted")
-                header = {key: value for key, value in job.items() if key != "trusted"}
-                _send(sock, {**header, "uid": uid, "gid": uid, "test_uid": uid + len(self.uids)})
+                wire.send(sock, dataclasses.replace(job, uid=uid, gid=uid, test_uid=uid + len(self.uids)))
                 if trusted is not None:  # read by the tests' process alone, never by the candidate's
-                    _send(sock, trusted)
+                    wire.send(sock, trusted)
                 while True:
-                    message = _recv(sock)
-                    if message.get("done"):
+                    message = wire.recv(sock)
+                    if isinstance(message, wire.Done):
                         return
                     yield message
-            except (OSError, struct.error, ValueError) as exc:
+            except (OSError, EOFError, struct.error, ValueError) as exc:
                 raise SandboxFailure(f"sandbox run failed: {exc}") from exc
         finally:
             sock.close()

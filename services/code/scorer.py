@@ -22,7 +22,7 @@ from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
-from services.code import environments, sandbox
+from services.code import environments, packages, sandbox
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample, Verdict
 from services.code.labels import Suite, parse_label
@@ -39,11 +39,16 @@ STDLIB_MODULES = (
     "string", "struct", "typing", "unicodedata", "zlib",
 )  # fmt: skip
 REPOSITORY = Path(__file__).resolve().parents[2]
+# The most decimal digits an integer of a request may have (CPython's default is 4,300).
+# Parsing one costs time quadratic in its digits: 16 ns a digit at 4,300, 71 at 20,000, 357
+# at 100,000, so a body of such integers costs at most about 4.5 times what it costs at the
+# default. A program's answers and arguments cross as hexadecimal past 4,300 digits (linear).
+INT_MAX_DIGITS = 20_000
 # Prints what is wrong, or "ok".
-STARTUP_PROBE = f"""
+STARTUP_PROBE = """
 import os
 broken = []
-for name in {STDLIB_MODULES!r}:
+for name in {modules!r}:
     try:
         __import__(name)
     except BaseException as exc:
@@ -54,8 +59,8 @@ except BaseException as exc:
     broken.append(f"a non-ASCII identifier ({{type(exc).__name__}}: {{exc}})")
 if broken:
     print("cannot import: " + "; ".join(broken))
-elif os.path.exists({str(REPOSITORY)!r}):
-    print("can see the checkout, " + {str(REPOSITORY)!r})
+elif os.path.exists({repository!r}):
+    print("can see the checkout, " + {repository!r})
 else:
     print("ok")
 """
@@ -88,6 +93,15 @@ class CodeScorer(Scorer):
         problem = preflight()
         if problem:
             raise ConfigError(problem)
+        absent = packages.missing(s.sandbox_packages)
+        if absent:
+            raise ConfigError(
+                f"the code sandbox's packages {', '.join(absent)} ({env_name(SECTION, 'sandbox_packages')}) are not "
+                f"installed in {packages.PACKAGES_DIR}: `bash run.sh code` installs them, or "
+                "`python -m services.code.packages` with the service's interpreter"
+            )
+        # This worker serves the code verifier alone: labels may hold integers past CPython's default.
+        sys.set_int_max_str_digits(INT_MAX_DIGITS)
         self.environment = self._load_environment(s.env) if s.env else None
         self.isolation = self._choose_isolation()
         self.sandbox: sandbox.Sandbox | None = None
@@ -119,7 +133,8 @@ class CodeScorer(Scorer):
     def setup(self, device: str) -> None:
         """Start the warm zygote and grade one known-good program through it."""
         s = self.settings
-        self.sandbox = sandbox.Sandbox(self.isolation, s.max_parallel, s.uid_base)
+        shown = str(packages.PACKAGES_DIR) if s.sandbox_packages else ""
+        self.sandbox = sandbox.Sandbox(self.isolation, s.parallel, s.uid_base, s.cgroups, shown)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
         self.grader = Grader(s, self.sandbox, self.core.request_timeout_s)
@@ -129,22 +144,25 @@ class CodeScorer(Scorer):
             raise RuntimeError(f"the code sandbox failed its self-check: {verdict.status}")
         self._check_what_programs_see()
         log.warning(
-            "code sandbox isolation: %s (uids %d-%d, %d slots); environment: %s",
-            self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.max_parallel, s.env or "none",
+            "code sandbox isolation: %s (uids %d-%d, %d slots); resource limits: %s; environment: %s",
+            self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.parallel,
+            self.sandbox.cgroups.describe(), s.env or "none",
         )  # fmt: skip
 
     def _check_what_programs_see(self) -> None:
         """Refuse to start unless a sandbox uid imports the standard library and, in bwrap,
         cannot see the checkout."""
         assert self.grader is not None
-        run = self.grader.trial(STARTUP_PROBE)
-        said = run.get("stdout", "").strip()
+        modules = (*STDLIB_MODULES, *packages.top_level_modules(self.settings.sandbox_packages))
+        run = self.grader.trial(STARTUP_PROBE.format(modules=modules, repository=str(REPOSITORY)))
+        said = run.stdout.strip()
         if said == "ok" or (self.isolation != "bwrap" and said.startswith("can see the checkout")):
             return
         interpreter = os.path.realpath(sys.executable)
-        error = "" if said else ": " + (run.get("stderr", "") + run.get("result", ""))[-500:]
+        error = "" if said else ": " + (run.stderr + run.result)[-500:]
         raise RuntimeError(
             f"the code sandbox's programs (uid {self.grader.sandbox.uids[0]}) {said or 'failed'}{error}. "
+            f"Packages beyond the standard library come from {packages.PACKAGES_DIR}. "
             f"The interpreter {interpreter} "
             f"(its prefix and standard library: {', '.join(sandbox.interpreter_dirs())}) must be readable "
             "by every uid; with bubblewrap only those directories are shown to programs, with a weaker "
@@ -225,6 +243,8 @@ class CodeScorer(Scorer):
     def info(self) -> dict[str, Any]:
         return {
             "isolation": self.isolation,
+            "resource_limits": self.sandbox.cgroups.describe() if self.sandbox else None,
+            "parallel": self.settings.parallel,
             "environment": self.settings.env or None,
             "environments": environments.names(),
             "settings": asdict(self.settings),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,7 +15,8 @@ class CodeSettings:
     # The environment (services/code/environments) that grades samples whose label is empty.
     env: str = ""
     # Runs executing at once (one request: one less); a request waits for a slot without holding one.
-    max_parallel: int = 32
+    # 0: SLOTS_PER_CORE per core, as many as the memory holds, at least MIN_PARALLEL (``parallel``).
+    max_parallel: int = 0
     # Deprecated, kept one release: the request's deadline is the core's SCORER_REQUEST_TIMEOUT_S
     # (from the request's arrival) for every service; this sets it when that is unset.
     request_timeout_s: float | None = None
@@ -22,22 +24,37 @@ class CodeSettings:
     retry_pause_s: float = 1.0
     # "fraction" of tests passed, or "all" (1 only when every test passes).
     scoring: Literal["fraction", "all"] = "fraction"
-    # Per test: CPU seconds, and wall seconds (catches sleeping); per sample: wall seconds.
+    # Per test: CPU seconds, and wall seconds of its own (catches sleeping; time spent waiting for
+    # a CPU others hold does not count); per sample: wall seconds.
     test_cpu_s: float = 4.0
     test_wall_s: float = 10.0
     sample_wall_s: float = 60.0
     # Limits of each test process.
     memory_mb: int = 1024
+    # Tasks (processes and threads) per sample, enforced by its cgroup; without cgroups, the
+    # rlimit on a uid's tasks is max_processes (it counts threads too).
+    max_threads: int = 256
     max_processes: int = 16
     max_open_files: int = 64
     max_file_bytes: int = 16 << 20
     max_output_bytes: int = 16 << 20
+    # Of a stdin test's stdout or a call's answer, the most kept for comparison (longer: a
+    # wrong answer, or a call's output over the limit). The same for every sample, so nothing
+    # a program reads depends on the expected outputs; a label whose expected output needs
+    # more (over half of it on stdin, a quarter as a call's JSON) is an invalid label.
+    compared_output_bytes: int = 4 << 20
     # Size of each sample's own /tmp (also its /dev/shm) and the most SysV shared memory it holds.
     tmp_mb: int = 64
     # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.
     float_tolerance: float = 0.0
+    # Packages graded programs may import beyond the standard library: pip requirements,
+    # separated by spaces or commas, installed by run.sh into .sandbox-packages/ (see packages.py).
+    sandbox_packages: str = "numpy==2.4.6 sortedcontainers==2.4.0"
     # Isolation: "auto" takes the strongest the host offers (bwrap > unshare > none).
     sandbox: Literal["auto", "bwrap", "unshare", "none"] = "auto"
+    # A cgroup per sample (memory incl. shared memory, tasks, CPU time) where the node lets us
+    # make them ("auto"), or rlimits only ("off").
+    cgroups: Literal["auto", "off"] = "auto"
     # Name of a weaker isolation than bwrap that the operator accepts ("unshare" or "none").
     allow_weak_sandbox: str = ""
     # Test processes run as uids from here on, one per slot (and per worker).
@@ -51,3 +68,27 @@ class CodeSettings:
     # 2,000,000-character cap written as a list of small numbers is ~1 M values); 4 M values
     # cost ~300 MB and ~2 s to build.
     max_json_values: int = 4_000_000
+
+    @property
+    def parallel(self) -> int:
+        """Runs at once: ``max_parallel``, or when 0 ``SLOTS_PER_CORE`` per core this process may
+        use, no more than the node's memory holds at one sample's cgroup limit each (so a
+        sample's own limit, not the node's OOM killer, stops a hog), and at least
+        ``MIN_PARALLEL`` (so that one slot can be kept from any single request).
+
+        Several per core, because a call-based sample spends much of its time waiting on pipes
+        (candidate, supervisor, tests' process take turns), and more runs than cores cannot
+        time out a correct program: limits count CPU time and a process's own wall time.
+        """
+        if self.max_parallel:
+            return self.max_parallel
+        cores = len(os.sched_getaffinity(0))
+        sample_bytes = (self.memory_mb + self.tmp_mb + SUPERVISOR_MB) << 20
+        memory_holds = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // sample_bytes
+        return max(MIN_PARALLEL, min(SLOTS_PER_CORE * cores, memory_holds))
+
+
+MIN_PARALLEL = 8
+SLOTS_PER_CORE = 4
+# What a sample's cgroup allows its supervisor beyond the program's memory and /tmp.
+SUPERVISOR_MB = 64

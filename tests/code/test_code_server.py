@@ -498,8 +498,10 @@ def _kb(pid: int, path: str, field: str) -> int:
 
 def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
     """32 samples printing 16 MiB each grew the host by 7 GB: each supervisor kept all of it,
-    and the worker received it all. A call's answer is bounded the same way."""
+    and the worker received it all. What is kept is ``compared_output_bytes``; a call's answer
+    is bounded the same way."""
     env = {**ENV, "SCORER_CODE_MAX_OUTPUT_BYTES": str(16 << 20), "SCORER_CODE_TEST_WALL_S": "4"}
+    env["SCORER_CODE_COMPARED_OUTPUT_BYTES"] = str(1 << 20)
     printer = "import sys, time\nfor _ in range(15):\n    sys.stdout.write('x' * (1 << 20))\n"
     printer += "sys.stdout.flush()\ntime.sleep(2)"
     returner = "def f(x):\n    return 'x' * (15 << 20)"
@@ -533,7 +535,7 @@ def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
 
 
 def _zygote(root: int) -> int:
-    """The zygote under gunicorn master ``root``: the root-owned process running zygote.py
+    """The zygote under gunicorn master ``root``: the root-owned process running the sandboxed zygote
     whose parent does not."""
     tree = _tree(root)
     return next(

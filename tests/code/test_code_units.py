@@ -8,7 +8,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict, namedtuple
 
 import pytest
 
@@ -16,13 +16,14 @@ from common.config import ConfigError
 from common.errors import Unprocessable
 from common.settings import CoreSettings
 from services.code import environments
+from services.code.cgroups import Cgroups
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite, parse_label, result_matches, stdout_matches
 from services.code.sandbox import FairSlots, SandboxFailure
+from services.code.sandboxed.wire import StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
-from services.code.zygote import from_plain, to_plain
 
 pytestmark = pytest.mark.unit
 
@@ -76,10 +77,16 @@ def test_plain_data_crosses_as_fresh_builtins() -> None:
         def __eq__(self, other: object) -> bool:
             return True
 
-    for bad in (object(), Int(1), [len], {1: iter([])}, range(3)):
+    # A builtin's subclass crosses as its plain value: what it overrides stays behind.
+    forged = from_plain(json.dumps(to_plain([Int(1), Counter("ab"), namedtuple("P", "x")(3), OrderedDict(a=1)])))
+    assert forged == [1, {"a": 1, "b": 1}, (3,), {"a": 1}] and forged[0] != 2
+    assert [type(item) for item in forged] == [int, dict, tuple, dict]
+    # Past 4,300 digits an integer crosses as hex; a longer decimal one is refused.
+    assert from_plain(json.dumps(to_plain(-(10**9000)))) == -(10**9000)
+    for bad in (object(), [len], {1: iter([])}, range(3)):
         with pytest.raises(TypeError):
             to_plain(bad)
-    for text in ('{"t": 1}', '{"x": []}', '{"t": [], "s": []}', '{"b": "zz"}'):
+    for text in ('{"t": 1}', '{"x": []}', '{"t": [], "s": []}', '{"b": "zz"}', '{"i": 5}', "1" * 4301):
         with pytest.raises(ValueError):
             from_plain(text)
     with pytest.raises(TypeError):  # a list cannot be a dict key or a set member
@@ -113,20 +120,22 @@ class FailingSandbox:
         self.programs = programs
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self.isolation = "none"
+        self.cgroups = Cgroups(0, reason="a fake sandbox")
 
     def slot(self, owner: object, timeout: float):
         import contextlib
 
         return contextlib.nullcontext(61000)
 
-    def run(self, job, uid):
+    def run(self, job, uid, trusted=None):
         with self._lock:
-            self.calls[job["code"]] += 1
-            calls = self.calls[job["code"]]
-        if (self.programs is None or job["code"] in self.programs) and calls <= self.failures:
+            self.calls[job.code] += 1
+            calls = self.calls[job.code]
+        if (self.programs is None or job.code in self.programs) and calls <= self.failures:
             raise SandboxFailure("worker died")
-        ran = {"exit": 0, "timed_out": False, "output_exceeded": False, "stdout": "ok", "stderr": "", "result": ""}
-        yield from ({**ran, "index": i} for i in range(len(job["tests"])))
+        for index in range(len(job.tests)):
+            yield StdinOutcome(index, 0, False, False, False, 0.0, 0.0, stdout="ok", stderr="", result="")
 
 
 SUITE = Suite("stdin", ["", ""], ["ok", "ok"])

@@ -1,0 +1,51 @@
+"""What runs inside the code sandbox, one module per process role (stdlib only, no other imports).
+
+- ``wire``: the messages between the server and a sample's supervisor (typed, framed JSON),
+  the plain-data codec of calls and answers, and the fd numbers of the pipes between processes;
+- ``confine``: what confines a program's processes (namespaces, seccomp, rlimits, uids) and
+  clears up after them;
+- ``harness``: the bodies of the processes that run untrusted or label code: a stdin program,
+  the candidate's call server, the assert tests' process;
+- ``supervisor``: one sample, trusted (root): runs its tests, times them, streams their outcomes;
+- ``zygote``: the warm fork server that forks a supervisor per connection.
+
+``sandbox.Sandbox`` ships this package's sources into the sandbox as one unit (``bundle``),
+since the sandbox's root holds no checkout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MODULES = ("wire", "confine", "harness", "supervisor", "zygote")
+
+
+def bundle() -> str:
+    """Python source that loads this package from sources held in itself, then runs the zygote:
+    what ``python -I -S -c`` runs in the sandbox."""
+    here = Path(__file__).parent
+    sources = {f"{__name__}.{name}": (here / f"{name}.py").read_text() for name in MODULES}
+    parts = __name__.split(".")
+    packages = [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+    return BOOT.format(sources=repr(sources), packages=repr(packages), main=f"{__name__}.zygote")
+
+
+# Registers each shipped module's source with the import system (empty parent packages), so the
+# modules import each other as they do in the checkout.
+BOOT = """
+import importlib.abc, importlib.util, sys
+SOURCES = {sources}
+PACKAGES = {packages}
+class _Shipped(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in SOURCES or name in PACKAGES:
+            return importlib.util.spec_from_loader(name, self, is_package=name in PACKAGES)
+        return None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        source = SOURCES.get(module.__name__, "")
+        exec(compile(source, "<sandboxed " + module.__name__ + ">", "exec"), module.__dict__)
+sys.meta_path.insert(0, _Shipped())
+importlib.import_module({main!r}).main()
+"""

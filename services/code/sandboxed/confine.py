@@ -1,0 +1,378 @@
+"""What confines a sample's processes, and what is left of them afterwards: nothing.
+
+Each sample gets mount, IPC, network, UTS and PID namespaces and a cgroup of its own
+(``private_namespaces``, ``SampleCgroup``), made for it ahead of it and never reused. Each
+process that runs a program or a label's code is forked by ``spawn``: it drops to an
+unprivileged uid of the slot, no groups, no new privileges, rlimits (``limit``), and a seccomp
+filter that refuses namespaces (``forbid_shared_kernel_state``); the candidate's process also refuses
+new processes (``forbid_new_processes``). ``clean_up`` kills whatever a test left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+import time
+import typing
+
+from services.code.sandboxed.wire import Job
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_DUMPABLE = 4
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
+    0x20000,
+    0x4000000,
+    0x8000000,
+    0x20000000,
+    0x40000000,
+)
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 12, 1 << 14, 1 << 18
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
+TMP_INODES = 4096
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A program's stack to begin with; it may raise it (the hard limit is unlimited: its address
+# space and its sample's memory cgroup bound it).
+STACK_BYTES = 64 << 20
+M_ARENA_MAX, MALLOC_ARENAS = -8, 2
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(option, value, 0, 0, 0)
+
+
+def private_namespaces() -> None:
+    """Give the next sample namespaces of its own, made for it and gone with it.
+
+    Network: only a loopback of its own (no address, abstract socket or port another sample
+    sees). IPC: SysV and POSIX queues of its own. Mounts: its own (``private_tmp``). PID: the
+    next process forked is the sample's init (``enter_own_pids``), whose exit kills every
+    process left in it.
+    """
+    _check(_LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWUTS), "unshare")
+    _check(_LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+
+
+def private_tmp(job: Job) -> None:
+    """The sample's writable place: a tmpfs of ``tmp_bytes`` on ``/tmp``, also on ``/dev/shm``,
+    owned by its uid; and its IPC namespace's shared memory limited to ``tmp_bytes`` too."""
+    size = job.tmp_bytes
+    options = f"size={size},nr_inodes={TMP_INODES},mode=0700,uid={job.uid},gid={job.gid}".encode()
+    _check(_LIBC.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount /tmp")
+    if os.path.isdir("/dev/shm"):
+        _check(_LIBC.mount(b"/tmp", b"/dev/shm", None, MS_BIND, None), "mount /dev/shm")
+    for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
+        with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
+            sysctl.write(str(value))
+
+
+def enter_own_pids() -> None:
+    """In the sample's init (the first process of its PID namespace): a ``/proc`` that lists
+    only the sample's processes."""
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    _check(_LIBC.mount(b"proc", b"/proc", b"proc", flags, None), "mount /proc")
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+# Syscall numbers by ABI (0xFFFFFFFF: the ABI has none).
+SYSCALLS = {
+    "x86_64": {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "unshare": 272, "setns": 308,
+               "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319},
+    "aarch64": {"fork": 0xFFFFFFFF, "vfork": 0xFFFFFFFF, "clone": 220, "clone3": 435, "unshare": 97, "setns": 268,
+                "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279},
+}  # fmt: skip
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+X32_SYSCALL_BIT = 0x40000000
+CLONE_THREAD, EPERM, ENOSYS = 0x10000, 1, 38
+# Every CLONE_NEW* flag of clone.
+CLONE_NEW_ANY = 0x7E020000
+# Classic BPF instructions of the filters (load word, jump if equal / greater or equal / bits
+# set, return) and the filters' verdicts.
+BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+SECCOMP_ALLOW, SECCOMP_KILL = 0x7FFF0000, 0x80000000
+SECCOMP_EPERM, SECCOMP_ENOSYS = 0x50000 | EPERM, 0x50000 | ENOSYS
+
+
+def forbid_new_processes() -> None:
+    """A seccomp filter: no fork, vfork or clone without ``CLONE_THREAD`` (``clone3`` answers
+    ENOSYS, so threads fall back to ``clone``). The candidate's process is then the only one
+    its code runs in, and its CPU time, threads included, is all in ``/proc/<pid>/stat``."""
+    _seccomp(_refusing(("fork", "vfork"), clone_allowed_only_with=CLONE_THREAD))
+
+
+def forbid_shared_kernel_state(memfd: bool) -> None:
+    """A seccomp filter: no ``unshare``, ``setns`` or ``clone`` into new namespaces, no key
+    management (``add_key``, ``request_key``, ``keyctl``), and ``memfd_create`` only with
+    ``memfd`` (a cgroup counts its pages; no rlimit does); ``clone3`` answers ENOSYS, so
+    threads and ``posix_spawn`` fall back to ``clone``. Unprivileged, a user namespace would
+    give a program its own mounts (a tmpfs past every limit); the kernel's key store is kept
+    per uid, not per namespace, so a key would outlive its sample for the next one."""
+    refused = ("unshare", "setns", "add_key", "request_key", "keyctl") + (() if memfd else ("memfd_create",))
+    _seccomp(_refusing(refused, clone_refused_with=CLONE_NEW_ANY))
+
+
+def _refusing(
+    refused: tuple[str, ...], clone_refused_with: int = 0, clone_allowed_only_with: int = 0
+) -> list[tuple[int, int, int, int]]:
+    """A filter's BPF program: this ABI only (another is killed), ``refused`` calls answer
+    EPERM, ``clone3`` ENOSYS, ``clone`` EPERM with any flag of ``clone_refused_with`` or
+    without every flag of ``clone_allowed_only_with``; all else is allowed."""
+    machine = os.uname().machine
+    numbers = SYSCALLS[machine]
+    ld, jeq, jge, jset, ret = BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET
+    checks = [(jeq, numbers[name]) for name in refused]
+    # Layout: header (5), one jeq per refused call, clone3, clone, load flags, test flags, then
+    # the verdicts ALLOW, EPERM, ENOSYS, KILL. Jumps count from the next instruction.
+    first_check = 5
+    clone3_at = first_check + len(checks)
+    allow_at = clone3_at + 4
+    eperm_at, enosys_at, kill_at = allow_at + 1, allow_at + 2, allow_at + 3
+    program = [
+        (ld, 0, 0, 4), (jeq, 1, 0, AUDIT_ARCH[machine]), (ret, 0, 0, SECCOMP_KILL),
+        (ld, 0, 0, 0), (jge, kill_at - 5, 0, X32_SYSCALL_BIT),
+    ]  # fmt: skip
+    for at, (code, number) in enumerate(checks, start=first_check):
+        program.append((code, eperm_at - at - 1, 0, number))
+    program.append((jeq, enosys_at - clone3_at - 1, 0, numbers["clone3"]))
+    program.append((jeq, 0, allow_at - clone3_at - 2, numbers["clone"]))
+    program.append((ld, 0, 0, 16))  # clone's first argument: its flags
+    if clone_allowed_only_with:
+        program.append((jset, 0, 1, clone_allowed_only_with))  # set: allow; else EPERM
+    else:
+        program.append((jset, 1, 0, clone_refused_with))  # set: EPERM; else allow
+    program += [(ret, 0, 0, SECCOMP_ALLOW), (ret, 0, 0, SECCOMP_EPERM), (ret, 0, 0, SECCOMP_ENOSYS),
+                (ret, 0, 0, SECCOMP_KILL)]  # fmt: skip
+    return program
+
+
+def _seccomp(program: list[tuple[int, int, int, int]]) -> None:
+    """Install a seccomp filter (BPF instructions: code, jump if true, jump if false, k)."""
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(program))(*(Filter(*insn) for insn in program))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), filters)), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
+def limit(job: Job, tests: int) -> None:
+    """Resource limits of a test process running ``tests`` tests (set before dropping root).
+
+    Its OOM score is the highest: if the node runs out of memory, a test dies, not the server.
+    It cannot make namespaces (``forbid_shared_kernel_state``).
+    """
+    with open("/proc/self/oom_score_adj", "w") as oom:
+        oom.write("1000")
+    # Threads share malloc's arenas: one of its own would reserve 64 MiB of the address space
+    # per thread, and a few threads would exhaust ``memory_bytes`` without using it.
+    _LIBC.mallopt(M_ARENA_MAX, MALLOC_ARENAS)
+    cpu = int(job.cpu_s * tests) + 1
+    memory = job.memory_bytes
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (memory, memory)),
+        (resource.RLIMIT_DATA, (memory, memory)),
+        (resource.RLIMIT_NPROC, (job.nproc, job.nproc)),
+        (resource.RLIMIT_NOFILE, (job.nofile, job.nofile)),
+        (resource.RLIMIT_FSIZE, (job.fsize, job.fsize)),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_STACK, (STACK_BYTES, resource.RLIM_INFINITY)),  # the program may raise it
+    ):
+        resource.setrlimit(res, value)
+    forbid_shared_kernel_state(memfd=bool(job.cgroup_version))
+
+
+def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None], tests: int) -> int:
+    """Fork a process that keeps only ``fds`` (its number: ours), drops to ``uid`` with the
+    rlimits of ``tests`` tests, no groups and no new privileges, and runs ``body``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            high = {target: fcntl.fcntl(source, fcntl.F_DUPFD, 256) for target, source in fds.items()}
+            for target, source in high.items():
+                os.dup2(source, target)
+            os.closerange(max(fds) + 1, 65536)
+            limit(job, tests)
+            os.chdir(cwd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            prctl(PR_SET_NO_NEW_PRIVS, 1)
+            os.environ.clear()
+            os.environ.update({"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"})
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            body()
+        finally:
+            os._exit(70)
+    return pid
+
+
+def cpu_seconds(stat: int) -> float:
+    """CPU time so far of a process and all its threads, from its ``/proc/<pid>/stat`` (open)."""
+    fields = os.pread(stat, 1024, 0).rpartition(b")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def kill_uid(uid: int) -> None:
+    """Kill every process of ``uid``: a helper with that uid signals -1 until none is left."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setuid(uid)
+            for _ in range(1000):
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def clean_up(uid: int) -> None:
+    """Leave nothing of a test running.
+
+    The sample's init is the parent of every orphan its tests left, so once it has no child
+    left, nothing is left; otherwise every process of the test's uid is killed and reaped.
+    """
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            kill_uid(uid)
+            with contextlib.suppress(ChildProcessError):
+                while True:
+                    os.waitpid(-1, 0)
+
+
+def sample_cpu_seconds() -> float:
+    """CPU time of every process of this sample but its init (the caller), threads included:
+    what its live processes used (and the children they reaped), plus what the init's reaped
+    children used. The sample's PID namespace holds its processes alone, and its init is the
+    parent of every orphan, so nothing is counted twice or lost."""
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ticks = 0
+    me = str(os.getpid())
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name == me:
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            ticks += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    return reaped.ru_utime + reaped.ru_stime + ticks / CLOCK_TICKS
+
+
+def sample_run_delay() -> float:
+    """The longest a live process of this sample (but its init) has waited for a CPU while
+    runnable: the time others' load took from a program of several processes (one waiting
+    on its starved children waits for its own reasons)."""
+    longest = 0.0
+    me = str(os.getpid())
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != me:
+            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{name}/schedstat", "rb") as stat:
+                longest = max(longest, int(stat.read().split()[1]) / 1e9)
+    return longest
+
+
+def run_delay(schedstat: int) -> float:
+    """Seconds a process has waited for a CPU while runnable, from its ``/proc/<pid>/schedstat``
+    (open): time others' load took from it, not its own."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(os.pread(schedstat, 256, 0).split()[1]) / 1e9
+    return 0.0
+
+
+# The files of a sample's cgroup by version: the memory limit, the task limit, the OOM kill
+# count (a line of the file).
+CGROUP_FILES = {
+    1: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "events": "memory.oom_control"},
+    2: {"memory": "memory.max", "pids": "pids.max", "events": "memory.events"},
+}
+
+
+class SampleCgroup:
+    """A sample's cgroup, made for it before it arrives and removed after its last process.
+
+    Bounds the sample as a whole: its memory, shared memory (tmpfs, memfd, SysV) included,
+    and its tasks (processes and threads). Its init joins it once per hierarchy, before the
+    sample arrives: moving a process between cgroups waits for an RCU grace period
+    (milliseconds), so the sample's processes are born in it instead of joining it.
+    """
+
+    def __init__(self, version: int, parents: dict[str, str]) -> None:
+        self.version, self.files = version, CGROUP_FILES[version]
+        name = f"sample-{os.getpid()}-{time.monotonic_ns()}"
+        self.dirs = {role: os.path.join(parent, name) for role, parent in parents.items()}
+        for path in dict.fromkeys(self.dirs.values()):
+            os.mkdir(path)
+
+    def set_limits(self, job: Job) -> None:
+        self._write(self.dirs["memory"], self.files["memory"], job.cgroup_memory_bytes)
+        if "pids" in self.dirs:
+            self._write(self.dirs["pids"], self.files["pids"], job.cgroup_tasks)
+        if self.version == 2:
+            with contextlib.suppress(FileNotFoundError):  # no swap for a sample
+                self._write(self.dirs["memory"], "memory.swap.max", 0)
+
+    @staticmethod
+    def _write(directory: str, name: str, value: int) -> None:
+        with open(os.path.join(directory, name), "w") as file:
+            file.write(str(value))
+
+    def add(self, pid: int) -> None:
+        """Put process ``pid`` (and so what it forks from now on) in the sample's cgroup."""
+        for path in dict.fromkeys(self.dirs.values()):
+            self._write(path, "cgroup.procs", pid)
+
+    def oom_kills(self) -> int:
+        """How many of the sample's processes the kernel killed at its memory limit so far."""
+        with open(os.path.join(self.dirs["memory"], self.files["events"])) as file:
+            return int(_field(file.read(), "oom_kill") or 0)
+
+    def remove(self) -> None:
+        """Remove the cgroup (its processes are gone: the kernel may take a moment to see it)."""
+        for path in dict.fromkeys(self.dirs.values()):
+            for _ in range(100):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def _field(text: str, key: str) -> str | None:
+    """The value of line ``key value`` in a cgroup file."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return value
+    return None

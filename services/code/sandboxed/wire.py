@@ -1,0 +1,220 @@
+"""What crosses between the sandbox's processes: typed messages, plain data, pipe numbers.
+
+Server <-> supervisor: one framed JSON message each way per step (a 4-byte length, then the
+JSON of a message dataclass tagged with its type): the ``Job`` in (and, for assert tests,
+``TrustedTests`` after it, read by the tests' process alone), then one outcome per test and
+``Done`` out. Candidate <-> supervisor <-> tests' process: lines of plain data (``to_plain``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+# A stdin program's result pipe (a compile error, before the program runs).
+RESULT_FD = 3
+# The candidate's process reads calls on fd 3 and answers on fd 4; the tests' process sends
+# calls and reports on fd 3, reads answers on fd 4, and its tests once from fd 5.
+CALLS_FD, ANSWERS_FD = 3, 4
+TESTER_OUT_FD, TESTER_IN_FD, TRUSTED_FD = 3, 4, 5
+# The candidate's first line once its code has loaded.
+LOADED = b'["loaded"]\n'
+# What is kept of a process's stderr (its tail) and of an error's message.
+STDERR_TAIL = 4096
+
+
+@dataclass
+class Job:
+    """One sample to run: its code and test inputs (never the expected outputs), and limits."""
+
+    kind: str  # "stdin", "call" or "assert"
+    code: str
+    fn_name: str | None
+    tests: list[Any]  # stdin: each test's input; call: each call's arguments; assert: one None per test
+    cpu_s: float
+    wall_s: float
+    sample_s: float
+    memory_bytes: int
+    nproc: int
+    nofile: int
+    fsize: int
+    output_bytes: int
+    tmp_bytes: int
+    keep_bytes: int
+    uid: int = 0  # the slot's candidate uid, and its tests' uid: set by the server per run
+    gid: int = 0
+    test_uid: int = 0
+    # The cgroups' version (0: none), and what bounds the sample's cgroup: its memory and its
+    # tasks (processes and threads).
+    cgroup_version: int = 0
+    cgroup_memory_bytes: int = 0
+    cgroup_tasks: int = 0
+
+
+@dataclass
+class TrustedTests:
+    """An assert label's code, for the tests' process only."""
+
+    tests: list[str]
+    setup: str
+    entry_point: str | None
+
+
+@dataclass
+class StdinOutcome:
+    """What a stdin test's process did (stdout kept up to the job's ``keep_bytes``)."""
+
+    index: int
+    exit: int
+    timed_out: bool
+    output_exceeded: bool
+    stdout_truncated: bool
+    cpu_s: float
+    wall_s: float
+    stdout: str
+    stderr: str
+    result: str  # what the harness reported before the program ran (a compile error)
+    oom_killed: bool = False  # the kernel killed a process of it at the sample's memory limit
+
+
+@dataclass
+class CallOutcome:
+    """A call-based test's answer line, or an assert test's report; ``failure`` when neither came."""
+
+    index: int
+    failure: str | None  # "timeout", "died", "memory_limit", "compile_error", "output_exceeded", "tester"
+    cpu_s: float
+    stderr: str
+    answer: str | None = None
+    report: dict[str, Any] | None = None
+
+
+@dataclass
+class Skipped:
+    """A test the sample's deadline left no time for."""
+
+    index: int
+
+
+@dataclass
+class Done:
+    """The sample's last message."""
+
+
+Outcome = StdinOutcome | CallOutcome | Skipped
+MESSAGES = {kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Skipped, Done)}
+
+
+def send(sock: socket.socket, message: object) -> None:
+    """Send one message (a dataclass above), framed."""
+    data = json.dumps({"type": type(message).__name__, **vars(message)}).encode()
+    sock.sendall(struct.pack("!I", len(data)) + data)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("the connection closed before the end of a message")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv(sock: socket.socket) -> Any:
+    """The next message; ``EOFError`` at a closed connection, ``ValueError`` if it is not one."""
+    (length,) = struct.unpack("!I", recv_exact(sock, 4))
+    fields = json.loads(recv_exact(sock, length))
+    kind = MESSAGES.get(fields.pop("type", None)) if isinstance(fields, dict) else None
+    if kind is None:
+        raise ValueError("not a sandbox message")
+    try:
+        return kind(**fields)
+    except TypeError as exc:
+        raise ValueError(f"a malformed {kind.__name__}: {exc}") from exc
+
+
+# -- plain data: what crosses between the candidate's process and the tests ----------------
+# JSON, with the containers JSON lacks tagged as one-key objects: {"t": [...]} a tuple,
+# {"s": [...]} a set, {"f": [...]} a frozenset, {"d": [[key, value], ...]} a dict, {"b": hex}
+# bytes, {"i": hex} an integer past ``DECIMAL_DIGITS`` (hexadecimal converts in linear time,
+# decimal in quadratic), {"c": [real, imag]} a complex, {"y": name} a builtin type (MBPP
+# passes ``int``). Decoding builds fresh builtin objects, so nothing the candidate defined
+# survives it.
+SCALARS = (type(None), bool, int, float, str)
+TYPES = {kind.__name__: kind for kind in (bool, bytes, complex, dict, float, frozenset, int, list, set, str, tuple)}
+UNTAG = {
+    "t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes.fromhex, "i": lambda text: int(text, 16),
+    "c": lambda parts: complex(*_numbers(parts, 2)), "y": TYPES.__getitem__,
+}  # fmt: skip
+STRING_TAGS = ("b", "i", "y")
+# The longest decimal integer decoded (CPython's default limit); longer ones cross as hex.
+DECIMAL_DIGITS = 4300
+HEX_FROM_BITS = 3 * DECIMAL_DIGITS  # under 10 ** DECIMAL_DIGITS
+
+
+def to_plain(value: object) -> object:
+    """``value`` as JSON-ready plain data; a ``TypeError`` for anything else.
+
+    Subclasses of the builtin types (``Counter``, ``defaultdict``, ``OrderedDict``, a
+    ``namedtuple``, an ``IntEnum``) and numpy's scalars and arrays become their plain values,
+    as CPython's ``==`` would compare them: whatever they override never crosses.
+    """
+    if value is None or type(value) is bool:
+        return value
+    if isinstance(value, int):
+        number = int.__int__(value)
+        return {"i": format(number, "x")} if number.bit_length() > HEX_FROM_BITS else number
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, list):
+        return [to_plain(item) for item in list.__iter__(value)]
+    if isinstance(value, tuple):
+        return {"t": [to_plain(item) for item in tuple.__iter__(value)]}
+    if isinstance(value, dict):
+        return {"d": [[to_plain(k), to_plain(v)] for k, v in dict.items(value)]}
+    if isinstance(value, (set, frozenset)):
+        return {"f" if isinstance(value, frozenset) else "s": [to_plain(item) for item in value]}
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": bytes(value).hex()}
+    if isinstance(value, complex):
+        return {"c": [value.real, value.imag]}
+    if isinstance(value, type) and TYPES.get(value.__name__) is value:
+        return {"y": value.__name__}
+    if type(value).__module__ == "numpy" and callable(getattr(value, "tolist", None)):
+        return to_plain(value.tolist())  # type: ignore[attr-defined]  # numpy: its Python values
+    raise TypeError(f"a {type(value).__name__} is not plain data")
+
+
+def _numbers(items: list, count: int) -> list[float]:
+    if len(items) != count or not all(type(item) in (int, float) for item in items):
+        raise ValueError("not plain data")
+    return [float(item) for item in items]
+
+
+def _untag(obj: dict) -> object:
+    if len(obj) != 1:
+        raise ValueError("not plain data")
+    ((tag, items),) = obj.items()
+    if tag not in UNTAG or not isinstance(items, str if tag in STRING_TAGS else list):
+        raise ValueError("not plain data")
+    try:
+        return UNTAG[tag](items)
+    except KeyError:  # not a type that crosses
+        raise ValueError("not plain data") from None
+
+
+def _decimal(text: str) -> int:
+    if len(text.lstrip("-")) > DECIMAL_DIGITS:
+        raise ValueError("a decimal integer too long to convert (longer ones cross as hex)")
+    return int(text)
+
+
+def from_plain(text: str | bytes) -> object:
+    """Plain data back from its JSON text (a ``ValueError`` or ``TypeError`` if it is not)."""
+    return json.loads(text, object_hook=_untag, parse_int=_decimal)
