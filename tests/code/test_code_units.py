@@ -28,6 +28,12 @@ from services.code.settings import CodeSettings
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture(autouse=True)
+def _no_sandbox_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process scorers need no packages directory (run.sh's set-up step installs it)."""
+    monkeypatch.setenv("SCORER_CODE_SANDBOX_PACKAGES", "")
+
+
 def test_last_fenced_block_after_special_tokens() -> None:
     text = "first\n```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```<|im_end|><|endoftext|>"
     assert extract_code(text) == "print(2)\n"
