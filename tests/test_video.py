@@ -5,6 +5,7 @@ chosen are never decoded, and the limits count frames (docs/ARCHITECTURE.md §5.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import pickle
@@ -18,6 +19,7 @@ import requests
 from PIL import Image
 from rapidfuzz.distance import Levenshtein
 
+from common import verl_omni
 from tests.images import blank, encode, render_text
 from tests.random_clip import save_random_clip
 from tests.server import gunicorn_server
@@ -267,3 +269,86 @@ def test_verl_omni_module_imports_with_the_clients_dependencies_only(tmp_path: P
         [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+def compute(url: str, sample: object, prompt: str = "p", **kwargs: object) -> float:
+    """VeRL-Omni's call of the drop-in reward function, in an event loop of its own."""
+
+    async def call() -> dict:
+        try:
+            return await verl_omni.compute_score(solution_image=sample, ground_truth=prompt, server_url=url, **kwargs)
+        finally:
+            await verl_omni.compute_score._session.close()
+
+    result = asyncio.run(call())
+    assert set(result) == {"score"}
+    return result["score"]
+
+
+def test_verl_omni_module_sends_whole_videos_and_images(aesthetic_server: str) -> None:
+    import torch
+
+    rng = np.random.default_rng(5)
+    video = rng.integers(0, 256, (9, 64, 80, 3), dtype=np.uint8)  # THWC
+    sent = [verl_omni.encode_frame(frame) for frame in video]  # JPEG, as the stock client sends
+    alone = scored(aesthetic_server, {"images": sent, "prompts": ["p"] * 9})["scores"]
+
+    def mean(chosen: range) -> float:
+        return math.fsum(alone[i] for i in chosen) / len(chosen)
+
+    tchw = torch.from_numpy(video).permute(0, 3, 1, 2)
+    assert compute(aesthetic_server, video) == pytest.approx(mean(range(0, 9, 4)), abs=TOLERANCE)  # default 4
+    assert compute(aesthetic_server, tchw, extra_info={"frame_interval": 3}) == pytest.approx(
+        mean(range(0, 9, 3)), abs=TOLERANCE
+    )
+    cthw_float = tchw.permute(1, 0, 2, 3).float() / 255  # floats in [0, 1], channels first
+    assert compute(aesthetic_server, cthw_float, frame_interval=2, extra_info={"frame_interval": 3}) == pytest.approx(
+        mean(range(0, 9, 2)), abs=TOLERANCE
+    )
+    assert compute(aesthetic_server, tchw[None], frame_interval=1) == pytest.approx(mean(range(9)), abs=TOLERANCE)
+    # An image (CHW, or a batch of one), as the stock client sends it: the JPEG of the image.
+    assert compute(aesthetic_server, tchw[4]) == pytest.approx(alone[4], abs=TOLERANCE)
+    assert compute(aesthetic_server, tchw[4:5]) == pytest.approx(alone[4], abs=TOLERANCE)
+    with pytest.raises(RuntimeError, match=r"HTTP 413: prompts\[0\] has 9000 characters"):
+        compute(aesthetic_server, video, prompt="x" * 9000)
+
+
+def test_verl_omni_module_retries_as_the_stock_client() -> None:
+    """408, 429, 5xx and dropped connections are retried ``max_retries`` times with doubling
+    backoff; other statuses raise at once."""
+    from aiohttp import web
+
+    async def serve(statuses: list[int], **kwargs: object) -> tuple[float | str, int]:
+        seen: list[int] = []
+
+        async def handler(request: web.Request) -> web.Response:
+            await request.read()
+            status = statuses[min(len(seen), len(statuses) - 1)]
+            seen.append(status)
+            body = {"scores": [0.25], "outputs": [0.25]} if status == 200 else {"error": f"status {status}"}
+            return web.Response(status=status, body=pickle.dumps(body))
+
+        app = web.Application()
+        app.router.add_post("/", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            result = await verl_omni.compute_score(
+                np.zeros((3, 16, 16), np.uint8), "p", f"http://127.0.0.1:{port}/", retry_backoff=0.01, **kwargs
+            )
+            outcome: float | str = result["score"]
+        except RuntimeError as exc:
+            outcome = str(exc)
+        finally:
+            await verl_omni.compute_score._session.close()
+            await runner.cleanup()
+        return outcome, len(seen)
+
+    assert asyncio.run(serve([503, 429, 200])) == (0.25, 3)
+    outcome, attempts = asyncio.run(serve([500, 408, 200], max_retries=1))
+    assert attempts == 2 and "HTTP scoring failed after 2 attempts" in outcome and "status 408" in outcome
+    outcome, attempts = asyncio.run(serve([422, 200]))
+    assert attempts == 1 and outcome == "Scorer server returned HTTP 422: status 422"
