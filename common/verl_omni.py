@@ -72,16 +72,25 @@ def encode_frame(frame: np.ndarray, image_format: str = "JPEG") -> bytes:
     return buffer.getvalue()
 
 
-def request_body(sample: Any, prompt: str, frame_interval: int, image_format: str = "JPEG") -> bytes:
+def request_body(
+    sample: Any,
+    prompt: str,
+    frame_interval: int,
+    image_format: str = "JPEG",
+    metadata: dict[str, Any] | None = None,
+) -> bytes:
     """The pickled request of one sample: an image, or a video of its chosen frames."""
     if isinstance(frame_interval, bool) or not isinstance(frame_interval, int) or frame_interval < 1:
         raise ValueError(f"frame_interval must be a whole number from 1, got {frame_interval!r}")
+    metadata = dict(metadata or {})
     frames = frames_of(sample)
     if len(frames) == 1:
-        return pickle.dumps({"images": [encode_frame(frames[0], image_format)], "prompts": [prompt], "metadata": {}})
+        return pickle.dumps(
+            {"images": [encode_frame(frames[0], image_format)], "prompts": [prompt], "metadata": metadata}
+        )
     # Only the chosen frames travel; the service then scores every one it gets (frame_interval 1).
     chosen = [encode_frame(frame, image_format) for frame in frames[::frame_interval]]
-    return pickle.dumps({"videos": [chosen], "prompts": [prompt], "metadata": {"frame_interval": 1}})
+    return pickle.dumps({"videos": [chosen], "prompts": [prompt], "metadata": {**metadata, "frame_interval": 1}})
 
 
 def _load(body: bytes) -> Any:
@@ -108,10 +117,13 @@ async def compute_score(
     frame_interval: int | None = None,
     extra_info: dict[str, Any] | None = None,
     image_format: str = "JPEG",
+    metadata: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> dict[str, float]:
     """Score one sample (image or video) and its prompt on the scorer at ``server_url``;
-    returns ``{"score": float}``, as VeRL-Omni's ``http_scorer_client.compute_score``."""
+    returns ``{"score": float}``, as VeRL-Omni's ``http_scorer_client.compute_score``.
+    ``metadata`` goes with the request (the stock client sends none), e.g. OCR options or
+    ``{"video_rule": "video_ocr"}``."""
     if max_retries < 0:
         raise ValueError(f"max_retries must be non-negative, got {max_retries}")
     if retry_backoff < 0:
@@ -119,7 +131,9 @@ async def compute_score(
     if frame_interval is None:
         frame_interval = (extra_info or {}).get("frame_interval", DEFAULT_FRAME_INTERVAL)
     loop = asyncio.get_running_loop()
-    body = await loop.run_in_executor(None, request_body, solution_image, ground_truth, frame_interval, image_format)
+    body = await loop.run_in_executor(
+        None, request_body, solution_image, ground_truth, frame_interval, image_format, metadata
+    )
 
     session: aiohttp.ClientSession | None = getattr(compute_score, "_session", None)
     if session is None or session.closed:

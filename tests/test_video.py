@@ -311,6 +311,8 @@ def test_verl_omni_module_sends_whole_videos_and_images(aesthetic_server: str) -
     assert compute(aesthetic_server, tchw[4:5]) == pytest.approx(alone[4], abs=TOLERANCE)
     with pytest.raises(RuntimeError, match=r"HTTP 413: prompts\[0\] has 9000 characters"):
         compute(aesthetic_server, video, prompt="x" * 9000)
+    with pytest.raises(RuntimeError, match=r"HTTP 422: metadata\['video_rule'\] = 'video_ocr' is not a video rule"):
+        compute(aesthetic_server, video, metadata={"video_rule": "video_ocr"})  # the request's metadata goes along
 
 
 def test_verl_omni_module_retries_as_the_stock_client() -> None:
