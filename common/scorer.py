@@ -174,7 +174,9 @@ class ImageScorer(Scorer):
     @abstractmethod
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         """Decoded RGB images (a video's chosen frames among them) and each one's prompt -> one
-        item each, on the request thread: the model's own preprocessing."""
+        item each, on the request thread: the model's own preprocessing. The images are shared
+        (one decode for every scorer of a sample): read them, never modify them. A 4xx that an
+        image's header or a prompt can tell belongs in ``check_images``, which names the image."""
 
     def prepare(self, payload: dict[str, Any]) -> list[Any]:
         """The items of an image or video request, one per image or chosen frame."""
