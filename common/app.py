@@ -128,8 +128,8 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
             # The bytes its items hold (decoded images, model inputs) count from when they are
             # declared until its results are in.
             with runtime.work.request():
-                items = runtime.prepare(protocol.items, payload)
-                results = runtime.score(items)
+                samples = runtime.prepare(protocol.items, payload)
+                results = samples.results(runtime.score(samples.items))
             return answer(protocol.answer(results))
 
         return view

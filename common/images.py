@@ -47,33 +47,33 @@ class ImageRequest:
     metadata: dict[str, Any]
 
 
-def _image_bytes(value: Any, index: int) -> bytes:
+def encoded_image(value: Any, name: str) -> bytes:
+    """An image as sent: bytes, or base64 text in the JSON twin (422 otherwise)."""
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
     if isinstance(value, str):  # the JSON twin carries base64
         try:
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            raise Unprocessable(f"images[{index}] is not valid base64") from None
-    raise Unprocessable(f"images[{index}] must be bytes (or base64 text in JSON), got {type(value).__name__}")
+            raise Unprocessable(f"{name} is not valid base64") from None
+    raise Unprocessable(f"{name} must be bytes (or base64 text in JSON), got {type(value).__name__}")
 
 
-def parse_image_request(payload: dict[str, Any], core: CoreSettings) -> ImageRequest:
-    """Check the shape and limits of an image request; raise a clear 413/422 otherwise."""
-    images = payload.get("images")
-    prompts = payload.get("prompts")
+def check_metadata(payload: dict[str, Any]) -> dict[str, Any]:
+    """The request's free-form ``metadata`` dict ({} when absent)."""
     metadata = payload.get("metadata")
     metadata = {} if metadata is None else metadata
-    if not isinstance(images, (list, tuple)):
-        raise Unprocessable("'images' must be a list of encoded images")
-    if not isinstance(prompts, (list, tuple)):
-        raise Unprocessable("'prompts' must be a list of strings, one per image")
     if not isinstance(metadata, dict):
         raise Unprocessable(f"'metadata' must be a dict (or absent), got {quote(metadata)}")
-    if len(images) > core.max_items:
-        raise PayloadTooLarge(f"{len(images)} images in one request; the limit is {core.max_items}")
-    if len(prompts) != len(images):
-        raise Unprocessable(f"{len(images)} images but {len(prompts)} prompts; need one prompt per image")
+    return metadata
+
+
+def check_prompts(prompts: Any, count: int, kind: str, core: CoreSettings) -> list[str]:
+    """One prompt (a string within ``SCORER_MAX_PROMPT_CHARS``) per sample of ``kind`` (image, video)."""
+    if not isinstance(prompts, (list, tuple)):
+        raise Unprocessable(f"'prompts' must be a list of strings, one per {kind}")
+    if len(prompts) != count:
+        raise Unprocessable(f"{count} {kind}s but {len(prompts)} prompts; need one prompt per {kind}")
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             raise Unprocessable(f"prompts[{index}] must be a string, got {type(prompt).__name__}")
@@ -81,51 +81,65 @@ def parse_image_request(payload: dict[str, Any], core: CoreSettings) -> ImageReq
             raise PayloadTooLarge(
                 f"prompts[{index}] has {len(prompt)} characters; the limit is {core.max_prompt_chars}"
             )
+    return list(prompts)
+
+
+def check_items(count: int, what: str, core: CoreSettings) -> None:
+    """At most ``SCORER_MAX_ITEMS`` images to score in one request (413)."""
+    if count > core.max_items:
+        raise PayloadTooLarge(
+            f"{count} {what} in one request; the limit is {core.max_items} ({env_name('', 'max_items')})"
+        )
+
+
+def parse_image_request(payload: dict[str, Any], core: CoreSettings) -> ImageRequest:
+    """Check the shape and limits of an image request; raise a clear 413/422 otherwise."""
+    images = payload.get("images")
+    if not isinstance(images, (list, tuple)):
+        raise Unprocessable("'images' must be a list of encoded images")
+    metadata = check_metadata(payload)
+    check_items(len(images), "images", core)
+    prompts = check_prompts(payload.get("prompts"), len(images), "image", core)
     return ImageRequest(
-        images=[_image_bytes(value, i) for i, value in enumerate(images)],
-        prompts=list(prompts),
+        images=[encoded_image(value, name) for value, name in zip(images, image_names(len(images)))],
+        prompts=prompts,
         metadata=metadata,
     )
 
 
-def open_image(data: bytes, index: int = 0) -> Image.Image:
-    """The image with its header read and no pixels decoded yet; 422 unless JPEG, PNG or WebP."""
+def image_names(count: int) -> list[str]:
+    """How errors name the images of an image request: ``images[i]``."""
+    return [f"images[{index}]" for index in range(count)]
+
+
+def open_image(data: bytes, name: str = "images[0]") -> Image.Image:
+    """The image with its header read and no pixels decoded yet; 422 unless JPEG, PNG or WebP.
+    ``name`` says in errors which image it is (``images[2]``, a video's frame ``videos[0][8]``)."""
     try:
         return Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
     except Exception as exc:  # PIL raises many types for corrupt data
-        raise Unprocessable(
-            f"images[{index}] could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}"
-        ) from None
+        raise Unprocessable(f"{name} could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}") from None
 
 
-def open_images(data: Sequence[bytes], core: CoreSettings) -> list[Image.Image]:
-    """A request's images with their headers read, once their bytes are within the limits that
-    Pillow's reading itself would break: scans per JPEG (413) and the chunks of the request's
-    PNGs (413; Pillow reads a PNG's chunks up to its pixels in ``Image.open``)."""
-    for index, item in enumerate(data):
-        _check_scans(item, core.max_jpeg_scans, index)
-    _check_png_chunks(data, core.max_png_chunks)
-    return [open_image(item, index) for index, item in enumerate(data)]
-
-
-def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings) -> None:
+def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings, names: Sequence[str] | None = None) -> None:
     """The limits on decoding work, from the headers alone: pixels per image (413), the aspect
     ratio (422) and the pixels of the whole request (413), where an image the pickle memo
-    references several times counts each time, as it is decoded each time. Then the decoded
-    images are held against the worker's work bytes."""
-    for index, image in enumerate(images):
-        _check_pixels(image, core.max_pixels, index)
+    references several times counts each time, as it is decoded each time (a video's chosen
+    frames are its images here). Then the decoded images are held against the worker's work bytes."""
+    names = image_names(len(images)) if names is None else names
+    for image, name in zip(images, names):
+        _check_pixels(image, core.max_pixels, name)
         width, height = image.size
         if max(width, height) > core.max_aspect_ratio * min(width, height):
             raise Unprocessable(
-                f"images[{index}] is {width}x{height}, an aspect ratio over the limit of {core.max_aspect_ratio:g} "
+                f"{name} is {width}x{height}, an aspect ratio over the limit of {core.max_aspect_ratio:g} "
                 f"({env_name('', 'max_aspect_ratio')})"
             )
     total = sum(image.size[0] * image.size[1] for image in images)
     if total > core.max_request_pixels:
         raise PayloadTooLarge(
-            f"the {len(images)} images of the request have {total} pixels together; the limit is "
-            f"{core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
+            f"the {len(images)} images (a video's chosen frames included) of the request have {total} pixels "
+            f"together; the limit is {core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
         )
     hold_work(sum(decoded_bytes(image) for image in images), "decoded images")
 
@@ -138,20 +152,20 @@ def decoded_bytes(image: Image.Image) -> int:
     return width * height * 12
 
 
-def _check_scans(data: bytes, limit: int, index: int) -> None:
+def _check_scans(data: bytes, limit: int, name: str) -> None:
     """A progressive JPEG is decoded once per scan over the whole image: a 73 KB 4096x4096 JPEG
     repeating a 40-byte refinement scan took 11.6 s (libjpeg-turbo sets no limit)."""
     if data.startswith(JPEG_START) and (scans := data.count(JPEG_SCAN)) > limit:
         raise PayloadTooLarge(
-            f"images[{index}] is a JPEG of {scans} scans; the limit is {limit} ({env_name('', 'max_jpeg_scans')})"
+            f"{name} is a JPEG of {scans} scans; the limit is {limit} ({env_name('', 'max_jpeg_scans')})"
         )
 
 
-def _check_png_chunks(data: Sequence[bytes], limit: int) -> None:
+def _check_png_chunks(data: Sequence[bytes], limit: int, names: Sequence[str]) -> None:
     """Count the chunks of the request's PNGs, walking their lengths, up to ``limit``: Pillow
     spends microseconds on each, even an empty one (a PNG of 1 M empty chunks: 3.2 s to open)."""
     count = 0
-    for index, item in enumerate(data):
+    for item, name in zip(data, names):
         if not item.startswith(PNG_SIGNATURE):
             continue
         position = len(PNG_SIGNATURE)
@@ -159,7 +173,7 @@ def _check_png_chunks(data: Sequence[bytes], limit: int) -> None:
             count += 1
             if count > limit:
                 raise PayloadTooLarge(
-                    f"the request's PNG images have over {limit} chunks together (images[{index}] reaching it); "
+                    f"the request's PNG images have over {limit} chunks together ({name} reaching it); "
                     f"the limit is {limit} ({env_name('', 'max_png_chunks')})"
                 )
             length, kind = struct.unpack_from(">I4s", item, position)
@@ -185,7 +199,7 @@ def _orientation(image: Image.Image) -> int | None:
         return None
 
 
-def load_image(image: Image.Image, index: int = 0) -> Image.Image:
+def load_image(image: Image.Image, name: str = "images[0]") -> Image.Image:
     """Decode an opened image's pixels to the RGB image a viewer shows (``as_shown``); 422 for
     corrupt data."""
     try:
@@ -194,9 +208,7 @@ def load_image(image: Image.Image, index: int = 0) -> Image.Image:
             image.load()
             return as_shown(image)
     except Exception as exc:  # PIL raises many types for corrupt data
-        raise Unprocessable(
-            f"images[{index}] could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}"
-        ) from None
+        raise Unprocessable(f"{name} could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}") from None
 
 
 def as_shown(image: Image.Image) -> Image.Image:
@@ -240,29 +252,46 @@ def _srgb_transform(profile: bytes, mode: str, output: str) -> ImageCms.ImageCms
         return None
 
 
-def decode_images(data: Sequence[bytes], core: CoreSettings) -> list[Image.Image]:
-    """Decode a request's images to RGB once all their headers are within the limits; the
-    request's deadline is checked between one image and the next."""
-    images = open_images(data, core)
-    check_image_sizes(images, core)
+def open_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] | None = None) -> list[Image.Image]:
+    """A request's images with their headers read, once their bytes are within the limits that
+    Pillow's reading itself would break: scans per JPEG (413) and the chunks of the request's
+    PNGs (413; Pillow reads a PNG's chunks up to its pixels in ``Image.open``); then checked
+    against the limits of ``check_image_sizes``, no pixel decoded yet."""
+    names = image_names(len(data)) if names is None else names
+    for item, name in zip(data, names):
+        _check_scans(item, core.max_jpeg_scans, name)
+    _check_png_chunks(data, core.max_png_chunks, names)
+    images = [open_image(item, name) for item, name in zip(data, names)]
+    check_image_sizes(images, core, names)
+    return images
+
+
+def load_images(images: Sequence[Image.Image], names: Sequence[str] | None = None) -> list[Image.Image]:
+    """Decode opened images to RGB, the request's deadline checked between one image and the next."""
+    names = image_names(len(images)) if names is None else names
     decoded = []
-    for index, image in enumerate(images):
+    for image, name in zip(images, names):
         check_deadline("decoding its images")
-        decoded.append(load_image(image, index))
+        decoded.append(load_image(image, name))
     return decoded
 
 
-def decode_image(data: bytes, max_pixels: int, index: int = 0) -> Image.Image:
+def decode_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] | None = None) -> list[Image.Image]:
+    """Decode a request's images to RGB once all their headers are within the limits."""
+    return load_images(open_images(data, core, names), names)
+
+
+def decode_image(data: bytes, max_pixels: int, name: str = "images[0]") -> Image.Image:
     """Decode one image to RGB; the size is checked from the header first."""
-    image = open_image(data, index)
-    _check_pixels(image, max_pixels, index)
-    return load_image(image, index)
+    image = open_image(data, name)
+    _check_pixels(image, max_pixels, name)
+    return load_image(image, name)
 
 
-def _check_pixels(image: Image.Image, max_pixels: int, index: int) -> None:
+def _check_pixels(image: Image.Image, max_pixels: int, name: str) -> None:
     width, height = image.size
     if width * height > max_pixels:
         raise PayloadTooLarge(
-            f"images[{index}] is {width}x{height} = {width * height} pixels; the limit is {max_pixels} "
+            f"{name} is {width}x{height} = {width * height} pixels; the limit is {max_pixels} "
             f"({env_name('', 'max_pixels')})"
         )

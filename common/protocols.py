@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from common.config import env_name
 from common.errors import ScorerError
-from common.scorer import Result, Scored, Scorer
+from common.scorer import Result, Samples, Scored, Scorer
 from common.wire import JsonCap, decode_body, encode_body, wire_format
 
 
@@ -38,12 +38,13 @@ class WireProtocol:
         """The request body -> the payload dict (a ``ScorerError`` for a bad body)."""
         return decode_body(body, wire_format(content_type), self.json_cap)
 
-    def items(self, payload: dict[str, Any]) -> list[Any]:
-        """The payload -> items, one per sample: validation and per-item work, on the request thread."""
-        return self.scorer.prepare(payload)
+    def items(self, payload: dict[str, Any]) -> list[Any] | Samples:
+        """The payload -> items (one per sample, or ``Samples``: an image scorer's video request
+        has one per chosen frame): validation and per-item work, on the request thread."""
+        return self.scorer.prepare_samples(payload)
 
     def answer(self, results: Sequence[Result]) -> dict[str, Any]:
-        """One result per item -> the answer: ``scores`` and ``outputs`` (flow_grpo reads
+        """One result per sample -> the answer: ``scores`` and ``outputs`` (flow_grpo reads
         ``outputs``), plus one per-sample list for each extras key of ``Scored`` results."""
         scores = [float(r.score if isinstance(r, Scored) else r) for r in results]
         out: dict[str, Any] = {"scores": scores, "outputs": scores}

@@ -14,7 +14,7 @@ from common.batching import BatchedCall, Deadline, OrderedSlots, WorkBudget, cur
 from common.config import env_name
 from common.devices import choose_device
 from common.errors import NotReady
-from common.scorer import Result, Scorer
+from common.scorer import Result, Samples, Scorer
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,11 @@ class ScorerRuntime:
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
 
-    def prepare(self, to_items: Callable[[dict[str, Any]], list[Any]], payload: dict[str, Any]) -> list[Any]:
-        """``to_items(payload)`` (a protocol's, e.g. the scorer's ``prepare``), at most
+    def prepare(self, to_items: Callable[[dict[str, Any]], list[Any] | Samples], payload: dict[str, Any]) -> Samples:
+        """``to_items(payload)`` (a protocol's, e.g. the scorer's ``prepare_samples``), at most
         ``decode_threads`` requests at a time."""
         with self._decoding.hold(self._deadline()):
-            return to_items(payload)
+            return Samples.of(to_items(payload))
 
     def score(self, items: Sequence[Any]) -> list[Result]:
         """Score one request's items: through the batcher to ``score``, or ``score_request``."""

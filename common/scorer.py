@@ -3,18 +3,25 @@
 ``common`` turns a scorer into an HTTP service (``common.app.create_app``): it decodes the
 wire format, calls ``prepare`` on the request thread, gathers the items of concurrent requests
 into batches for ``score`` on one inference thread, and encodes the answer. A scorer owns only
-its model and its rule.
+its model and its rule. An image scorer (``ImageScorer``) does not parse its request: the core
+parses the image or video request, applies the limits and decodes each image or chosen frame
+once, and the scorer turns decoded images into items (``prepare_images``).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
+from PIL import Image
+
 from common import metrics
 from common.batching import BatchedCall, DynamicBatcher
+from common.images import load_images, open_images
+from common.media import MEAN, MediaRequest, VideoRule, parse_media_request
 from common.settings import CoreSettings
 
 
@@ -31,6 +38,22 @@ class Scored:
 
 # What a scorer answers for one item.
 Result: TypeAlias = float | Scored
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A request's items and how their results make its samples' results: ``combine`` (None:
+    one item per sample, results as they are; a video request: its chosen frames per video)."""
+
+    items: list[Any]
+    combine: Callable[[Sequence[Result]], list[Result]] | None = None
+
+    @classmethod
+    def of(cls, prepared: list[Any] | Samples) -> Samples:
+        return prepared if isinstance(prepared, Samples) else cls(list(prepared))
+
+    def results(self, item_results: Sequence[Result]) -> list[Result]:
+        return list(item_results) if self.combine is None else self.combine(item_results)
 
 
 class Scorer(ABC):
@@ -70,6 +93,11 @@ class Scorer(ABC):
         preprocessing) belongs here, in parallel, not in ``score``. Raise
         ``common.errors.Unprocessable`` / ``PayloadTooLarge`` for bad input.
         """
+
+    def prepare_samples(self, payload: dict[str, Any]) -> Samples:
+        """The request's items and how their results make its samples' (what the core calls):
+        ``prepare``'s items, one per sample, unless the scorer says otherwise (``ImageScorer``)."""
+        return Samples(self.prepare(payload))
 
     def score(self, batch: Sequence[Any]) -> Sequence[Result]:
         """Score a batch of items gathered from one or many requests, one result per item, in
@@ -122,3 +150,65 @@ class Scorer(ABC):
     def info(self) -> dict[str, Any]:
         """Model description for ``GET /info``."""
         return {}
+
+
+class ImageScorer(Scorer):
+    """A scorer of (image, prompt) samples, videos included: the core parses the request
+    (``images``, or ``videos`` of frames of which every ``frame_interval``-th is scored),
+    checks every limit from the bytes and headers, calls ``check_images`` with the headers
+    read, decodes each image or chosen frame once to the RGB image a viewer shows, and hands
+    them to ``prepare_images``; a video's result is its frames' combined by the request's
+    ``video_rule`` (ARCHITECTURE.md §5.1). Implement ``prepare_images`` (instead of
+    ``prepare``) and one of ``score`` / ``score_request``, as any scorer.
+    """
+
+    # The rules ``metadata["video_rule"]`` may name; a scorer may offer more (OCR: ``video_ocr``).
+    video_rules: ClassVar[dict[str, VideoRule]] = {MEAN.name: MEAN}
+
+    def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
+        """The scorer's own bounds before any pixel is decoded, from the images' headers
+        (``images[i]`` opened, not loaded; ``request.names[i]`` names it in an error), its
+        prompts and metadata: a 413/422 for what its model cannot take, ``hold_work`` for the
+        model inputs it will make. The core's limits have passed. Default: nothing."""
+
+    @abstractmethod
+    def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
+        """Decoded RGB images (a video's chosen frames among them) and each one's prompt -> one
+        item each, on the request thread: the model's own preprocessing. The images are shared
+        (one decode for every scorer of a sample): read them, never modify them. A 4xx that an
+        image's header or a prompt can tell belongs in ``check_images``, which names the image."""
+
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
+        """The items of an image or video request, one per image or chosen frame."""
+        return self.prepare_samples(payload).items
+
+    def prepare_samples(self, payload: dict[str, Any]) -> Samples:
+        request = parse_media_request(payload, self.core, self.video_rules)
+        opened = open_images(request.images, self.core, request.names)
+        self.check_images(opened, request)
+        images = load_images(opened, request.names)
+        items = self.prepare_images(images, request.item_prompts, request.metadata) if images else []
+        if request.frames is None:
+            return Samples(items)
+        sizes = [len(chosen) for chosen in request.frames]
+        return Samples(items, lambda results: combine_frames(results, sizes, request.rule))
+
+
+def combine_frames(results: Sequence[Result], sizes: Sequence[int], rule: VideoRule) -> list[Result]:
+    """Each video's frame results -> its result: the score by ``rule`` over the frames' scores,
+    ``frame_scores`` (the chosen frames' scores, in order), and each extras key of the frames'
+    ``Scored`` results as their mean when all are numbers, else the list of the frames' values."""
+    combined: list[Result] = []
+    start = 0
+    for size in sizes:
+        frames = results[start : start + size]
+        start += size
+        scores = [float(r.score if isinstance(r, Scored) else r) for r in frames]
+        extras: dict[str, Any] = {}
+        for key in sorted({key for r in frames if isinstance(r, Scored) for key in r.extras}):
+            values = [r.extras.get(key) if isinstance(r, Scored) else None for r in frames]
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            extras[key] = math.fsum(values) / len(values) if numbers else values
+        extras["frame_scores"] = scores
+        combined.append(Scored(rule.aggregate(scores), extras))
+    return combined

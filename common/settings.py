@@ -14,7 +14,10 @@ class CoreSettings:
     service: str = "ocr"
     # Request limits (docs/ARCHITECTURE.md §6): each breach is a clear 4xx.
     max_body_bytes: int = 256 * 1024 * 1024
+    # Images to score per request: an image request's images, a video request's chosen frames.
     max_items: int = 1024
+    # Frames per video as sent, chosen or not (a frame not chosen is never decoded).
+    max_frames: int = 1024
     max_pixels: int = 4096 * 4096
     # Pixels of all images of one request, summed from their headers before any is decoded; an
     # image sent once and referenced many times through the pickle memo counts each time.

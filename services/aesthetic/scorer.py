@@ -19,8 +19,9 @@ from PIL import Image
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import Unprocessable
-from common.images import decode_images, parse_image_request
-from common.scorer import Scorer
+from common.images import shown_size
+from common.media import MediaRequest
+from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.aesthetic.settings import CLIP_HINT, SECTION, missing, read_settings
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
 
 
-class AestheticScorer(Scorer):
+class AestheticScorer(ImageScorer):
     name = "aesthetic"
     max_batch = 64
     max_wait_ms = 5.0
@@ -69,29 +70,26 @@ class AestheticScorer(Scorer):
         self.model = model
         log.info("aesthetic: CLIP %s, head %s, on %s in %s", settings.clip, settings.head, device, model.dtype)
 
-    def _check_resize(self, image: Image.Image, index: int) -> None:
+    def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """CLIP resizes the shortest edge up to its input size: a 1 x 300,000 PNG would grow to
         billions of pixels, so refuse shapes whose resized size passes the pixel limit."""
         assert self.model is not None
         shortest = self.model.shortest_edge
-        width, height = image.size
         if not shortest:
             return
-        longest = math.ceil(max(width, height) * shortest / max(1, min(width, height)))
-        if shortest * longest > self.core.max_pixels:
-            raise Unprocessable(
-                f"images[{index}] is {width}x{height}: resized to a shortest edge of {shortest} it would "
-                f"have {shortest * longest} pixels, over the limit of {self.core.max_pixels}; "
-                "the aspect ratio is too extreme"
-            )
+        for image, name in zip(images, request.names):
+            width, height = shown_size(image)
+            longest = math.ceil(max(width, height) * shortest / max(1, min(width, height)))
+            if shortest * longest > self.core.max_pixels:
+                raise Unprocessable(
+                    f"{name} is {width}x{height}: resized to a shortest edge of {shortest} it would "
+                    f"have {shortest * longest} pixels, over the limit of {self.core.max_pixels}; "
+                    "the aspect ratio is too extreme"
+                )
 
-    def prepare(self, payload: dict[str, Any]) -> list[Any]:
+    def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
-        request = parse_image_request(payload, self.core)
-        images = decode_images(request.images, self.core)
-        for index, image in enumerate(images):
-            self._check_resize(image, index)
-        return self.model.preprocess(images) if images else []
+        return self.model.preprocess(images)
 
     def score(self, batch: Sequence[Any]) -> list[float]:
         assert self.model is not None, "setup() has not run"

@@ -23,8 +23,9 @@ from PIL import Image
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import Unprocessable
-from common.images import decode_images, parse_image_request
-from common.scorer import Scorer
+from common.images import shown_size
+from common.media import MediaRequest
+from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.clip.preprocess import resized_size
 from services.clip.settings import HPS_FILE, WEIGHTS, missing, model_hint, processor_source, read_settings
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
 
 
-class ClipRewardScorer(Scorer):
+class ClipRewardScorer(ImageScorer):
     """The shared scorer; a subclass names its settings, checkpoint format and formula."""
 
     max_batch = 64
@@ -106,25 +107,23 @@ class ClipRewardScorer(Scorer):
 
         return [Pair(pixels, tokens) for pixels, tokens in zip(model.preprocess(images), model.tokenize(prompts))]
 
-    def _check_resize(self, image: Image.Image, index: int) -> None:
+    def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """The resize to the shortest edge blows a 1 x 300,000 image up to billions of pixels:
         refuse shapes whose resized size passes the pixel limit."""
         assert self.model is not None
-        width, height = resized_size(image.width, image.height, self.model.shortest_edge)
-        if width * height > self.core.max_pixels:
-            raise Unprocessable(
-                f"images[{index}] is {image.width}x{image.height}: resized to a shortest edge of "
-                f"{self.model.shortest_edge} it would have {width * height} pixels, over the limit of "
-                f"{self.core.max_pixels}; the aspect ratio is too extreme"
-            )
+        for image, name in zip(images, request.names):
+            shown = shown_size(image)
+            width, height = resized_size(*shown, self.model.shortest_edge)
+            if width * height > self.core.max_pixels:
+                raise Unprocessable(
+                    f"{name} is {shown[0]}x{shown[1]}: resized to a shortest edge of "
+                    f"{self.model.shortest_edge} it would have {width * height} pixels, over the limit of "
+                    f"{self.core.max_pixels}; the aspect ratio is too extreme"
+                )
 
-    def prepare(self, payload: dict[str, Any]) -> list[Any]:
+    def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"
-        request = parse_image_request(payload, self.core)
-        images = decode_images(request.images, self.core)
-        for index, image in enumerate(images):
-            self._check_resize(image, index)
-        return self._pairs(self.model, images, request.prompts) if images else []
+        return self._pairs(self.model, images, prompts)
 
     def score(self, batch: Sequence[Any]) -> list[float]:
         assert self.model is not None, "setup() has not run"

@@ -100,6 +100,12 @@ def smart_resize(height: int, width: int, pixels: int = PIXELS) -> tuple[int, in
     return h_bar, w_bar
 
 
+def image_tokens(height: int, width: int) -> int:
+    """The vision tokens of an image at its smart-resize size: one per 28 x 28 pixels (Qwen2-VL's
+    14-pixel patches, merged 2 x 2)."""
+    return (height // FACTOR) * (width // FACTOR)
+
+
 def resized(image: Image.Image) -> Image.Image:
     """The RGB image at its smart-resize size, bicubic, as HPSv3's ``fetch_image`` does."""
     height, width = smart_resize(image.height, image.width)

@@ -22,11 +22,12 @@ from PIL import Image
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import PayloadTooLarge, Unprocessable
-from common.images import decode_images, parse_image_request
-from common.scorer import Scored, Scorer
+from common.images import shown_size
+from common.media import MediaRequest
+from common.scorer import ImageScorer, Scored
 from common.settings import CoreSettings
 from services.clip.weights import local_first
-from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, resized
+from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, resized, smart_resize
 from services.hpsv3.settings import CHECKPOINT, missing, read_settings
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 CHAT_TEMPLATE_FILE = "chat_template.json"
 
 
-class HPSv3Scorer(Scorer):
+class HPSv3Scorer(ImageScorer):
     name = "hpsv3"
     max_batch = 16
     max_wait_ms = 5.0
@@ -117,35 +118,46 @@ class HPSv3Scorer(Scorer):
                 f"{self.setting('base')}={base!r}: {exc}"
             ) from None
         model = HPSv3(reward_model, tokenizer.pad_token_id, config.image_token_id, device, dtype)
-        model.rewards(self.items_of([Image.new("RGB", (256, 256), (128, 128, 128))], ["a photo"]))
+        model.rewards(self.prepare_images([Image.new("RGB", (256, 256), (128, 128, 128))], ["a photo"], {}))
         self.model = model
         log.info("hpsv3: checkpoint %s, base %s, on %s in %s", checkpoint, base, device, dtype)
 
-    def items_of(self, images: list[Image.Image], prompts: list[str]) -> list[Item]:
-        """The model's items of decoded images and their prompts (413/422 for what cannot be one)."""
-        assert self.layout is not None
-        items = []
-        for index, (image, prompt) in enumerate(zip(images, prompts)):
+    def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
+        """Each image's smart resize (Qwen2-VL refuses extreme shapes: 422) and each sample's
+        sequence length (413), from the headers and the prompts before any pixel is decoded."""
+        assert self.layout is not None, "setup() has not run"
+        text_tokens: dict[str, int] = {}  # a video's prompt, tokenized once for all its frames
+        for image, prompt, name in zip(images, request.item_prompts, request.names):
+            width, height = shown_size(image)
             try:
-                image = resized(image)
+                resized_height, resized_width = smart_resize(height, width)
             except ValueError as exc:
-                raise Unprocessable(f"images[{index}] is {image.width}x{image.height}: {exc}") from None
-            pixels = self.image_processor(images=[image], return_tensors="np")
-            grid = tuple(int(n) for n in pixels["image_grid_thw"][0])
-            merged = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
-            input_ids, reward_index = self.layout.input_ids(self.layout.text_ids(prompt), merged)
-            if len(input_ids) > self.settings.max_tokens:
+                raise Unprocessable(f"{name} is {width}x{height}: {exc}") from None
+            if prompt not in text_tokens:
+                text_tokens[prompt] = len(self.layout.text_ids(prompt))
+            sequence, _ = self.layout.input_ids([], image_tokens(resized_height, resized_width))
+            tokens = len(sequence) + text_tokens[prompt]
+            if tokens > self.settings.max_tokens:
                 raise PayloadTooLarge(
-                    f"prompts[{index}] makes a sequence of {len(input_ids)} tokens; the limit is "
+                    f"the prompt of {name} makes a sequence of {tokens} tokens; the limit is "
                     f"{self.settings.max_tokens} ({self.setting('max_tokens')})"
                 )
+
+    def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Item]:
+        """Each image at its smart-resize size through Qwen2-VL's image processor, and its
+        prompt in HPSv3's instruction and chat template."""
+        assert self.layout is not None, "setup() has not run"
+        items = []
+        text_ids: dict[str, list[int]] = {}  # a video's prompt, tokenized once for all its frames
+        for image, prompt in zip(images, prompts):
+            pixels = self.image_processor(images=[resized(image)], return_tensors="np")
+            grid = tuple(int(n) for n in pixels["image_grid_thw"][0])
+            merged = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
+            if prompt not in text_ids:
+                text_ids[prompt] = self.layout.text_ids(prompt)
+            input_ids, reward_index = self.layout.input_ids(text_ids[prompt], merged)
             items.append(Item(pixels["pixel_values"], grid, input_ids, reward_index))
         return items
-
-    def prepare(self, payload: dict[str, Any]) -> list[Any]:
-        assert self.model is not None, "setup() has not run"
-        request = parse_image_request(payload, self.core)
-        return self.items_of(decode_images(request.images, self.core), request.prompts)
 
     def score(self, batch: Sequence[Any]) -> list[Scored]:
         assert self.model is not None, "setup() has not run"

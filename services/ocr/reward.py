@@ -109,22 +109,23 @@ def _normalize(text: str, options: RuleOptions) -> str:
     return text
 
 
-def _distance(recognized: str, target: str) -> int:
-    return 0 if target in recognized else Levenshtein.distance(recognized, target)
+def _distance(recognized: str, target: str, substring: bool) -> int:
+    return 0 if substring and target in recognized else Levenshtein.distance(recognized, target)
 
 
-def match_score(target: str, lines: Sequence[Line], options: RuleOptions) -> float:
-    """Score one target against the recognized lines; ``target`` must not normalize to ''."""
+def match_score(target: str, lines: Sequence[Line], options: RuleOptions, substring: bool = True) -> float:
+    """Score one target against the recognized lines; ``target`` must not normalize to ''.
+    ``substring=False``: the plain edit distance, as flow_grpo's video OCR rule measures a frame."""
     wanted = _normalize(target, options)
     kept = [text for text, confidence in lines if confidence > options.min_confidence]
     recognized = _normalize("".join(kept), options)
-    dist = _distance(recognized, wanted)
+    dist = _distance(recognized, wanted, substring)
     if options.ngram_candidates and dist:
         words = " ".join(kept).split()
         size = max(1, len(target.split()))
         for start in range(max(1, len(words) - size + 1)):
             candidate = _normalize("".join(words[start : start + size]), options)
-            dist = min(dist, _distance(candidate, wanted))
+            dist = min(dist, _distance(candidate, wanted, substring))
     dist = min(dist, len(wanted))
     return 1.0 - dist / len(wanted)
 
@@ -141,8 +142,8 @@ def check_targets(prompt: str, options: RuleOptions, index: int) -> list[str] | 
     return wanted
 
 
-def reward(wanted: list[str] | None, lines: Sequence[Line], options: RuleOptions) -> float:
+def reward(wanted: list[str] | None, lines: Sequence[Line], options: RuleOptions, substring: bool = True) -> float:
     """The sample's score: 0 for no target, else the mean over its targets."""
     if wanted is None:
         return 0.0
-    return sum(match_score(text, lines, options) for text in wanted) / len(wanted)
+    return sum(match_score(text, lines, options, substring) for text in wanted) / len(wanted)

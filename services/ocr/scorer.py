@@ -5,18 +5,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from PIL import Image, ImageDraw, ImageFont
 
 from common.batching import check_deadline, hold_work
 from common.config import describe, env_name, from_env
 from common.errors import PayloadTooLarge, Unprocessable
-from common.images import check_image_sizes, load_image, open_images, parse_image_request, shown_size
-from common.scorer import Scorer
+from common.images import shown_size
+from common.media import MEAN, MediaRequest, VideoRule
+from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
 from services.ocr.reward import RuleOptions, check_targets, reward
+
+# flow_grpo's ``video_ocr`` reward (``OcrScorer_video_or_image``): every 4th frame, each scored
+# by the plain edit distance (no substring shortcut), the video's score the mean of its frames
+# scoring above 0 (0 when none does).
+VIDEO_OCR = VideoRule("video_ocr", frame_interval=4, positive_only=True)
 
 
 @dataclass(frozen=True)
@@ -63,11 +69,14 @@ class OcrItem:
     prepared: Any
     targets: list[str] | None
     options: RuleOptions
+    # False under flow_grpo's video rule: the plain edit distance, a target found inside the text no exception.
+    substring: bool = True
 
 
-class OCRScorer(Scorer):
+class OCRScorer(ImageScorer):
     name = "ocr"
     max_wait_ms = 10.0
+    video_rules: ClassVar[dict[str, VideoRule]] = {MEAN.name: MEAN, VIDEO_OCR.name: VIDEO_OCR}
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
@@ -102,18 +111,24 @@ class OCRScorer(Scorer):
         ImageDraw.Draw(image).text((40, 230), "warm up", fill="black", font=ImageFont.load_default(size=48))
         self.engine.read([self.engine.prepare(image)], self.settings.max_text_width)
 
-    def prepare(self, payload: dict[str, Any]) -> list[OcrItem]:
-        request = parse_image_request(payload, self.core)
+    def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
+        """The prompts' targets, and the engine's input size of each image from its header."""
         options = self.options.override(request.metadata.get("ocr"))
-        wanted = [self._targets(prompt, options, i) for i, prompt in enumerate(request.prompts)]
-        images = open_images(request.images, self.core)
-        check_image_sizes(images, self.core)
-        sizes = [self._check_input_size(image, index) for index, image in enumerate(images)]
+        for index, prompt in enumerate(request.prompts):
+            self._targets(prompt, options, index)
+        sizes = [self._check_input_size(image, name) for image, name in zip(images, request.names)]
         hold_work(sum(width * height for width, height in sizes) * self.engine.work_bytes_per_pixel, "OCR inputs")
+
+    def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[OcrItem]:
+        options = self.options.override(metadata.get("ocr"))
+        substring = metadata.get("video_rule") != VIDEO_OCR.name
+        targets: dict[str, list[str] | None] = {}  # a video's prompt, once for all its frames
         items = []
-        for index, (image, targets) in enumerate(zip(images, wanted)):
-            check_deadline("decoding its images")
-            items.append(OcrItem(self.engine.prepare(load_image(image, index)), targets, options))
+        for image, prompt in zip(images, prompts):
+            check_deadline("preparing its images")
+            if prompt not in targets:
+                targets[prompt] = check_targets(prompt, options, len(targets))
+            items.append(OcrItem(self.engine.prepare(image), targets[prompt], options, substring))
         return items
 
     def _targets(self, prompt: str, options: RuleOptions, index: int) -> list[str] | None:
@@ -126,18 +141,18 @@ class OCRScorer(Scorer):
             )
         return wanted
 
-    def _check_input_size(self, image: Image.Image, index: int) -> tuple[int, int]:
+    def _check_input_size(self, image: Image.Image, name: str) -> tuple[int, int]:
         """Bound the engine's work on one image before any pixel work: engines enlarge thin
         images, and RapidOCR turns a 70-byte 200x1 PNG into a 9 Mpx detector input. Returns
         the input's (width, height)."""
         width, height = shown_size(image)
         size = self.engine.input_size(width, height)
         if size is None:
-            raise Unprocessable(f"images[{index}] is {width}x{height}, too thin for the OCR engine to resize")
+            raise Unprocessable(f"{name} is {width}x{height}, too thin for the OCR engine to resize")
         limit = self.settings.max_input_pixels
         if size[0] * size[1] > limit:
             raise PayloadTooLarge(
-                f"images[{index}] is {width}x{height}, which the OCR engine would read at {size[0]}x{size[1]} = "
+                f"{name} is {width}x{height}, which the OCR engine would read at {size[0]}x{size[1]} = "
                 f"{size[0] * size[1]} pixels; the limit is {limit} ({env_name('ocr', 'max_input_pixels')})"
             )
         return size
@@ -146,7 +161,7 @@ class OCRScorer(Scorer):
         """The engine batches its model calls stage by stage across requests (see ``OcrEngine``)."""
         lines = self.engine.read([item.prepared for item in items], self.settings.max_text_width)
         check_deadline("the reward rule")
-        return [reward(item.targets, found, item.options) for item, found in zip(items, lines)]
+        return [reward(item.targets, found, item.options, item.substring) for item, found in zip(items, lines)]
 
     def info(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,356 @@
+"""Video samples through every image scorer, against running services (real gunicorn): a request
+of ``videos`` (lists of encoded frames) scores every ``frame_interval``-th frame as an image, a
+video's score is its chosen frames' mean (OCR: also flow_grpo's ``video_ocr`` rule), frames not
+chosen are never decoded, and the limits count frames (docs/ARCHITECTURE.md §5.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import pickle
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from PIL import Image
+from rapidfuzz.distance import Levenshtein
+
+from common import verl_omni
+from tests.images import blank, encode, render_text
+from tests.random_clip import save_random_clip
+from tests.server import gunicorn_server
+from tests.test_clip_rewards import REFERENCE_PYTHON, sample_images, save_model
+
+# A frame that starts as a JPEG and is nothing else: decoding it fails (422), so a request that
+# holds it where a frame is not chosen and still scores shows that frame was never decoded.
+NOT_DECODED = b"\xff\xd8\xff\xe0 never decoded"
+TOLERANCE = 1e-5
+
+
+def post(url: str, payload: dict) -> tuple[int, dict]:
+    response = requests.post(url + "/", data=pickle.dumps(payload), timeout=120)
+    return response.status_code, pickle.loads(response.content)
+
+
+def scored(url: str, payload: dict) -> dict:
+    status, answer = post(url, payload)
+    assert status == 200, answer
+    return answer
+
+
+# ----------------------------------------------------------------------------- every image service
+
+
+@pytest.fixture(scope="module")
+def aesthetic_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    clip = save_random_clip(tmp_path_factory.mktemp("clip"), size="tiny")
+    env = {"SCORER_AESTHETIC_CLIP": str(clip), "SCORER_DEVICE": "cpu", "SCORER_MAX_WAIT_MS": "20"}
+    with gunicorn_server("aesthetic", env, threads=32, log_dir=tmp_path_factory.mktemp("logs")) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module", params=["ocr", "aesthetic", "pickscore", "clipscore", "hpsv2"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(name, URL) of each image service, on its tiny model (OCR: RapidOCR's real one)."""
+    name = request.param
+    if name == "ocr":
+        yield name, request.getfixturevalue("ocr_server").url
+    elif name == "aesthetic":
+        yield name, request.getfixturevalue("aesthetic_server")
+    else:
+        if name == "hpsv2" and not REFERENCE_PYTHON:
+            pytest.skip("the tiny HPSv2 checkpoint is made by the reference environment (run via 'bash run.sh test')")
+        model = save_model(name, tmp_path_factory.mktemp(name))
+        env = {f"SCORER_{name.upper()}_MODEL": str(model), "SCORER_DEVICE": "cpu", "SCORER_MAX_WAIT_MS": "20"}
+        with gunicorn_server(name, env, threads=32, log_dir=tmp_path_factory.mktemp("logs")) as server:
+            yield name, server.url
+
+
+def samples_for(name: str) -> tuple[list[bytes], list[str]]:
+    """Three images and their prompts: rendered words for OCR, varied images for the others."""
+    if name == "ocr":
+        words = ["Velvet", "Harbor 9", "Quartz"]
+        return [render_text(word) for word in words], [f'a sign that says "{word}"' for word in words]
+    return sample_images(3), ["a photo of a cat", "a red bicycle", ""]
+
+
+def test_videos_score_as_their_frames_beside_an_image_request(service: tuple[str, str]) -> None:
+    """An image request and a video request at once (batched together): each video of repeated
+    frames, of different lengths, scores as its frame; a frame not chosen is never decoded."""
+    name, url = service
+    images, prompts = samples_for(name)
+    a, b, c = images
+    video_request = {
+        # frame_interval 2: frames 0 and 2 of the first, 0 of the second, 0, 2, 4 of the third
+        "videos": [[a, NOT_DECODED, a], [b], [c, NOT_DECODED, c, NOT_DECODED, c]],
+        "prompts": prompts,
+        "metadata": {"frame_interval": 2},
+    }
+    with ThreadPoolExecutor(2) as pool:
+        image_answer, video_answer = pool.map(
+            lambda payload: scored(url, payload), [{"images": images, "prompts": prompts}, video_request]
+        )
+    expected = image_answer["scores"]
+    assert "frame_scores" not in image_answer  # an image request answers as it always has
+    assert video_answer["scores"] == pytest.approx(expected, abs=TOLERANCE)
+    assert video_answer["outputs"] == video_answer["scores"]
+    assert [len(frames) for frames in video_answer["frame_scores"]] == [2, 1, 3]
+    for frames, score in zip(video_answer["frame_scores"], expected):
+        assert frames == pytest.approx([score] * len(frames), abs=TOLERANCE)
+    if name == "ocr":
+        assert min(expected) > 0.8, expected  # the words are read, not a trivial 0 = 0
+
+
+def distinct_frames(count: int) -> list[bytes]:
+    """Noise frames of one size, each its own (PNG: what the service decodes is what was made)."""
+    rng = np.random.default_rng(11)
+    return [encode(Image.fromarray(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)), "PNG") for _ in range(count)]
+
+
+def test_frame_interval_picks_frames_and_the_mean_is_the_score(aesthetic_server: str) -> None:
+    frames = distinct_frames(10)
+    alone = scored(aesthetic_server, {"images": frames, "prompts": [""] * 10})["scores"]
+    assert len(set(alone)) == 10, "the frames must score apart for the test to see which were chosen"
+    for interval, chosen in [(1, range(10)), (3, [0, 3, 6, 9]), (4, [0, 4, 8]), (10, [0]), (99, [0])]:
+        answer = scored(
+            aesthetic_server, {"videos": [frames], "prompts": ["p"], "metadata": {"frame_interval": interval}}
+        )
+        assert answer["frame_scores"][0] == pytest.approx([alone[i] for i in chosen], abs=TOLERANCE), interval
+        assert answer["scores"][0] == pytest.approx(math.fsum(alone[i] for i in chosen) / len(chosen), abs=TOLERANCE)
+    default = scored(aesthetic_server, {"videos": [frames], "prompts": ["p"]})
+    assert len(default["frame_scores"][0]) == 10  # every frame unless the request says
+
+
+def test_json_twin_carries_frames_as_base64(aesthetic_server: str) -> None:
+    frames = sample_images(4)
+    body = {
+        "videos": [[base64.b64encode(f).decode() for f in frames]],
+        "prompts": ["p"],
+        "metadata": {"frame_interval": 2},
+    }
+    answer = requests.post(aesthetic_server + "/score", json=body, timeout=120).json()
+    expected = scored(aesthetic_server, {"videos": [frames], "prompts": ["p"], "metadata": {"frame_interval": 2}})
+    assert answer["scores"] == pytest.approx(expected["scores"], abs=TOLERANCE)
+    assert answer["frame_scores"][0] == pytest.approx(expected["frame_scores"][0], abs=TOLERANCE)
+
+
+# ----------------------------------------------------------------------------- OCR's video rule
+
+
+def flow_grpo_video_ocr(texts: list[str], prompt: str, interval: int = 4) -> float:
+    """flow_grpo's ``OcrScorer_video_or_image`` restated from the texts its frames show: every
+    ``interval``-th frame, target the first quoted segment, spaces removed and lower case, the
+    plain Levenshtein distance capped at the target's length, ``1 - d / len``; the mean of the
+    frames scoring above 0, else 0."""
+    target = prompt.split('"')[1].replace(" ", "").lower()
+    kept = []
+    for text in texts[::interval]:
+        distance = min(Levenshtein.distance(text.replace(" ", "").lower(), target), len(target))
+        if (reward := 1 - distance / len(target)) > 0:
+            kept.append(reward)
+    return sum(kept) / len(kept) if kept else 0.0
+
+
+def test_video_ocr_rule_equals_flow_grpos_formula(ocr_server) -> None:
+    prompt = 'a neon sign that says "Hello World"'
+    # Frames 0, 4, 8 chosen by the rule's own interval: the target, nothing (0: left out of the
+    # mean), the target inside more text (1 by the image rule's substring match, 0.6 here).
+    texts = ["Hello World", "", "", "", "", "", "", "", "Hello World Now"]
+    frames = [render_text(text) if text else blank() for text in texts]
+    frames[1:4] = frames[5:8] = [NOT_DECODED] * 3
+    answer = scored(ocr_server.url, {"videos": [frames], "prompts": [prompt], "metadata": {"video_rule": "video_ocr"}})
+    assert answer["frame_scores"][0] == pytest.approx([1.0, 0.0, 1 - 3 / 10])
+    assert answer["scores"][0] == pytest.approx(flow_grpo_video_ocr(texts, prompt)) == pytest.approx(0.85)
+    mean = scored(ocr_server.url, {"videos": [frames], "prompts": [prompt], "metadata": {"frame_interval": 4}})
+    assert mean["frame_scores"][0] == pytest.approx([1.0, 0.0, 1.0])  # the image rule, frame by frame
+    assert mean["scores"][0] == pytest.approx(2 / 3)
+
+
+def test_a_video_of_identical_frames_scores_as_its_frame_on_ocr(ocr_server) -> None:
+    prompt = 'a banner that says "Grand Opening"'
+    image = render_text("Grand Opening")
+    (alone,) = scored(ocr_server.url, {"images": [image], "prompts": [prompt]})["scores"]
+    answer = scored(ocr_server.url, {"videos": [[image] * 5], "prompts": [prompt]})
+    assert alone > 0.9 and answer["scores"] == [pytest.approx(alone)]
+    assert answer["frame_scores"] == [[pytest.approx(alone)] * 5]
+
+
+# ----------------------------------------------------------------------------- limits and bad input
+
+
+FRAME = sample_images(1)[0]  # 150x180: 27,000 pixels, 297,000 bytes decoded
+
+
+@pytest.fixture(scope="module")
+def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    clip = save_random_clip(tmp_path_factory.mktemp("clip"), size="tiny")
+    env = {
+        "SCORER_AESTHETIC_CLIP": str(clip),
+        "SCORER_DEVICE": "cpu",
+        "SCORER_MAX_ITEMS": "8",
+        "SCORER_MAX_FRAMES": "12",
+        "SCORER_MAX_REQUEST_PIXELS": str(7 * 27_000),
+        "SCORER_MAX_QUEUE_BYTES": str(3 * 297_000 + 150_000),  # 3.5 frames' decode
+    }
+    with gunicorn_server("aesthetic", env, threads=8, log_dir=tmp_path_factory.mktemp("logs")) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "message"),
+    [
+        ({"images": [FRAME], "videos": [[FRAME]], "prompts": ["p"]}, 422, "'images' or 'videos', not both"),
+        (
+            {"videos": [[FRAME] * 13], "prompts": ["p"]},
+            413,
+            "videos[0] has 13 frames; the limit is 12 (SCORER_MAX_FRAMES)",
+        ),
+        ({"videos": [[NOT_DECODED] * 3] * 9, "prompts": ["p"] * 9}, 413, "9 videos in one request; the limit is 8"),
+        (
+            {"videos": [[FRAME] * 3] * 3, "prompts": ["p"] * 3},
+            413,
+            "9 chosen frames (every 1th frame of 3 videos) in one request; the limit is 8 (SCORER_MAX_ITEMS)",
+        ),
+        (
+            {"videos": [[FRAME] * 12], "prompts": ["p"], "metadata": {"frame_interval": 3}},
+            413,
+            "(decoded images); the limit is 1 MiB (SCORER_MAX_QUEUE_BYTES)",  # under the pixels
+        ),
+        ({"videos": [[FRAME] * 8], "prompts": ["p"]}, 413, "SCORER_MAX_REQUEST_PIXELS"),
+        ({"videos": [[FRAME, NOT_DECODED]], "prompts": ["p"]}, 422, "videos[0][1] could not be decoded"),
+        (
+            {"videos": [[FRAME, b"GIF89a"]], "prompts": ["p"], "metadata": {"frame_interval": 2}},
+            422,
+            "videos[0][1] is not a JPEG, PNG or WebP",
+        ),
+        (
+            {"videos": [[FRAME, 7]], "prompts": ["p"], "metadata": {"frame_interval": 2}},
+            422,
+            "videos[0][1] must be bytes",
+        ),
+        ({"videos": [[]], "prompts": ["p"]}, 422, "videos[0] has no frames"),
+        ({"videos": [FRAME], "prompts": ["p"]}, 422, "videos[0] must be a list of encoded frames"),
+        ({"videos": [[FRAME]], "prompts": ["p", "q"]}, 422, "need one prompt per video"),
+        ({"videos": [[FRAME]], "prompts": ["p"], "metadata": {"frame_interval": 0}}, 422, "frame_interval"),
+        ({"videos": [[FRAME]], "prompts": ["p"], "metadata": {"frame_interval": True}}, 422, "frame_interval"),
+        ({"videos": [[FRAME]], "prompts": ["p"], "metadata": {"video_rule": "video_ocr"}}, 422, "known: mean"),
+    ],
+)
+def test_limits_and_bad_videos_get_clear_errors(limited_server: str, payload: dict, status: int, message: str) -> None:
+    answer_status, answer = post(limited_server, payload)
+    assert (answer_status, message in answer.get("error", "")) == (status, True), answer
+    fine = scored(
+        limited_server, {"videos": [[FRAME, NOT_DECODED] * 3], "prompts": ["p"], "metadata": {"frame_interval": 2}}
+    )
+    assert len(fine["frame_scores"][0]) == 3  # the node carries on; frames not chosen cost no items or pixels
+
+
+# ----------------------------------------------------------------------------- the VeRL-Omni drop-in
+
+
+def test_verl_omni_module_imports_with_the_clients_dependencies_only(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    blocked = ["torch", "flask", "gunicorn", "werkzeug", "prometheus_client", "transformers"]
+    code = (
+        "import sys\n"
+        f"class Block:\n def find_spec(self, name, path=None, target=None):\n"
+        f"  if name.split('.')[0] in {blocked!r}: raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import common.verl_omni as m, numpy as np\n"
+        "assert m.frames_of(np.zeros((5, 3, 8, 8), np.uint8)).shape == (5, 8, 8, 3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def compute(url: str, sample: object, prompt: str = "p", **kwargs: object) -> float:
+    """VeRL-Omni's call of the drop-in reward function, in an event loop of its own."""
+
+    async def call() -> dict:
+        try:
+            return await verl_omni.compute_score(solution_image=sample, ground_truth=prompt, server_url=url, **kwargs)
+        finally:
+            await verl_omni.compute_score._session.close()
+
+    result = asyncio.run(call())
+    assert set(result) == {"score"}
+    return result["score"]
+
+
+def test_verl_omni_module_sends_whole_videos_and_images(aesthetic_server: str) -> None:
+    import torch
+
+    rng = np.random.default_rng(5)
+    video = rng.integers(0, 256, (9, 64, 80, 3), dtype=np.uint8)  # THWC
+    sent = [verl_omni.encode_frame(frame) for frame in video]  # JPEG, as the stock client sends
+    alone = scored(aesthetic_server, {"images": sent, "prompts": ["p"] * 9})["scores"]
+
+    def mean(chosen: range) -> float:
+        return math.fsum(alone[i] for i in chosen) / len(chosen)
+
+    tchw = torch.from_numpy(video).permute(0, 3, 1, 2)
+    assert compute(aesthetic_server, video) == pytest.approx(mean(range(0, 9, 4)), abs=TOLERANCE)  # default 4
+    assert compute(aesthetic_server, tchw, extra_info={"frame_interval": 3}) == pytest.approx(
+        mean(range(0, 9, 3)), abs=TOLERANCE
+    )
+    cthw_float = tchw.permute(1, 0, 2, 3).float() / 255  # floats in [0, 1], channels first
+    assert compute(aesthetic_server, cthw_float, frame_interval=2, extra_info={"frame_interval": 3}) == pytest.approx(
+        mean(range(0, 9, 2)), abs=TOLERANCE
+    )
+    assert compute(aesthetic_server, tchw[None], frame_interval=1) == pytest.approx(mean(range(9)), abs=TOLERANCE)
+    # An image (CHW, or a batch of one), as the stock client sends it: the JPEG of the image.
+    assert compute(aesthetic_server, tchw[4]) == pytest.approx(alone[4], abs=TOLERANCE)
+    assert compute(aesthetic_server, tchw[4:5]) == pytest.approx(alone[4], abs=TOLERANCE)
+    with pytest.raises(RuntimeError, match=r"HTTP 413: prompts\[0\] has 9000 characters"):
+        compute(aesthetic_server, video, prompt="x" * 9000)
+    with pytest.raises(RuntimeError, match=r"HTTP 422: metadata\['video_rule'\] = 'video_ocr' is not a video rule"):
+        compute(aesthetic_server, video, metadata={"video_rule": "video_ocr"})  # the request's metadata goes along
+
+
+def test_verl_omni_module_retries_as_the_stock_client() -> None:
+    """408, 429, 5xx and dropped connections are retried ``max_retries`` times with doubling
+    backoff; other statuses raise at once."""
+    from aiohttp import web
+
+    async def serve(statuses: list[int], **kwargs: object) -> tuple[float | str, int]:
+        seen: list[int] = []
+
+        async def handler(request: web.Request) -> web.Response:
+            await request.read()
+            status = statuses[min(len(seen), len(statuses) - 1)]
+            seen.append(status)
+            body = {"scores": [0.25], "outputs": [0.25]} if status == 200 else {"error": f"status {status}"}
+            return web.Response(status=status, body=pickle.dumps(body))
+
+        app = web.Application()
+        app.router.add_post("/", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            result = await verl_omni.compute_score(
+                np.zeros((3, 16, 16), np.uint8), "p", f"http://127.0.0.1:{port}/", retry_backoff=0.01, **kwargs
+            )
+            outcome: float | str = result["score"]
+        except RuntimeError as exc:
+            outcome = str(exc)
+        finally:
+            await verl_omni.compute_score._session.close()
+            await runner.cleanup()
+        return outcome, len(seen)
+
+    assert asyncio.run(serve([503, 429, 200])) == (0.25, 3)
+    outcome, attempts = asyncio.run(serve([500, 408, 200], max_retries=1))
+    assert attempts == 2 and "HTTP scoring failed after 2 attempts" in outcome and "status 408" in outcome
+    outcome, attempts = asyncio.run(serve([422, 200]))
+    assert attempts == 1 and outcome == "Scorer server returned HTTP 422: status 422"
