@@ -308,7 +308,9 @@ def test_limits_are_clear_errors(monkeypatch: pytest.MonkeyPatch, tiny: tuple[Pa
 
     limited = make_scorer(monkeypatch, model=str(tiny[0]), base=str(tiny[1]), max_tokens="2000")
     limited.setup("cpu")
-    with pytest.raises(PayloadTooLarge, match=r"prompt of images\[1\] makes a sequence of \d+ tokens.*SCORER_HPSV3_MAX_TOKENS"):
+    with pytest.raises(
+        PayloadTooLarge, match=r"prompt of images\[1\] makes a sequence of \d+ tokens.*SCORER_HPSV3_MAX_TOKENS"
+    ):
         limited.prepare({"images": images[:2], "prompts": ["short", "word " * 1000]})
 
 
