@@ -20,9 +20,9 @@ from PIL import Image
 from rapidfuzz.distance import Levenshtein
 
 from common import verl_omni
-from tests.images import blank, encode, render_text
-from tests.random_clip import save_random_clip
-from tests.server import gunicorn_server
+from testing.images import blank, encode, render_text
+from testing.random_clip import save_random_clip
+from testing.server import gunicorn_server
 from tests.test_clip_rewards import REFERENCE_PYTHON, sample_images, save_model
 
 # A frame that starts as a JPEG and is nothing else: decoding it fails (422), so a request that
