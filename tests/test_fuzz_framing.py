@@ -9,7 +9,11 @@ depends on how the bytes were split into reads, or a head the framing accepts th
 parser, handed only that head on a request thread, reads past or short of. The framing may
 refuse what gunicorn accepts: refusing what it cannot frame exactly is its job.
 
-A few hundred cases in the suite; for a long run, SCORER_FUZZ_FRAMING_EXAMPLES sets the count:
+The same requests also go to a running worker (real gunicorn), one connection each: every one
+is answered with a status line and never a 500, by the worker that was there before.
+
+A few hundred cases in the suite; for a long run, SCORER_FUZZ_FRAMING_EXAMPLES sets the count
+(a tenth of it against the running worker):
     SCORER_FUZZ_FRAMING_EXAMPLES=100000 .venv/bin/python -m pytest tests/test_fuzz_framing.py
 """
 
@@ -17,8 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pytest
+import requests as http
 from gunicorn.config import Config
 from gunicorn.http.parser import RequestParser
 from hypothesis import HealthCheck, given, settings
@@ -26,16 +35,23 @@ from hypothesis import strategies as st
 
 from common.framing import Refused, RequestFraming
 from common.worker import Framed, FramedRequest, FramedUnreader
+from tests.server import Server, gunicorn_server
 
 MAX_BODY = 4096
 CONFIG = Config()
 EXAMPLES = int(os.environ.get("SCORER_FUZZ_FRAMING_EXAMPLES", 300))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+
+
+def fuzz(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+FUZZ = fuzz(EXAMPLES)
 
 
 @dataclass(frozen=True)
@@ -259,6 +275,34 @@ def test_the_framing_agrees_with_gunicorns_parser(data: bytes, reads: list[int])
 @given(data=st.binary(max_size=200), reads=READS)
 def test_any_bytes_are_framed_as_gunicorn_frames_them_or_refused(data: bytes, reads: list[int]) -> None:
     check(b"POST / HTTP/1.1\r\n" + data, reads)
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> Iterator[Server]:
+    env = {"SCORER_MAX_BODY_BYTES": str(MAX_BODY), "SCORER_HEAD_TIMEOUT_S": "5", "SCORER_BODY_TIMEOUT_S": "5"}
+    with gunicorn_server("ocr", env, require_ready=False, log_dir=tmp_path_factory.mktemp("logs")) as server:
+        yield server
+
+
+STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-5][0-9][0-9]) ")
+
+
+@fuzz(max(100, EXAMPLES // 10))
+@given(data=requests())
+def test_the_running_worker_answers_every_request(worker, data: bytes) -> None:
+    pid = http.get(worker.url + "/health", timeout=10).json()["pid"]
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=20) as sock:
+        with contextlib.suppress(OSError):  # the worker may refuse and close before all is sent
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    statuses = [int(status) for status in STATUS_LINE.findall(answer)]
+    assert answer.startswith(b"HTTP/1.") and statuses, answer[:200]
+    assert all(status < 500 or status in (501, 503, 505) for status in statuses), answer[:500]
+    assert http.get(worker.url + "/health", timeout=10).json()["pid"] == pid
 
 
 # Cases a long run found, kept as fixed cases.
