@@ -10,7 +10,11 @@ parser, handed only that head on a request thread, reads past or short of. The f
 refuse what gunicorn accepts: refusing what it cannot frame exactly is its job.
 
 The same requests also go to a running worker (real gunicorn), one connection each: every one
-is answered with a status line and never a 500, by the worker that was there before.
+is answered with a status line and never a 500, by the worker that was there before. And they
+go through nginx with the shipped template (deploy/nginx.conf.template) to an upstream that
+frames what nginx forwards with ``common.framing`` and echoes each body: every request nginx
+forwards is framed whole there (nothing nginx sends is refused or split differently), and
+where the framing accepts the client's original request, nginx forwarded the same body.
 
 A few hundred cases in the suite; for a long run, SCORER_FUZZ_FRAMING_EXAMPLES sets the count
 (a tenth of it against the running worker):
@@ -23,6 +27,8 @@ import contextlib
 import os
 import re
 import socket
+import socketserver
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,12 +36,13 @@ import pytest
 import requests as http
 from gunicorn.config import Config
 from gunicorn.http.parser import RequestParser
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from common.framing import Refused, RequestFraming
 from common.worker import Framed, FramedRequest, FramedUnreader
 from tests.server import Server, gunicorn_server
+from tests.test_scaleout import nginx
 
 MAX_BODY = 4096
 CONFIG = Config()
@@ -303,6 +310,100 @@ def test_the_running_worker_answers_every_request(worker, data: bytes) -> None:
     assert answer.startswith(b"HTTP/1.") and statuses, answer[:200]
     assert all(status < 500 or status in (501, 503, 505) for status in statuses), answer[:500]
     assert http.get(worker.url + "/health", timeout=10).json()["pid"] == pid
+
+
+class EchoUpstream(socketserver.ThreadingTCPServer):
+    """Frames what nginx forwards with ``common.framing``; answers each request with its body.
+    A refusal of what gunicorn's parser would take is recorded as a disagreement."""
+
+    daemon_threads = True
+    disagreements: list[str]
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            rest = b""
+            while True:
+                framing, seen = RequestFraming(1 << 24), bytearray(rest)
+                framing.receive(rest)
+                try:
+                    while framing.read_head() is None or not framing.read_body():
+                        data = self.request.recv(65536)
+                        if not data:
+                            return
+                        seen += data
+                        framing.receive(data)
+                except Refused as refused:
+                    if by_gunicorn(bytes(seen), [len(seen)]).kind != "refused":
+                        self.server.disagreements.append(f"{refused.status} {refused.message}: {bytes(seen)!r}")
+                    return
+                except OSError:
+                    return
+                body, rest = bytes(framing.body), framing.rest()
+                self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+@pytest.fixture(scope="module")
+def through_nginx(tmp_path_factory) -> Iterator[tuple[str, EchoUpstream]]:
+    upstream = EchoUpstream(("127.0.0.1", 0), EchoUpstream.Handler)
+    upstream.disagreements = []
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    node = f"127.0.0.1:{upstream.server_address[1]}"
+    try:
+        with nginx([node], tmp_path_factory.mktemp("nginx")) as balancer:
+            yield balancer.url, upstream
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def responses(data: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each final response in ``data`` (nginx's: with Content-Length)."""
+    out = []
+    while (end := data.find(b"\r\n\r\n")) >= 0:
+        head, data = data[:end], data[end + 4 :]
+        status = int(head[9:12])
+        if status < 200:  # 100 Continue: no body, and not the request's answer
+            continue
+        length = re.search(rb"\r\ncontent-length: *([0-9]+)", head, re.IGNORECASE)
+        size = int(length[1]) if length else len(data)
+        out.append((status, data[:size]))
+        data = data[size:]
+    return out
+
+
+def framed_bodies(data: bytes) -> list[bytes]:
+    """The bodies of the requests in ``data`` that the framing frames whole, in order, up to the
+    first it refuses or waits on."""
+    bodies = []
+    while True:
+        outcome, _ = by_framing(data, [len(data)])
+        if outcome.kind != "whole":
+            return bodies
+        bodies.append(outcome.body)
+        data = outcome.rest
+
+
+@fuzz(max(100, EXAMPLES // 10))
+@given(data=requests())
+def test_nginx_and_the_framing_agree(through_nginx, data: bytes) -> None:
+    assume(not data.lstrip(b"\r\n").startswith(b"HEAD"))  # the echo of a HEAD has no body to compare
+    if b"\nhost:" not in data.lower():  # nginx refuses HTTP/1.1 without a Host
+        data = data.replace(b"\r\n", b"\r\nHost: scorer\r\n", 1)
+    url, upstream = through_nginx
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert not upstream.disagreements, upstream.disagreements
+    ours = framed_bodies(data)
+    for n, (status, body) in enumerate(responses(answer)):
+        if status == 200 and n < len(ours):
+            assert body == ours[n], f"request {n}: nginx forwarded {body!r}, the framing reads {ours[n]!r}"
 
 
 # Cases a long run found, kept as fixed cases.
