@@ -230,10 +230,7 @@ class ScorerWorker(ThreadWorker):
                 self.log.warning("accept failed: %s", errno.errorcode.get(exc.errno, exc))
 
     def enqueue_req(self, conn: TConn) -> None:
-        """A new connection, a kept-alive one with bytes, or a whole request (to a thread)."""
-        if isinstance(getattr(conn, "state", None), Framed):
-            super().enqueue_req(conn)
-            return
+        """A new connection (from gunicorn's ``accept``): its request is read here, not on a thread."""
         self._await_request(conn, fresh=True, pipelined=b"")
 
     def _await_request(self, conn: TConn, fresh: bool, pipelined: bytes, idle_s: float | None = None) -> None:
