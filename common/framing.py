@@ -50,6 +50,8 @@ CHUNK_LINE = re.compile(
     rb"([0-9A-Fa-f]+)((?:[ \t]*;[ \t]*" + _TOKEN + rb"(?:[ \t]*=[ \t]*(?:" + _TOKEN + rb"|" + _QUOTED + rb"))?)*)"
 )
 BARE_LF = re.compile(rb"(?<!\r)\n")
+# Fields that may appear once in a section (the framing's, and those gunicorn refuses repeated).
+SINGLETON_FIELDS = (b"host", b"content-type", b"content-length", b"transfer-encoding", b"expect")
 # Trailer fields that would change the framing, routing or authentication (RFC 9110 6.5.1).
 FORBIDDEN_TRAILERS = frozenset((b"content-length", b"transfer-encoding", b"host", b"trailer", b"authorization", b"te"))
 
@@ -61,6 +63,23 @@ def field_line(line: bytes) -> tuple[bytes, bytes]:
     if not colon or not TOKEN.fullmatch(name) or NOT_FIELD_VALUE.search(value):
         raise Refused(400, "malformed header field line")
     return name.lower(), value
+
+
+def field_section(lines: list[bytes]) -> dict[bytes, list[bytes]]:
+    """The values of each field of a head or trailer section, by lowercased name, refused as
+    gunicorn refuses them: over its limits, underscored names, repeated singletons."""
+    if len(lines) > MAX_FIELDS or any(len(line) + len(CRLF) > MAX_FIELD_BYTES for line in lines):
+        raise Refused(431, f"more than {MAX_FIELDS} header fields or one over {MAX_FIELD_BYTES} bytes")
+    fields: dict[bytes, list[bytes]] = {}
+    for line in lines:
+        name, value = field_line(line)
+        if b"_" in name:  # gunicorn refuses these: HTTP_X_Y could be either X-Y or X_Y
+            raise Refused(400, "underscore in a header field name")
+        fields.setdefault(name, []).append(value)
+    for singleton in SINGLETON_FIELDS:
+        if len(fields.get(singleton, ())) > 1:
+            raise Refused(400, f"repeated {singleton.decode()} field")
+    return fields
 
 
 class Refused(Exception):
@@ -174,17 +193,7 @@ class RequestFraming:
         method, major, minor = matched[1].decode(), int(matched[3]), int(matched[4])
         if (major, minor) not in ((1, 0), (1, 1)):
             raise Refused(505, f"HTTP/{major}.{minor} is not supported")
-        if len(lines) > MAX_FIELDS or any(len(line) + len(CRLF) > MAX_FIELD_BYTES for line in lines):
-            raise Refused(431, f"more than {MAX_FIELDS} header fields or one over {MAX_FIELD_BYTES} bytes")
-        fields: dict[bytes, list[bytes]] = {}
-        for line in lines:
-            name, value = field_line(line)
-            if b"_" in name:  # gunicorn refuses these: HTTP_X_Y could be either X-Y or X_Y
-                raise Refused(400, "underscore in a header field name")
-            fields.setdefault(name, []).append(value)
-        for singleton in (b"host", b"content-type", b"content-length", b"transfer-encoding", b"expect"):
-            if len(fields.get(singleton, ())) > 1:
-                raise Refused(400, f"repeated {singleton.decode()} field")
+        fields = field_section(lines)
         (content_type,) = fields.get(b"content-type", [None])
         (expect,) = fields.get(b"expect", [None])
         if expect is not None and expect.lower() != b"100-continue":
@@ -297,10 +306,9 @@ class RequestFraming:
             if len(raw) > MAX_HEAD_BYTES:
                 raise Refused(431, f"trailer section over {MAX_HEAD_BYTES} bytes")
             return False
-        for line in bytes(raw[:end]).split(CRLF):
-            name, _ = field_line(line)
-            if b"_" in name or name in FORBIDDEN_TRAILERS:
-                raise Refused(400, f"forbidden trailer field {name.decode()}")
+        forbidden = FORBIDDEN_TRAILERS.intersection(field_section(bytes(raw[:end]).split(CRLF)))
+        if forbidden:
+            raise Refused(400, f"forbidden trailer field {min(forbidden).decode()}")
         del raw[: end + len(HEAD_END)]
         self._step = _Step.DONE
         return True

@@ -51,6 +51,7 @@ def test_whole_exactly_at_the_last_byte_with_its_body(request_bytes: bytes, body
         (CHUNKED + b"5;\x01\r\nhello\r\n", 400),  # malformed extension
         (CHUNKED + b"5\r\nhello!!", 400),  # no CRLF after the data
         (CHUNKED + b"5\r\nhello\r\n0\r\nContent-Length: 5\r\n\r\n", 400),  # framing in a trailer
+        (CHUNKED + b"0\r\nContent-Type: a\r\nContent-Type: a\r\n\r\n", 400),  # a repeated trailer
         (CHUNKED + b"1" * 17 + b"\r\n", 413),  # a 17-digit chunk size
         (CHUNKED + b"100001\r\n", 413),  # one chunk over the body limit
         (HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", 400),  # both framings

@@ -410,6 +410,8 @@ def test_nginx_and_the_framing_agree(through_nginx, data: bytes) -> None:
 FOUND = {
     "a last chunk of zeros": b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n000\r\n\r\n",
     "a bare LF in the body read with the head": b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\na\nb",
+    "a repeated Content-Type trailer": b"POST / HTTP/1.1\r\nHost:x\r\nTransfer-Encoding:chunked\r\n\r\n0\r\n"
+    b"Content-Type:application/json\r\nContent-Type:application/json\r\n\r\n",
 }
 
 
