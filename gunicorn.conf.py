@@ -47,7 +47,6 @@ bind = settings.bind or f"0.0.0.0:{settings.port or service.port}"
 workers = settings.workers or max(1, len(gpus))
 worker_class = "common.worker.ScorerWorker"
 threads = settings.threads
-worker_connections = settings.worker_connections
 backlog = 4096
 # The gthread heartbeat comes from the worker's main loop, not the request threads, so a long
 # batch does not get a worker killed; a stuck main loop does.
@@ -61,11 +60,14 @@ loglevel = settings.log_level
 control_socket_disable = True
 
 # Every connection is a descriptor, and a worker holds up to ``worker_connections`` of them
-# (slow and idle ones included): the soft limit (often 1024) goes up to the hard one.
+# (slow and idle ones included): the soft limit (often 1024) goes up to the hard one, and a worker
+# takes no more connections than that leaves room for beside its own files (models, pipes).
 _soft_files, _hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)
-_wanted_files = 65536 if _hard_files == resource.RLIM_INFINITY else _hard_files
+_wanted_files = 1 << 20 if _hard_files == resource.RLIM_INFINITY else _hard_files
 if _soft_files != resource.RLIM_INFINITY and _soft_files < _wanted_files:
     resource.setrlimit(resource.RLIMIT_NOFILE, (_wanted_files, _hard_files))
+FILES_BESIDE_CONNECTIONS = 1024
+worker_connections = max(threads + 1, min(settings.worker_connections, _wanted_files - FILES_BESIDE_CONNECTIONS))
 
 # GPU slot -> the worker holding it (master-side bookkeeping).
 _gpu_holders: dict[int, object | None] = {slot: None for slot in range(len(gpus))}

@@ -8,7 +8,6 @@ model, the payload prepared into items, the items scored, the answer encoded."""
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import time
@@ -16,34 +15,29 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
-from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.exceptions import HTTPException
 
 from common import __version__, metrics, registry
+from common.auth import bearer_token_matches
 from common.batching import Deadline, request_deadline
 from common.config import describe, from_env
 from common.devices import GPU_ENV
-from common.errors import BadRequest, PayloadTooLarge, RequestTimeout, ScorerError, Unauthorized, describe_error
+from common.errors import PayloadTooLarge, ScorerError, Unauthorized, describe_error
 from common.protocols import WireProtocol
 from common.runtime import ScorerRuntime
 from common.scorer import Scorer
 from common.settings import CoreSettings
-from common.worker import ARRIVED_KEY, ReadTimedOut
+from common.worker import ARRIVED_KEY
 
 log = logging.getLogger(__name__)
 
 
 def read_body(limit: int) -> bytes:
-    """The request body, refused with 413 before reading when it is declared too large."""
+    """The request body (the worker has read it whole), refused with 413 when it is too large."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"body of {declared} bytes; the limit is {limit}")
-    try:
-        body = request.stream.read(limit + 1)
-    except ReadTimedOut as exc:
-        raise RequestTimeout(str(exc)) from None
-    except (ParseException, NoMoreData) as exc:  # bad chunked framing, a body cut short
-        raise BadRequest(f"malformed request body: {describe_error(exc)}") from None
+    body = request.stream.read(limit + 1)
     if len(body) > limit:
         raise PayloadTooLarge(f"body over the limit of {limit} bytes")
     return body
@@ -82,11 +76,9 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         g.started = time.perf_counter()
         g.scope = contextlib.ExitStack()
         g.scope.enter_context(request_deadline(Deadline(core.request_timeout_s, request.environ.get(ARRIVED_KEY))))
-        if core.auth_token and request.method == "POST":
-            # RFC 9110 11.1: the scheme name is case-insensitive ("bearer" is "Bearer").
-            scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), core.auth_token.encode()):
-                raise Unauthorized("missing or wrong bearer token")
+        token = core.auth_token
+        if token and request.method == "POST" and not bearer_token_matches(request.headers.get("Authorization"), token):
+            raise Unauthorized("missing or wrong bearer token")
 
     @app.teardown_request
     def end_request(_: BaseException | None) -> None:

@@ -66,7 +66,9 @@ class CoreSettings:
     workers: int | None = None
     # Request threads per worker: they wait for batches, and decoding runs on them.
     threads: int = 128
-    worker_connections: int = 4096
+    # Connections one worker holds, idle ones included (each costs a descriptor and ~2 KB until
+    # its head deadline); at most the file descriptor limit leaves room for (gunicorn.conf.py).
+    worker_connections: int = 32768
     # gunicorn's heartbeat timeout; seconds in-flight requests get to finish on SIGTERM.
     worker_timeout: int = 120
     graceful_timeout: int = 30
