@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from services.code.compile_cache import Builds
 from services.code.labels import Suite, result_matches, stdout_matches
+from services.code.languages import LANGUAGES, PYTHON, Program
 from services.code.sandbox import Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import CodeSettings
@@ -22,8 +24,8 @@ from services.code.settings import CodeSettings
 log = logging.getLogger(__name__)
 
 STATUSES = (
-    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "invalid_label",
-    "sandbox_error",
+    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit", "compile_error", "no_code",
+    "invalid_label", "sandbox_error", "language_unavailable",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
@@ -44,6 +46,7 @@ class Sample:
 
     code: str
     suite: Suite | None
+    language: str = PYTHON
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     if run.timed_out:
         return "timeout"
     if run.output_exceeded:
-        return "runtime_error"
+        return "output_limit"
     if run.exit != 0:
         return "memory_limit" if run.oom_killed or "MemoryError" in run.stderr else "runtime_error"
     if run.stdout_truncated:
@@ -80,7 +83,7 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
 
 # What a call-based or assert test that failed before an answer or a report gets.
 FAILURES = {
-    "compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "runtime_error",
+    "compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "output_limit",
     "memory_limit": "memory_limit",
 }  # fmt: skip
 # An assert test's report names the exception that ended it.
@@ -124,9 +127,10 @@ class Grader:
     on threads of its own, at most ``settings.parallel``, so none waits behind another's queue.
     """
 
-    def __init__(self, settings: CodeSettings, sandbox: Sandbox) -> None:
+    def __init__(self, settings: CodeSettings, sandbox: Sandbox, builds: Builds | None = None) -> None:
         self.settings = settings
         self.sandbox = sandbox
+        self.builds = builds
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -158,6 +162,8 @@ class Grader:
             return Verdict("no_code", 0, total, 0.0)
         for attempt in range(2):
             try:
+                if sample.language != PYTHON:
+                    return self._run_built(sample, deadline, request)
                 return self._run(sample.suite, sample.code, deadline, request)
             except SandboxFailure as exc:
                 log.warning("code sandbox failed a run (attempt %d): %s", attempt + 1, exc)
@@ -166,15 +172,50 @@ class Grader:
                     continue
         return Verdict("sandbox_error", 0, total, None)
 
-    def _run(self, suite: Suite, code: str, deadline: float, request: object) -> Verdict:
+    def _run_built(self, sample: Sample, deadline: float, request: object) -> Verdict:
+        """A program in a compiled language: its build (once per source, ``compile_cache``),
+        then its tests, each running the build."""
+        suite = sample.suite
+        assert suite is not None
+        total = len(suite.tests)
+        language = LANGUAGES[sample.language]
+        if self.builds is None or self.builds.missing(language):
+            return Verdict("language_unavailable", 0, total, None)
+        program = self.builds.program(language, sample.code, self.settings.memory_mb)
+        cgroups = bool(self.sandbox.cgroups.version)
+
+        def build() -> str | None:
+            assert self.builds is not None
+            job = self.builds.build_job(program, self._job(suite, sample.code, deadline), cgroups)
+            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+                if uid is None or time.monotonic() >= deadline:
+                    raise SandboxFailure("no run slot came free before the request deadline")
+                runs = self.sandbox.run(job, uid)
+                try:
+                    return self.builds.compile_error(next(runs, None))
+                finally:
+                    runs.close()
+
+        with self.builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
+            if error is not None:
+                return Verdict("compile_error", 0, total, 0.0)
+            return self._run(suite, sample.code, deadline, request, program)
+
+    def _run(
+        self, suite: Suite, code: str, deadline: float, request: object, program: Program | None = None
+    ) -> Verdict:
         s = self.settings
         with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
             statuses = ["timeout"] * len(suite.tests)
+            job = self._job(suite, code, deadline)
+            if program is not None:
+                assert self.builds is not None
+                job = self.builds.run_job(program, job, bool(self.sandbox.cgroups.version))
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(self._job(suite, code, deadline), uid, self._trusted(suite))
+            runs = self.sandbox.run(job, uid, self._trusted(suite))
             try:
                 for run in runs:
                     statuses[run.index] = self._judge(suite, run)

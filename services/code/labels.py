@@ -10,6 +10,7 @@ process, apart from the candidate's (see ``zygote.CallRun``).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import json
 import math
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import Unprocessable
+from services.code.languages import language_of
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class Suite:
     setup: str = ""
     # Why the label cannot test anything (its samples score 0 as ``invalid_label``), or "".
     invalid: str = ""
+    # The language the label asks programs to be graded in (``languages``), or "" (the
+    # request's, else the fenced block's tag, else Python).
+    language: str = ""
 
 
 def _text(value: Any, what: str) -> str:
@@ -85,6 +90,12 @@ def parse_label(label: Any) -> Suite | str:
         return ""
     if not isinstance(label, dict):
         raise Unprocessable("labels: each label must be a dict or a JSON string of one")
+    if "language" in label:
+        language = language_of(label["language"])
+        if language is None:
+            raise Unprocessable(f"labels: unknown language {str(label['language'])[:40]!r}")
+        parsed = parse_label({key: value for key, value in label.items() if key != "language"})
+        return dataclasses.replace(parsed, language=language) if isinstance(parsed, Suite) else parsed
     if "input_output" in label:  # APPS/TACO keep the tests as a nested JSON string
         nested = label["input_output"]
         if not isinstance(nested, (str, dict)) or not nested:

@@ -50,7 +50,9 @@ def protocol(scorer: CodeScorer) -> Protocol:
         key = "query" if "query" in payload else "outputs"
         if key not in payload:
             raise Unprocessable("body needs 'query' (prompt + response) or 'outputs' (responses), and 'prompts'")
-        return scorer.samples(payload[key], payload.get("prompts"), payload.get("labels"), from_query=key == "query")
+        return scorer.samples(
+            payload[key], payload.get("prompts"), payload.get("labels"), key == "query", payload.get("language")
+        )
 
     return Protocol(
         name="openrlhf",

@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 
-from services.code.sandboxed import confine, harness, wire
+from services.code.sandboxed import compiled, confine, harness, wire
 from services.code.sandboxed.wire import (
     ANSWERS_FD,
     CALLS_FD,
@@ -49,7 +49,8 @@ def _start_test(job: Job, start: int, workdir: str, cgroup: confine.SampleCgroup
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    pid = confine.spawn(job, job.uid, fds, workdir, lambda: harness.run_stdin_program(job.code), 1, cgroup)
+    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code)
+    pid = confine.spawn(job, job.uid, fds, workdir, body, 1, cgroup)
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
@@ -479,6 +480,7 @@ def supervise(conn: socket.socket) -> None:
     deadline = time.monotonic() + job.sample_s
     cgroup = confine.SampleCgroup(job) if job.cgroups else None
     confine.private_namespaces(job)
+    compiled.mount_artifact(job)
     go_read, go_write = os.pipe()
     init = os.fork()
     if init == 0:
@@ -508,7 +510,9 @@ def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.
     """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
     workdir = "/tmp"
     try:
-        if job.kind != "stdin":
+        if job.kind == "build":
+            compiled.build(job, conn, lambda held: run_stdin_test(job, 0, workdir, deadline, held, cgroup))
+        elif job.kind != "stdin":
             _run_calls(job, conn, workdir, deadline, cgroup)
         else:
             index = 0
