@@ -134,6 +134,13 @@ EXITS = {
         "threading.Thread(target=late).start()\nraise SystemExit(0)"
     ),
     "pickled own function": "import pickle\ndef f():\n    return 42\nprint(pickle.loads(pickle.dumps(f))())",
+    # What templates such as PyRival's FastIO read of the standard streams.
+    "standard streams": (
+        "import sys\n"
+        "streams = (sys.stdin.mode, sys.stdout.mode, sys.stdout.name, sys.stderr.name, sys.stdout.encoding)\n"
+        "same = sys.__stdout__ is sys.stdout and sys.__stdin__ is sys.stdin\n"
+        "print(42 if streams == ('r', 'w', '<stdout>', '<stderr>', 'utf-8') and same else streams)"
+    ),
 }
 
 
@@ -226,6 +233,28 @@ def test_and_or_all_any_in_asserts_call_every_operand(server: Server) -> None:
     code = "count = 0\ndef f(x):\n    global count\n    count += 1\n    return 0\ndef calls():\n    return count\n"
     out = grade_labels(server, [code], [label])
     assert out["rewards"] == [1 / 3], out
+
+
+def test_complex_numbers_types_and_a_function_named_check_cross(server: Server) -> None:
+    """MBPP/124 passes ``1j``, MBPP/590 returns complex numbers, MBPP/533 passes ``int``, and
+    MBPP/56's function is called ``check`` (the tests' process dropped it before each test)."""
+    label = {
+        "test": [
+            "assert angle(1j) == 1j.imag",
+            "assert polar(3 + 4j) == (5.0, 3 - 4j)",
+            "assert drop((4, 5.5, 'a'), int) == [5.5, 'a']",
+            "assert check(70) == False",
+            "assert check(73) == True",
+        ]
+    }
+    code = (
+        "def angle(z):\n    return z.imag\n"
+        "def polar(z):\n    return (abs(z), z.conjugate())\n"
+        "def drop(items, kind):\n    return [x for x in items if not isinstance(x, kind)]\n"
+        "def check(n):\n    return n % 2 == 1\n"
+    )
+    out = grade_labels(server, [code], [label])
+    assert out["rewards"] == [1.0], out
 
 
 def test_human_eval_111_returning_a_counter_passes(server: Server) -> None:

@@ -150,11 +150,16 @@ def recv(sock: socket.socket) -> Any:
 # JSON, with the containers JSON lacks tagged as one-key objects: {"t": [...]} a tuple,
 # {"s": [...]} a set, {"f": [...]} a frozenset, {"d": [[key, value], ...]} a dict, {"b": hex}
 # bytes, {"i": hex} an integer past ``DECIMAL_DIGITS`` (hexadecimal converts in linear time,
-# decimal in quadratic). Decoding builds fresh builtin objects, so nothing the candidate
-# defined survives it.
+# decimal in quadratic), {"c": [real, imag]} a complex, {"y": name} a builtin type (MBPP
+# passes ``int``). Decoding builds fresh builtin objects, so nothing the candidate defined
+# survives it.
 SCALARS = (type(None), bool, int, float, str)
-UNTAG = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes.fromhex, "i": lambda text: int(text, 16)}
-STRING_TAGS = ("b", "i")
+TYPES = {kind.__name__: kind for kind in (bool, bytes, complex, dict, float, frozenset, int, list, set, str, tuple)}
+UNTAG = {
+    "t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes.fromhex, "i": lambda text: int(text, 16),
+    "c": lambda parts: complex(*_numbers(parts, 2)), "y": TYPES.__getitem__,
+}  # fmt: skip
+STRING_TAGS = ("b", "i", "y")
 # The longest decimal integer decoded (CPython's default limit); longer ones cross as hex.
 DECIMAL_DIGITS = 4300
 HEX_FROM_BITS = 3 * DECIMAL_DIGITS  # under 10 ** DECIMAL_DIGITS
@@ -186,9 +191,19 @@ def to_plain(value: object) -> object:
         return {"f" if isinstance(value, frozenset) else "s": [to_plain(item) for item in value]}
     if isinstance(value, (bytes, bytearray)):
         return {"b": bytes(value).hex()}
+    if isinstance(value, complex):
+        return {"c": [value.real, value.imag]}
+    if isinstance(value, type) and TYPES.get(value.__name__) is value:
+        return {"y": value.__name__}
     if type(value).__module__ == "numpy" and callable(getattr(value, "tolist", None)):
         return to_plain(value.tolist())  # type: ignore[attr-defined]  # numpy: its Python values
     raise TypeError(f"a {type(value).__name__} is not plain data")
+
+
+def _numbers(items: list, count: int) -> list[float]:
+    if len(items) != count or not all(type(item) in (int, float) for item in items):
+        raise ValueError("not plain data")
+    return [float(item) for item in items]
 
 
 def _untag(obj: dict) -> object:
@@ -197,7 +212,10 @@ def _untag(obj: dict) -> object:
     ((tag, items),) = obj.items()
     if tag not in UNTAG or not isinstance(items, str if tag in STRING_TAGS else list):
         raise ValueError("not plain data")
-    return UNTAG[tag](items)
+    try:
+        return UNTAG[tag](items)
+    except KeyError:  # not a type that crosses
+        raise ValueError("not plain data") from None
 
 
 def _decimal(text: str) -> int:
