@@ -162,3 +162,45 @@ def test_each_case_gets_its_verdict(server, language):
     got = dict(zip([name for name, _, _ in cases], out["error_types"], strict=True))
     assert got == {name: want for name, want, _ in cases}
     assert out["rewards"] == [1.0 if want is None else 0.0 for _, want, _ in cases]
+
+
+def test_a_group_of_identical_programs_compiles_once(server):
+    """8 identical C++ programs of a GRPO group: one build, 8 graded runs; the next group's
+    identical program is a cache hit; the build is not a program's to write."""
+    source = CPP_CASES[0][2] + f"\n// {uuid.uuid4().hex}\n"
+    before = info(server.url)["compile_cache"]
+    out = grade(server.url, [("cpp", source)] * 8)
+    assert out["rewards"] == [1.0] * 8, out["error_types"]
+    after = info(server.url)["compile_cache"]
+    assert after["builds"] == before["builds"] + 1
+    assert after["hits"] >= before["hits"] + 7
+    again = grade(server.url, [("c++", source)])
+    assert again["rewards"] == [1.0] and info(server.url)["compile_cache"]["builds"] == after["builds"]
+    # A program that tries to change its own build (or reach the cache) cannot.
+    tamper = (
+        "#include <cstdio>\n#include <unistd.h>\n#include <fcntl.h>\n#include <sys/stat.h>\nint main(){"
+        'int w=open("/tmp/.judge/prog",O_WRONLY)>=0||unlink("/tmp/.judge/prog")==0||rename("/tmp/.judge","/tmp/x")==0'
+        '||open("/judge-cache",O_RDONLY)>=0||mkdir("/tmp/.judge/new",0777)==0;'
+        'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",w?0:a+b);}'
+    )
+    tampered = grade(server.url, [("cpp", tamper)])
+    assert tampered["rewards"] == [1.0], tampered["error_types"]
+
+
+def test_language_from_label_request_or_tag(server):
+    """The label's language wins over the request's, which wins over the fence's tag."""
+    c_source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream")  # C++ only
+    out = grade(server.url, [("python", c_source)], {**APLUSB, "language": "C++"})
+    assert out["rewards"] == [1.0], out["error_types"]
+    out = grade(server.url, [("", c_source)], language="cxx")
+    assert out["rewards"] == [1.0], out["error_types"]
+    out = grade(server.url, [("c", c_source)])  # C++ compiled as C
+    assert out["error_types"] == ["compile_error"]
+    bad = requests.post(
+        server.url + "/reward/score",
+        json={"outputs": ["x"], "prompts": ["p"], "labels": [{**APLUSB, "language": "cobol"}]},
+        timeout=30,
+    )
+    assert bad.status_code == 422 and "cobol" in bad.text
+    models = info(server.url)["languages"]
+    assert set(models) == set(languages.LANGUAGES)
