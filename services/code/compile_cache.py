@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from services.code import languages
 from services.code.languages import Language, Program
 from services.code.sandbox import SandboxFailure
+from services.code.sandboxed.compiled import CHECK_FILES
 from services.code.sandboxed.wire import Job, StdinOutcome
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,12 @@ class Builds:
             artifact=self.cache.entry(program.key),
             memory_bytes=resource.RLIM_INFINITY if cgroups else job.memory_bytes + fallback_extra(program.language),
         )
+
+    def check_job(self, program: Program, job: Job, files: list[list[str]], cgroups: bool) -> Job:
+        """``job`` (one empty stdin test per check) turned into runs of the checker ``program``,
+        each as ``checker input output answer`` on the files of its entry of ``files``."""
+        run = self.run_job(program, job, cgroups)
+        return dataclasses.replace(run, kind="check", checks=files, command=[*program.run, *CHECK_FILES])
 
     @staticmethod
     def compile_error(outcome: object) -> str | None:

@@ -5,18 +5,20 @@ The sandbox only reports what each test printed or returned; every verdict is ma
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from services.code import checkers
 from services.code.compile_cache import Builds
 from services.code.labels import Suite, result_matches, stdout_matches
-from services.code.languages import LANGUAGES, PYTHON, Program
+from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program
 from services.code.sandbox import Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import CodeSettings
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 
 STATUSES = (
     "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit", "compile_error", "no_code",
-    "invalid_label", "sandbox_error", "language_unavailable",
+    "invalid_label", "sandbox_error", "language_unavailable", "judge_failure",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
@@ -78,7 +80,21 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
         return "memory_limit" if run.oom_killed or "MemoryError" in run.stderr else "runtime_error"
     if run.stdout_truncated:
         return "wrong_answer"
-    return "passed" if stdout_matches(run.stdout, suite.expected[run.index], tolerance) else "wrong_answer"
+    checker, want = suite.checker, suite.expected[run.index]
+    if checker.mode == "custom":
+        return UNCHECKED
+    if checker.mode == "default":
+        return "passed" if stdout_matches(run.stdout, want, tolerance) else "wrong_answer"
+    return "passed" if checkers.matches(checker, run.stdout, want) else "wrong_answer"
+
+
+# A stdin test whose program exited cleanly, for the label's custom checker to judge.
+UNCHECKED = "unchecked"
+
+
+class JudgeFailure(Exception):
+    """A label's custom checker failed (did not build, crashed, hung, flooded, exit 3): the
+    sample gets no verdict."""
 
 
 # What a call-based or assert test that failed before an answer or a report gets.
@@ -182,50 +198,122 @@ class Grader:
         if self.builds is None or self.builds.missing(language):
             return Verdict("language_unavailable", 0, total, None)
         program = self.builds.program(language, sample.code, self.settings.memory_mb)
-        cgroups = bool(self.sandbox.cgroups.version)
+        with self._built(program, deadline, request) as error:
+            if error is not None:
+                return Verdict("compile_error", 0, total, 0.0)
+            return self._run(suite, sample.code, deadline, request, program)
+
+    @contextlib.contextmanager
+    def _built(self, program: Program, deadline: float, request: object) -> Iterator[str | None]:
+        """``program``'s build held in the compile cache (built in a slot if it is not there):
+        yields its compile error, or None."""
+        builds = self.builds
+        assert builds is not None
 
         def build() -> str | None:
-            assert self.builds is not None
-            job = self.builds.build_job(program, self._job(suite, sample.code, deadline), cgroups)
+            job = builds.build_job(program, self._job(Suite("stdin", [""], [""]), "", deadline), self._cgroups())
             with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
                 if uid is None or time.monotonic() >= deadline:
                     raise SandboxFailure("no run slot came free before the request deadline")
                 runs = self.sandbox.run(job, uid)
                 try:
-                    return self.builds.compile_error(next(runs, None))
+                    return builds.compile_error(next(runs, None))
                 finally:
                     runs.close()
 
-        with self.builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
-            if error is not None:
-                return Verdict("compile_error", 0, total, 0.0)
-            return self._run(suite, sample.code, deadline, request, program)
+        with builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
+            yield error
+
+    def _cgroups(self) -> bool:
+        return bool(self.sandbox.cgroups.version)
 
     def _run(
         self, suite: Suite, code: str, deadline: float, request: object, program: Program | None = None
     ) -> Verdict:
-        s = self.settings
+        statuses = ["timeout"] * len(suite.tests)
+        outputs: dict[int, str] = {}  # what the custom checker judges
         with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
-            statuses = ["timeout"] * len(suite.tests)
             job = self._job(suite, code, deadline)
             if program is not None:
                 assert self.builds is not None
-                job = self.builds.run_job(program, job, bool(self.sandbox.cgroups.version))
+                job = self.builds.run_job(program, job, self._cgroups())
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
             runs = self.sandbox.run(job, uid, self._trusted(suite))
             try:
                 for run in runs:
                     statuses[run.index] = self._judge(suite, run)
+                    if statuses[run.index] == UNCHECKED:
+                        assert isinstance(run, StdinOutcome)
+                        outputs[run.index] = run.stdout
             finally:
                 runs.close()
+        points = [float(status == "passed") for status in statuses]
+        if outputs:
+            try:
+                for index, (status, got) in self._check(suite, outputs, deadline, request).items():
+                    statuses[index], points[index] = status, got
+            except JudgeFailure as exc:
+                log.warning("a label's checker failed a code sample (no verdict): %s", exc)
+                return Verdict("judge_failure", 0, len(statuses), None)
+        return self._score(suite, statuses, points)
+
+    def _score(self, suite: Suite, statuses: list[str], points: list[float]) -> Verdict:
+        """The sample's verdict by its label's scoring (else the server's): the fraction of the
+        tests' points, all or nothing, or subtasks (a group's points when all its tests pass)."""
         passed = statuses.count("passed")
         status = next((st for st in statuses if st != "passed"), "passed")
-        if s.scoring == "all":
-            return Verdict(status, passed, len(statuses), float(status == "passed"))
-        return Verdict(status, passed, len(statuses), passed / len(statuses))
+        scoring = suite.scoring or self.settings.scoring
+        if scoring == "all":
+            score = float(status == "passed")
+        elif scoring == "subtasks":
+            total = sum(group.points for group in suite.subtasks)
+            score = sum(group.points * min(points[i] for i in group.tests) for group in suite.subtasks) / total
+        else:
+            score = sum(points) / len(points)
+        return Verdict(status, passed, len(statuses), score)
+
+    def _check(
+        self, suite: Suite, outputs: dict[int, str], deadline: float, request: object
+    ) -> dict[int, tuple[str, float]]:
+        """The label's custom checker on each test's output, in a sandbox of its own (the
+        program has exited): ``checker input output answer``. Raises ``JudgeFailure``."""
+        if self.builds is None:
+            raise JudgeFailure("this server builds no programs")
+        checker = suite.checker
+        language = LANGUAGES[CHECKER_LANGUAGES[checker.language]]
+        if self.builds.missing(language):
+            raise JudgeFailure(f"the checker's toolchain is missing ({', '.join(self.builds.missing(language))})")
+        program = self.builds.program(language, checker.program, self.settings.memory_mb)
+        order = sorted(outputs)
+        with self._built(program, deadline, request) as error:
+            if error is not None:
+                raise JudgeFailure(f"the checker does not compile: {error[:300]}")
+            files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
+            job = self.builds.check_job(program, self._job(Suite("stdin", [""] * len(order), [""]), "", deadline),
+                                        files, self._cgroups())  # fmt: skip
+            found: dict[int, tuple[str, float]] = {}
+            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+                if uid is None or time.monotonic() >= deadline:
+                    raise SandboxFailure("no run slot came free before the request deadline")
+                runs = self.sandbox.run(job, uid)
+                try:
+                    for run in runs:
+                        if not isinstance(run, StdinOutcome):
+                            raise JudgeFailure("the checker ran out of time")
+                        verdict = checkers.custom_verdict(
+                            run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
+                        )
+                        if verdict is None:
+                            raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")
+                        found[order[run.index]] = verdict
+                finally:
+                    runs.close()
+        if len(found) != len(order):
+            raise JudgeFailure("the checker's runs ended early")
+        return found
 
     def _job(self, suite: Suite, code: str, deadline: float) -> Job:
         """What the sandbox gets to run ``code`` against ``suite`` (never the expected outputs)."""

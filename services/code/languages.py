@@ -16,18 +16,24 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.code.sandboxed.compiled import ARTIFACT_DIR
 
 PYTHON = "python"
-# Where a sample's build products are shown to its tests, read-only (in the sample's /tmp,
-# mounted by its supervisor over a root-owned directory: the program cannot replace it).
-ARTIFACT_DIR = "/tmp/.judge"
 # Where a build's source is written and its products are left, in the sample's /tmp.
 SOURCE_DIR = "/tmp/src"
 OUTPUT_DIR = "/tmp/out"
 # Host directories a toolchain reads besides /usr (shown read-only in the sandbox).
 JDK_ETC = "/etc/java-17-openjdk"
-TOOLCHAIN_BINDS = ("--ro-bind-try", JDK_ETC, JDK_ETC)
+# testlib.h (vendored), for custom checkers, shown read-only at TESTLIB.
+TESTLIB_DIR = str(Path(__file__).resolve().parents[2] / "third_party" / "testlib")
+TESTLIB = "/testlib"
+TOOLCHAIN_BINDS = ("--ro-bind-try", JDK_ETC, JDK_ETC, "--ro-bind", TESTLIB_DIR, TESTLIB)
+# The interpreter Python checkers run with: the service's own (its prefix is in the sandbox).
+PYTHON_INTERPRETER = os.path.realpath(sys.executable)
 
 # The first word of a fenced block's info string (case-insensitive), or a label's or request's
 # "language", to a language.
@@ -102,8 +108,19 @@ LANGUAGES: dict[str, Language] = {
         Language("javascript", "JavaScript (Node.js)", "js", ("node",), ("node", "--check", "{src}"),
                  ("node", "--max-old-space-size={memory_mb}", "--stack-size=65500", "{art}/main.js"),
                  ("nodejs",), ships_source=True),
+        # Custom checkers (a label's "checker" program), never a graded program's language.
+        Language("checker_cpp", "C++ checker (g++, C++17, testlib.h)", "cpp", ("g++",),
+                 ("g++", "-std=c++17", "-O2", "-pipe", "-w", f"-I{TESTLIB}", "-o", "{out}/prog", "{src}"),
+                 ("{art}/prog",), ("g++",)),
+        Language("checker_python", "Python checker", "py", (),
+                 ("{python}", "-I", "-S", "-c", "import ast, sys; ast.parse(open(sys.argv[1]).read())", "{src}"),
+                 ("{python}", "-I", "-S", "{art}/main.py"), (), ships_source=True),
     )
 }  # fmt: skip
+
+
+# A custom checker's language to the entry it is built with.
+CHECKER_LANGUAGES = {"cpp": "checker_cpp", "cpp20": "checker_cpp", PYTHON: "checker_python"}
 
 
 def language_of(name: object) -> str | None:
@@ -179,7 +196,7 @@ def program(language: Language, source: str, tools: dict[str, str], memory_mb: i
         source_name = f"{file_name}.java"
     source_path = f"{OUTPUT_DIR if language.ships_source else SOURCE_DIR}/{source_name}"
     fill = {"src": source_path, "out": OUTPUT_DIR, "art": ARTIFACT_DIR, "main": main,
-            "memory_mb": str(memory_mb), "gcc": tools.get("gcc", "gcc")}  # fmt: skip
+            "memory_mb": str(memory_mb), "gcc": tools.get("gcc", "gcc"), "python": PYTHON_INTERPRETER}  # fmt: skip
 
     def command(template: tuple[str, ...]) -> list[str]:
         argv = [part.format(**fill) for part in template]

@@ -16,12 +16,17 @@ import ctypes
 import json
 import os
 import stat
+import time
 import typing
 
 from services.code.sandboxed import confine, wire
-from services.code.sandboxed.wire import RESULT_FD, Job, StdinOutcome
+from services.code.sandboxed.wire import RESULT_FD, Job, Skipped, StdinOutcome
 
+# Where a sample's build is shown to its tests, read-only (in the sample's /tmp, mounted by its
+# supervisor over a root-owned directory: the program can neither change nor replace it).
 ARTIFACT_DIR = "/tmp/.judge"
+# What a custom checker reads: the test's input, the program's output, the answer.
+CHECK_FILES = ("/tmp/check/input", "/tmp/check/output", "/tmp/check/answer")
 # The most a build may leave in the cache: bytes and files (Java writes a file per class).
 INSTALL_BYTES = 64 << 20
 INSTALL_FILES = 1024
@@ -101,6 +106,22 @@ def build(job: Job, conn: typing.Any, run_test: typing.Callable[[typing.Any], in
         except OSError as exc:
             outcome.result = json.dumps({"compile_error": f"the build's output was refused: {exc}"})
     wire.send(conn, outcome)
+
+
+def check(job: Job, conn: typing.Any, deadline: float, run_test: typing.Callable[[int], int]) -> None:
+    """A label's checker on each test (``job.checks``): its three files written here (root's,
+    read-only to the checker), then ``run_test`` runs it and sends its outcome."""
+    directory = os.path.dirname(CHECK_FILES[0])
+    os.mkdir(directory, 0o755)
+    for index, contents in enumerate(job.checks):
+        if time.monotonic() >= deadline:
+            wire.send(conn, Skipped(index))
+            continue
+        for path, text in zip(CHECK_FILES, contents, strict=True):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with open(fd, "w", encoding="utf-8", errors="surrogatepass") as file:
+                file.write(text)
+        run_test(index)
 
 
 def _fields(data: bytes) -> dict[str, typing.Any]:

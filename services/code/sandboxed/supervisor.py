@@ -512,6 +512,10 @@ def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.
     try:
         if job.kind == "build":
             compiled.build(job, conn, lambda held: run_stdin_test(job, 0, workdir, deadline, held, cgroup))
+        elif job.kind == "check":
+            compiled.check(
+                job, conn, deadline, lambda index: run_stdin_test(job, index, workdir, deadline, conn, cgroup)
+            )
         elif job.kind != "stdin":
             _run_calls(job, conn, workdir, deadline, cgroup)
         else:

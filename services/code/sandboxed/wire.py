@@ -30,7 +30,7 @@ STDERR_TAIL = 4096
 class Job:
     """One sample to run: its code and test inputs (never the expected outputs), and limits."""
 
-    kind: str  # "stdin", "call", "assert" or "build"
+    kind: str  # "stdin", "call", "assert", "build" or "check"
     code: str
     fn_name: str | None
     tests: list[Any]  # stdin: each test's input; call: each call's arguments; assert: one None per test
@@ -61,6 +61,8 @@ class Job:
     source_path: str = ""
     install: str = ""
     artifact: str = ""
+    # Kind "check": per test, the files a label's checker reads (input, output, answer).
+    checks: list[list[str]] = field(default_factory=list)
 
 
 @dataclass
