@@ -21,7 +21,7 @@ from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program
 from services.code.sandbox import Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
-from services.code.settings import CodeSettings
+from services.code.settings import SUPERVISOR_MB, CodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,8 @@ MASK_WARN_ABOVE = 5
 # (four times its JSON). A label that needs more could never pass: an invalid label.
 KEEP_FACTOR = {"stdin": 2, "call": 4}
 LONG_OUTPUT = "an expected output longer than compared_output_bytes allows"
-# A sample's cgroup holds its supervisor (the sample's init) too: this much memory and these
-# tasks (it, a clean-up helper, the tests' process) besides the program's.
-SUPERVISOR_BYTES = 64 << 20
+# A sample's cgroup holds its supervisor (the sample's init) too: these tasks (it, a clean-up
+# helper, the tests' process) besides the program's, and ``SUPERVISOR_MB`` of memory.
 SUPERVISOR_TASKS = 4
 
 
@@ -332,7 +331,7 @@ class Grader:
             # The same for every sample: nothing the program can read depends on its answers.
             keep_bytes=self._kept_bytes(),
             cgroup_version=cgroups.version, cgroups=cgroups.sandbox_dirs(self.sandbox.isolation),
-            cgroup_memory_bytes=((s.memory_mb + s.tmp_mb) << 20) + SUPERVISOR_BYTES,
+            cgroup_memory_bytes=(s.memory_mb + s.tmp_mb + SUPERVISOR_MB) << 20,
             cgroup_tasks=s.max_threads + SUPERVISOR_TASKS,
         )  # fmt: skip
 

@@ -15,7 +15,7 @@ class CodeSettings:
     # The environment (services/code/environments) that grades samples whose label is empty.
     env: str = ""
     # Runs executing at once (one request: one less); a request waits for a slot without holding one.
-    # 0: one per CPU core this process may use, at least MIN_PARALLEL (see the README's bench).
+    # 0: SLOTS_PER_CORE per core, as many as the memory holds, at least MIN_PARALLEL (``parallel``).
     max_parallel: int = 0
     # No request waits longer; a run still going then is judged as it stands.
     request_timeout_s: float = 150.0
@@ -72,9 +72,24 @@ class CodeSettings:
 
     @property
     def parallel(self) -> int:
-        """Runs at once: ``max_parallel``, or when 0 one per core this process may use (at least
-        ``MIN_PARALLEL``, so that one slot can be kept from any single request)."""
-        return self.max_parallel or max(MIN_PARALLEL, len(os.sched_getaffinity(0)))
+        """Runs at once: ``max_parallel``, or when 0 ``SLOTS_PER_CORE`` per core this process may
+        use, no more than the node's memory holds at one sample's cgroup limit each (so a
+        sample's own limit, not the node's OOM killer, stops a hog), and at least
+        ``MIN_PARALLEL`` (so that one slot can be kept from any single request).
+
+        Several per core, because a call-based sample spends much of its time waiting on pipes
+        (candidate, supervisor, tests' process take turns), and more runs than cores cannot
+        time out a correct program: limits count CPU time and a process's own wall time.
+        """
+        if self.max_parallel:
+            return self.max_parallel
+        cores = len(os.sched_getaffinity(0))
+        sample_bytes = (self.memory_mb + self.tmp_mb + SUPERVISOR_MB) << 20
+        memory_holds = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // sample_bytes
+        return max(MIN_PARALLEL, min(SLOTS_PER_CORE * cores, memory_holds))
 
 
 MIN_PARALLEL = 8
+SLOTS_PER_CORE = 4
+# What a sample's cgroup allows its supervisor beyond the program's memory and /tmp.
+SUPERVISOR_MB = 64

@@ -334,7 +334,9 @@ class CallRun:
         if self.candidate is not None and now - self.cpu_read >= CPU_TICK_S:
             self.cpu_read = now
             over_cpu = self._candidate_cpu() - self.cpu_before > self.job.cpu_s
-        wall = now - self.started - (self._candidate_delay() - self.delay_before)
+        wall = now - self.started
+        if wall > self.job.wall_s:  # past it only if the candidate's waits for a CPU do not explain it
+            wall -= self._candidate_delay() - self.delay_before
         if self.candidate is not None and (wall > self.job.wall_s or over_cpu):
             self._stop_candidate("timeout")
         if self.tester is not None and wall > self.job.wall_s + TESTER_GRACE_S:
@@ -425,10 +427,17 @@ def run_stdin_test(
     sel = selectors.DefaultSelector()
     for fd in fds:
         sel.register(fd, selectors.EVENT_READ)
+    cpu_read = started
     while sel.get_map() and not over:
         now = time.monotonic()
-        remaining = min(job.wall_s - (now - started - confine.run_delay(schedstat)), deadline - now)
-        if remaining <= 0 or (cgroup is not None and cgroup.cpu_seconds() - cpu_before > job.cpu_s):
+        remaining = min(job.wall_s - (now - started), deadline - now)
+        if remaining <= 0 and now < deadline:  # past the wall backstop: its own time only
+            remaining = min(job.wall_s - (now - started - confine.run_delay(schedstat)), deadline - now)
+        over_cpu = False
+        if cgroup is not None and now - cpu_read >= CPU_TICK_S:
+            cpu_read = now
+            over_cpu = cgroup.cpu_seconds() - cpu_before > job.cpu_s
+        if remaining <= 0 or over_cpu:
             timed_out = True
             break
         for key, _ in sel.select(min(remaining, CPU_TICK_S)):

@@ -1,0 +1,100 @@
+"""What a sample's isolation costs: one sample at a time through the sandbox, in-process (no
+HTTP), in another checkout (``--before``, e.g. the commit before per-sample namespaces and
+cgroups) and in this one with and without cgroups, rounds interleaved, medians.
+
+    git worktree add /tmp/before <commit>
+    python -m bench.code.isolation --before /tmp/before [--rounds 5] [--samples 30]
+
+Rows: a stdin sample of one test (``print(input())``), the coin_change reference as a
+call-based sample (25 calls), and an assert sample whose one call answers a 15 MiB string
+(the supervisor relays it to the tests' process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Run inside a checkout (cwd): grades each case ``samples`` times in a row, one sample at a
+# time, and prints the median seconds per sample of each.
+RUNNER = """
+import json, sys, time
+from services.code.environments import load
+from services.code.grader import Grader, Sample
+from services.code.labels import Suite
+from services.code.sandbox import Sandbox
+from services.code.settings import CodeSettings
+
+samples, cgroups, uid_base = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+fields = {"infra_failure_score": "nan", "max_parallel": 8, "uid_base": uid_base}
+if cgroups != "-":
+    fields["cgroups"] = cgroups
+settings = CodeSettings(**fields)
+extra = [settings.cgroups] if cgroups != "-" else []
+sandbox = Sandbox("bwrap", 8, settings.uid_base, *extra)
+sandbox.start()
+grader = Grader(settings, sandbox)
+env = load("coin_change")
+big = "def big():\\n    return 'x' * (15 << 20)\\n"
+cases = {
+    "stdin, 1 test": Sample("print(input())", Suite("stdin", ["ok\\n"], ["ok"])),
+    "call-based, 25 tests": Sample(env.reference, env.suite),
+    "assert, a 15 MiB answer": Sample(big, Suite("assert", ["assert len(big()) == 15 << 20"], [None])),
+}
+medians = {}
+for name, sample in cases.items():
+    took = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        verdict = grader.grade([sample])[0]
+        took.append(time.perf_counter() - started)
+        assert verdict.status == "passed", (name, verdict)
+    medians[name] = sorted(took)[len(took) // 2]
+sandbox.close()
+print(json.dumps(medians))
+"""
+
+
+def run(tree: Path, samples: int, cgroups: str, uid_base: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(samples), cgroups, str(uid_base)],
+        cwd=tree, capture_output=True, text=True, timeout=1800, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"{tree}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--before", type=Path, required=True, help="a checkout of the earlier code")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--uid-base", type=int, default=400000)
+    args = parser.parse_args()
+    designs = {
+        "before (namespaces per zygote)": (args.before, "-"),
+        "after, cgroups off": (ROOT, "off"),
+        "after, cgroups (auto)": (ROOT, "auto"),
+    }
+    rows: dict[str, dict[str, list[float]]] = {name: {} for name in designs}
+    for _ in range(args.rounds):
+        for name, (tree, cgroups) in designs.items():
+            for case, seconds in run(tree, args.samples, cgroups, args.uid_base).items():
+                rows[name].setdefault(case, []).append(seconds)
+    cases = list(next(iter(rows.values())))
+    print(f"one sample at a time, {args.samples} per case and round, {args.rounds} rounds, medians (ms)")
+    print("| design | " + " | ".join(cases) + " |")
+    print("|---|" + "---|" * len(cases))
+    for name, by_case in rows.items():
+        print(f"| {name} | " + " | ".join(f"{1000 * statistics.median(by_case[c]):.1f}" for c in cases) + " |")
+
+
+if __name__ == "__main__":
+    main()
