@@ -42,6 +42,9 @@ MAX_ERRORS = 4096
 # What is kept of a compiler's stdout for its message, and the most it may print.
 COMPILER_KEEP_BYTES = 64 << 10
 COMPILER_OUTPUT_BYTES = 1 << 20
+# Without cgroups, the tasks (processes and threads) a build's uid may have: rustc and javac
+# start threads, gcc processes (with cgroups, the sample's task limit decides).
+BUILD_TASKS = 128
 
 
 class CompileCache:
@@ -185,6 +188,7 @@ class Builds:
         supervisor = job.cgroup_memory_bytes - job.tmp_bytes - job.memory_bytes  # the supervisor's share
         return dataclasses.replace(
             job, kind="build", code=program.source, tests=[""], cpu_s=lim.cpu_s, wall_s=lim.wall_s,
+            nproc=max(job.nproc, BUILD_TASKS),
             memory_bytes=resource.RLIM_INFINITY if cgroups else lim.memory_mb << 20,
             output_bytes=COMPILER_OUTPUT_BYTES, keep_bytes=COMPILER_KEEP_BYTES, tmp_bytes=lim.tmp_mb << 20,
             cgroup_memory_bytes=supervisor + ((lim.memory_mb + lim.tmp_mb) << 20),

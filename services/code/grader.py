@@ -76,7 +76,8 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     if run.output_exceeded:
         return "output_limit"
     if run.exit != 0:
-        return "memory_limit" if run.oom_killed or "MemoryError" in run.stderr else "runtime_error"
+        out_of_memory = run.oom_killed or any(sign in run.stderr for sign in OUT_OF_MEMORY)
+        return "memory_limit" if out_of_memory else "runtime_error"
     if run.stdout_truncated:
         return "wrong_answer"
     checker, want = suite.checker, suite.expected[run.index]
@@ -85,6 +86,12 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     if checker.mode == "default":
         return "passed" if stdout_matches(run.stdout, want, tolerance) else "wrong_answer"
     return "passed" if checkers.matches(checker, run.stdout, want) else "wrong_answer"
+
+
+# What a program that failed to allocate prints as it dies: Python's and Java's error, C++'s
+# exception, Go's and Rust's runtimes, a V8 heap at its limit. Without cgroups the address
+# space limit makes an allocation fail; with them, the kernel's OOM kill says it.
+OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory allocation of ")
 
 
 # A stdin test whose program exited cleanly, for the label's custom checker to judge.
