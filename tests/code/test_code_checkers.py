@@ -1,13 +1,17 @@
 """Checkers and scoring modes per label (issue 19): built-in modes, custom testlib and Python
-checkers run in a sandbox of their own, judge failures, subtasks."""
+checkers run in a sandbox of their own, judge failures, subtasks; the compile cache's bounds."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from services.code.checkers import Checker, custom_verdict, matches, parse_checker
+from services.code.compile_cache import CompileCache
+from services.code.sandbox import SandboxFailure
 from tests.code.test_code_languages import ENV, grade
 from tests.server import Server, gunicorn_server
 
@@ -153,3 +157,51 @@ def test_subtasks_score_a_group_only_when_all_its_tests_pass(server: Server) -> 
     all_label = {**label, "scoring": "all"}
     del all_label["subtasks"]
     assert grade(server.url, programs, all_label)["rewards"] == [1.0, 0.0, 0.0]
+
+
+def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
+    """Least recently used entries go first, never one a run holds; one build per key however
+    many wait for it; a compile error is remembered; a failed build is not."""
+    cache = CompileCache(max_bytes=2500, isolation="none")
+    built: list[str] = []
+
+    def build(key: str, size: int = 1000):
+        def run() -> None:
+            built.append(key)
+            os.mkdir(os.path.join(cache.root, key))
+            with open(os.path.join(cache.root, key, "prog"), "wb") as file:
+                file.write(b"x" * size)
+
+        return run
+
+    try:
+        barrier = threading.Barrier(8)
+
+        def user() -> None:
+            barrier.wait()
+            with cache.held("a", lambda: build("a")() or None, 10) as error:
+                assert error is None
+
+        threads = [threading.Thread(target=user) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert built == ["a"] and cache.stats()["builds"] == 1
+        with cache.held("b", lambda: build("b")() or None, 10), cache.held("c", lambda: build("c")() or None, 10):
+            # 3000 bytes over 2500: "a" (least recent, held by no run) goes, "b" and "c" are held
+            assert not os.path.exists(os.path.join(cache.root, "a"))
+            with cache.held("d", lambda: build("d")() or None, 10):
+                assert os.path.isdir(os.path.join(cache.root, "b")) and os.path.isdir(os.path.join(cache.root, "c"))
+        with cache.held("e", lambda: "syntax error", 10) as error, cache.held("e", lambda: "again", 10) as again:
+            assert error == again == "syntax error"
+
+        def failing() -> None:
+            raise SandboxFailure("zygote gone")
+
+        with pytest.raises(SandboxFailure), cache.held("f", failing, 10):
+            pass
+        with cache.held("f", lambda: build("f")() or None, 10) as error:
+            assert error is None
+    finally:
+        cache.close()
