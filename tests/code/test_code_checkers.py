@@ -10,8 +10,11 @@ from collections.abc import Iterator
 import pytest
 
 from services.code.checkers import Checker, custom_verdict, matches, parse_checker
-from services.code.compile_cache import CompileCache
+from services.code.compile_cache import Builds, CompileCache, Limits
+from services.code.grader import Grader, Sample
+from services.code.labels import Suite
 from services.code.sandbox import SandboxFailure
+from services.code.settings import CodeSettings
 from tests.code.test_code_languages import ENV, grade
 from tests.server import Server, gunicorn_server
 
@@ -203,5 +206,19 @@ def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
             pass
         with cache.held("f", lambda: build("f")() or None, 10) as error:
             assert error is None
+    finally:
+        cache.close()
+
+
+def test_a_missing_toolchain_is_a_clear_verdict_without_a_score() -> None:
+    """No toolchain: the sample gets ``language_unavailable`` (no verdict), never an error."""
+    cache = CompileCache(1 << 20, isolation="none")
+    try:
+        builds = Builds(cache, Limits(1, 1, 64, 64))
+        builds.tools = {}  # as on a node without any toolchain
+        assert builds.availability()["rust"] == "missing: rustc, gcc"
+        grader = Grader(CodeSettings(infra_failure_score="nan"), sandbox=None, builds=builds)  # type: ignore[arg-type]
+        verdict = grader.grade([Sample("fn main(){}", Suite("stdin", [""], [""]), "rust")])[0]
+        assert (verdict.status, verdict.score) == ("language_unavailable", None)
     finally:
         cache.close()
