@@ -114,7 +114,8 @@ class CompileCache:
                 self.counters["builds"] += 1
                 if error is not None:
                     self.counters["compile_errors"] += 1
-                    self._errors[key] = error
+                    if not isinstance(error, Unremembered):
+                        self._errors[key] = error
                     while len(self._errors) > MAX_ERRORS:
                         self._errors.popitem(last=False)
                     return error
@@ -223,8 +224,14 @@ class Builds:
         except ValueError:
             reported = {}
         if isinstance(reported, dict) and "compile_error" in reported:
-            return str(reported["compile_error"])
+            message = str(reported["compile_error"])
+            return Unremembered(message) if outcome.timed_out else message
         return None
+
+
+class Unremembered(str):
+    """A compile error the cache does not keep: the build ran out of time, which the node's
+    load may have caused (the next sample of that source builds again)."""
 
 
 # Without cgroups, address space beyond the memory limit for runtimes that reserve much more

@@ -42,10 +42,12 @@ class CodeSettings:
     # a program reads depends on the expected outputs; a label whose expected output needs
     # more (over half of it on stdin, a quarter as a call's JSON) is an invalid label.
     compared_output_bytes: int = 4 << 20
-    # A compiled language's build (services/code/languages.py): CPU and wall seconds, memory,
-    # its /tmp; the compile cache's size on disk (least recently used builds go first).
+    # A compiled language's build (services/code/languages.py): CPU seconds (all its processes:
+    # what ends compile bombs) and wall seconds (a backstop for a blocked build: one that
+    # overruns either is a compile error not remembered), memory, its /tmp; the compile cache's
+    # size on disk (least recently used builds go first).
     compile_cpu_s: float = 10.0
-    compile_wall_s: float = 20.0
+    compile_wall_s: float = 60.0
     compile_memory_mb: int = 2048
     compile_tmp_mb: int = 256
     compile_cache_mb: int = 1024

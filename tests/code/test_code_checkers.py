@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from services.code.checkers import Checker, custom_verdict, matches, parse_checker
-from services.code.compile_cache import Builds, CompileCache, Limits
+from services.code.compile_cache import Builds, CompileCache, Limits, Unremembered
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite
 from services.code.sandbox import SandboxFailure
@@ -198,6 +198,12 @@ def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
                 assert os.path.isdir(os.path.join(cache.root, "b")) and os.path.isdir(os.path.join(cache.root, "c"))
         with cache.held("e", lambda: "syntax error", 10) as error, cache.held("e", lambda: "again", 10) as again:
             assert error == again == "syntax error"
+        # A build that ran out of time (maybe the node's load) is not remembered.
+        with (
+            cache.held("g", lambda: Unremembered("slow"), 10) as error,
+            cache.held("g", lambda: build("g")() or None, 10) as again,
+        ):
+            assert error == "slow" and again is None
 
         def failing() -> None:
             raise SandboxFailure("zygote gone")
