@@ -20,12 +20,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.code.sandboxed.compiled import ARTIFACT_DIR
+from services.code.sandboxed.compiled import ARTIFACT_DIR, OUTPUT_DIR
 
 PYTHON = "python"
-# Where a build's source is written and its products are left, in the sample's /tmp.
+# Where a build's source is written, in the sample's /tmp (a language that ships its source
+# writes it in the build's output directory).
 SOURCE_DIR = "/tmp/src"
-OUTPUT_DIR = "/tmp/out"
 # Host directories a toolchain reads besides /usr (shown read-only in the sandbox).
 JDK_ETC = "/etc/java-17-openjdk"
 # testlib.h (vendored), for custom checkers, shown read-only at TESTLIB.
@@ -149,7 +149,7 @@ def missing_tools(language: Language, tools: dict[str, str]) -> list[str]:
 _JAVA_TYPE = re.compile(
     r"^[ \t]*((?:(?:public|final|abstract|strictfp|static|sealed)\s+)*)(?:class|interface|enum|record)\s+([\w$]+)", re.M
 )
-_JAVA_MAIN = re.compile(r"\bstatic\s+(?:final\s+)?void\s+main\s*\(")
+_JAVA_MAIN = re.compile(r"\bstatic\s+(?:(?:public|final|synchronized|strictfp)\s+)*void\s+main\s*\(")
 _JAVA_PACKAGE = re.compile(r"^\s*package\s+([\w.]+)\s*;", re.M)
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
@@ -158,7 +158,7 @@ def java_names(source: str) -> tuple[str, str]:
     """(file name without ``.java``, class to run) of a Java source.
 
     javac wants a public class in a file of its name; the class to run is the one whose body
-    holds ``static void main`` (the declaration before it), qualified by the package.
+    holds ``static void main`` (the type declared last before it), qualified by the package.
     """
     text = _COMMENTS.sub(lambda m: " " * len(m.group()), source)
     types = list(_JAVA_TYPE.finditer(text))

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from services.code import languages
+from services.code.extract import extract_program
 from tests.code.test_code_server import SECRET
 from tests.server import Server, gunicorn_server
 
@@ -204,3 +205,29 @@ def test_language_from_label_request_or_tag(server):
     assert bad.status_code == 422 and "cobol" in bad.text
     models = info(server.url)["languages"]
     assert set(models) == set(languages.LANGUAGES)
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("public class Main { public static void main(String[] a) {} }", ("Main", "Main")),
+        ("class A {}\npublic class Solution {\n  public static void main(String[] a) {}\n}", ("Solution", "Solution")),
+        (
+            "public class Util {}\nclass Runner { public static synchronized void main(String... a) {} }",
+            ("Util", "Runner"),
+        ),
+        ("package judge;\n// class Fake\nfinal class P { public static void main(String[] a) {} }", ("P", "judge.P")),
+        ("/* public class Hidden */ class Q { public static final void main(String[] a) {} }", ("Q", "Q")),
+    ],
+)
+def test_java_file_and_main_class(source: str, names: tuple[str, str]) -> None:
+    assert languages.java_names(source) == names
+
+
+def test_the_code_is_the_last_block_in_a_known_language_or_untagged() -> None:
+    text = "```cpp\nint main(){}\n```\nSample run:\n```text\n3\n```"
+    assert extract_program(text) == ("cpp", "int main(){}\n")
+    assert extract_program("```C++ solution\nx\n```\n```\ny\n```") == (None, "y\n")
+    assert extract_program("```Rust\nfn main(){}\n```") == ("rust", "fn main(){}\n")
+    assert extract_program("```bash\nls\n```") == (None, "ls\n")  # no known block: the last one
+    assert extract_program("print(1)") == (None, "print(1)")

@@ -25,6 +25,8 @@ from services.code.sandboxed.wire import RESULT_FD, Job, Skipped, StdinOutcome
 # Where a sample's build is shown to its tests, read-only (in the sample's /tmp, mounted by its
 # supervisor over a root-owned directory: the program can neither change nor replace it).
 ARTIFACT_DIR = "/tmp/.judge"
+# Where a build's compiler leaves what it built (all of it goes into the cache entry).
+OUTPUT_DIR = "/tmp/out"
 # What a custom checker reads: the test's input, the program's output, the answer.
 CHECK_FILES = ("/tmp/check/input", "/tmp/check/output", "/tmp/check/answer")
 # The most a build may leave in the cache: bytes and files (Java writes a file per class).
@@ -84,7 +86,7 @@ def build(job: Job, conn: typing.Any, run_test: typing.Callable[[typing.Any], in
     outcome on the connection it gets) and install what it built; send the outcome, whose
     ``result`` holds the compile error when there is one."""
     uid = job.uid
-    for directory in (os.path.dirname(job.source_path), "/tmp/out"):
+    for directory in (os.path.dirname(job.source_path), OUTPUT_DIR):
         os.makedirs(directory, 0o700, exist_ok=True)
         os.chown(directory, uid, uid)
     fd = os.open(job.source_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -102,7 +104,7 @@ def build(job: Job, conn: typing.Any, run_test: typing.Callable[[typing.Any], in
         outcome.result = json.dumps({"compile_error": message[-8192:]})
     else:
         try:
-            install("/tmp/out", job.install)
+            install(OUTPUT_DIR, job.install)
         except OSError as exc:
             outcome.result = json.dumps({"compile_error": f"the build's output was refused: {exc}"})
     wire.send(conn, outcome)
