@@ -1,7 +1,7 @@
 """The server's side of the per-sample cgroups: find where this node lets us make them.
 
 A worker makes one directory of its own (``scorer-code-<pid>``) under its own cgroup, per
-controller (cgroup v1: ``memory``, ``pids``, ``cpuacct``) or once (cgroup v2, with the
+controller (cgroup v1: ``memory``, ``pids``) or once (cgroup v2, with the
 ``memory`` and ``pids`` controllers enabled for it); each sample's supervisor makes the
 sample's cgroup in it (``sandboxed.confine.SampleCgroup``) and removes it after. Where none
 can be made (no writable cgroupfs, controllers missing or not delegable, or
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The roles a sample's cgroup plays, by the v1 controller that plays each.
-V1_CONTROLLERS = {"memory": "memory", "pids": "pids", "cpu": "cpuacct"}
+V1_CONTROLLERS = {"memory": "memory", "pids": "pids"}
 V2_CONTROLLERS = ("memory", "pids")
 # Where the worker's directories appear inside bubblewrap (the host's paths elsewhere).
 SANDBOX_ROOT = "/sys/fs/cgroup/scorer"
@@ -34,7 +34,7 @@ class Cgroups:
         """One line for logs and ``/info``: what bounds a sample's memory, tasks and CPU."""
         if not self.version:
             return f"rlimits only, per process (no cgroups: {self.reason})"
-        return f"cgroup v{self.version} per sample (memory incl. shared memory, tasks, CPU time)"
+        return f"cgroup v{self.version} per sample (memory incl. shared memory, tasks)"
 
     def sandbox_dirs(self, isolation: str) -> dict[str, str]:
         """The directories as the sandbox's processes see them."""
@@ -146,4 +146,4 @@ def setup(wanted: str) -> Cgroups:
     except OSError as exc:
         Cgroups(1, made).remove()
         return Cgroups(0, reason=f"cannot make cgroups here ({exc.strerror or exc}: {getattr(exc, 'filename', '')})")
-    return Cgroups(0, reason="no cgroup v1 memory, pids and cpuacct controllers nor cgroup v2 here")
+    return Cgroups(0, reason="no cgroup v1 memory and pids controllers nor cgroup v2 here")

@@ -198,18 +198,9 @@ def limit(job: Job, tests: int) -> None:
     forbid_shared_kernel_state(memfd=bool(job.cgroups))
 
 
-def spawn(
-    job: Job,
-    uid: int,
-    fds: dict[int, int],
-    cwd: str,
-    body: typing.Callable[[], None],
-    tests: int,
-    cgroup: SampleCgroup | None,
-) -> int:
-    """Fork a process that keeps only ``fds`` (its number: ours), joins the programs' part of
-    the sample's ``cgroup``, drops to ``uid`` with the rlimits of ``tests`` tests, no groups
-    and no new privileges, and runs ``body``."""
+def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None], tests: int) -> int:
+    """Fork a process that keeps only ``fds`` (its number: ours), drops to ``uid`` with the
+    rlimits of ``tests`` tests, no groups and no new privileges, and runs ``body``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -220,8 +211,6 @@ def spawn(
             for target, source in high.items():
                 os.dup2(source, target)
             os.closerange(max(fds) + 1, 65536)
-            if cgroup is not None:
-                cgroup.join_programs()
             limit(job, tests)
             os.chdir(cwd)
             os.setgroups([])
@@ -277,6 +266,37 @@ def clean_up(uid: int) -> None:
                     os.waitpid(-1, 0)
 
 
+def sample_cpu_seconds() -> float:
+    """CPU time of every process of this sample but its init (the caller), threads included:
+    what its live processes used (and the children they reaped), plus what the init's reaped
+    children used. The sample's PID namespace holds its processes alone, and its init is the
+    parent of every orphan, so nothing is counted twice or lost."""
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ticks = 0
+    me = str(os.getpid())
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name == me:
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            ticks += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    return reaped.ru_utime + reaped.ru_stime + ticks / CLOCK_TICKS
+
+
+def sample_run_delay() -> float:
+    """The longest a live process of this sample (but its init) has waited for a CPU while
+    runnable: the time others' load took from a program of several processes (one waiting
+    on its starved children waits for its own reasons)."""
+    longest = 0.0
+    me = str(os.getpid())
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != me:
+            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{name}/schedstat", "rb") as stat:
+                longest = max(longest, int(stat.read().split()[1]) / 1e9)
+    return longest
+
+
 def run_delay(schedstat: int) -> float:
     """Seconds a process has waited for a CPU while runnable, from its ``/proc/<pid>/schedstat``
     (open): time others' load took from it, not its own."""
@@ -286,30 +306,28 @@ def run_delay(schedstat: int) -> float:
 
 
 # The files of a sample's cgroup by version: the memory limit, the task limit, the OOM kill
-# count (a line of the file), the CPU time used (nanoseconds in v1, a line in microseconds in v2).
+# count (a line of the file).
 CGROUP_FILES = {
-    1: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "events": "memory.oom_control", "cpu": "cpuacct.usage"},
-    2: {"memory": "memory.max", "pids": "pids.max", "events": "memory.events", "cpu": "cpu.stat"},
+    1: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "events": "memory.oom_control"},
+    2: {"memory": "memory.max", "pids": "pids.max", "events": "memory.events"},
 }
-# The part of a sample's cgroup that holds its programs' processes (not its supervisor): their CPU time.
-PROGRAMS = "programs"
 
 
 class SampleCgroup:
     """A sample's cgroup, made by its supervisor and removed after its last process.
 
     Bounds the sample as a whole: its memory, shared memory (tmpfs, memfd, SysV) included,
-    and its tasks (processes and threads); counts its programs' CPU time together.
+    and its tasks (processes and threads). Made once per sample and joined once per
+    hierarchy by its init: moving a process between cgroups waits for an RCU grace period
+    (milliseconds), so its test processes are born in it instead of joining a part of it.
     """
 
     def __init__(self, job: Job) -> None:
         self.files = CGROUP_FILES[job.cgroup_version]
         name = f"sample-{os.getpid()}-{time.monotonic_ns()}"
         self.dirs = {role: os.path.join(parent, name) for role, parent in job.cgroups.items()}
-        self.programs = os.path.join(self.dirs["cpu"], PROGRAMS)
         for path in dict.fromkeys(self.dirs.values()):
             os.mkdir(path)
-        os.mkdir(self.programs)
         self._write(self.dirs["memory"], self.files["memory"], job.cgroup_memory_bytes)
         self._write(self.dirs["pids"], self.files["pids"], job.cgroup_tasks)
         if job.cgroup_version == 2:
@@ -326,18 +344,6 @@ class SampleCgroup:
         for path in dict.fromkeys(self.dirs.values()):
             self._write(path, "cgroup.procs", pid)
 
-    def join_programs(self) -> None:
-        """Put this process (a program's, still root) in the programs' part."""
-        self._write(self.programs, "cgroup.procs", os.getpid())
-
-    def cpu_seconds(self) -> float:
-        """CPU time of every process of the programs' part so far, threads included."""
-        with open(os.path.join(self.programs, self.files["cpu"])) as file:
-            text = file.read()
-        if self.files["cpu"] == "cpuacct.usage":
-            return int(text) / 1e9
-        return int(_field(text, "usage_usec")) / 1e6
-
     def oom_kills(self) -> int:
         """How many of the sample's processes the kernel killed at its memory limit so far."""
         with open(os.path.join(self.dirs["memory"], self.files["events"])) as file:
@@ -345,7 +351,7 @@ class SampleCgroup:
 
     def remove(self) -> None:
         """Remove the cgroup (its processes are gone: the kernel may take a moment to see it)."""
-        for path in (self.programs, *dict.fromkeys(self.dirs.values())):
+        for path in dict.fromkeys(self.dirs.values()):
             for _ in range(100):
                 try:
                     os.rmdir(path)

@@ -42,7 +42,7 @@ CPU_TICK_S = 0.05
 TESTER_GRACE_S = 2.0
 
 
-def _start_test(job: Job, start: int, workdir: str, cgroup: confine.SampleCgroup | None) -> tuple[int, dict[int, str]]:
+def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]]:
     """Fork the process of stdin test ``start``; returns its pid and the read ends of its pipes by role."""
     stdin = os.memfd_create("stdin")
     os.write(stdin, str(job.tests[start]).encode())
@@ -50,7 +50,7 @@ def _start_test(job: Job, start: int, workdir: str, cgroup: confine.SampleCgroup
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
     body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code)
-    pid = confine.spawn(job, job.uid, fds, workdir, body, 1, cgroup)
+    pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1)
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
@@ -103,7 +103,7 @@ class CallRun:
             harness.serve_calls(job.code)
 
         fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls[0], ANSWERS_FD: answers[1]}
-        pid = confine.spawn(job, job.uid, fds, self.workdir, body, len(job.tests), self.cgroup)
+        pid = confine.spawn(job, job.uid, fds, self.workdir, body, tests=len(job.tests))
         for fd in (null, calls[0], answers[1], out[1], err[1]):
             os.close(fd)
         os.set_blocking(calls[1], False)
@@ -176,7 +176,7 @@ class CallRun:
 
         fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
         fds[TRUSTED_FD] = conn.fileno()
-        pid = confine.spawn(job, job.test_uid, fds, "/", body, len(job.tests), self.cgroup)
+        pid = confine.spawn(job, job.test_uid, fds, "/", body, tests=len(job.tests))
         for fd in (null, requests[1], answers[0]):
             os.close(fd)
         os.set_blocking(answers[1], False)
@@ -405,18 +405,13 @@ def run_stdin_test(
     """Run stdin test ``start`` in a process of its own, send what it produced, and return
     the index of the next test.
 
-    Its processes together get ``cpu_s`` (with a cgroup: all of them, read every
-    ``CPU_TICK_S``; without: each its own rlimit) and ``wall_s`` of the main one's own time
-    (time it waited for a CPU others held does not count).
+    Its processes together get ``cpu_s`` (read every ``CPU_TICK_S``) and ``wall_s`` of their
+    own time (time one of them waited for a CPU others held does not count).
     """
-    cpu_before = cgroup.cpu_seconds() if cgroup else 0.0
+    cpu_before = confine.sample_cpu_seconds()
     oom_before = cgroup.oom_kills() if cgroup else 0
-    pid, fds = _start_test(job, start, workdir, cgroup)
+    pid, fds = _start_test(job, start, workdir)
     started = time.monotonic()
-    try:
-        schedstat = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
-    except OSError:  # already gone
-        schedstat = os.open("/dev/null", os.O_RDONLY)
     # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr, the
     # start of the result pipe (a compile error); counted: everything, up to the caps.
     kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
@@ -432,11 +427,11 @@ def run_stdin_test(
         now = time.monotonic()
         remaining = min(job.wall_s - (now - started), deadline - now)
         if remaining <= 0 and now < deadline:  # past the wall backstop: its own time only
-            remaining = min(job.wall_s - (now - started - confine.run_delay(schedstat)), deadline - now)
+            remaining = min(job.wall_s - (now - started - confine.sample_run_delay()), deadline - now)
         over_cpu = False
-        if cgroup is not None and now - cpu_read >= CPU_TICK_S:
+        if now - cpu_read >= CPU_TICK_S:
             cpu_read = now
-            over_cpu = cgroup.cpu_seconds() - cpu_before > job.cpu_s
+            over_cpu = confine.sample_cpu_seconds() - cpu_before > job.cpu_s
         if remaining <= 0 or over_cpu:
             timed_out = True
             break
@@ -457,12 +452,12 @@ def run_stdin_test(
     sel.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    _, status, usage = os.wait4(pid, 0)
+    _, status = os.waitpid(pid, 0)
     confine.clean_up(job.uid)
-    for fd in (*fds, schedstat):
+    for fd in fds:
         os.close(fd)
     exit_code = os.waitstatus_to_exitcode(status)
-    cpu = cgroup.cpu_seconds() - cpu_before if cgroup else usage.ru_utime + usage.ru_stime
+    cpu = confine.sample_cpu_seconds() - cpu_before
     ended = StdinOutcome(
         index=start,
         exit=exit_code,

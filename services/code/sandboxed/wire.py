@@ -47,7 +47,7 @@ class Job:
     uid: int = 0  # the slot's candidate uid, and its tests' uid: set by the server per run
     gid: int = 0
     test_uid: int = 0
-    # The worker's cgroup directories by role ("memory", "pids", "cpu"), empty without cgroups,
+    # The worker's cgroup directories by role ("memory", "pids"), empty without cgroups,
     # and what bounds the sample's cgroup: its memory and its tasks (processes and threads).
     cgroup_version: int = 0
     cgroups: dict[str, str] = field(default_factory=dict)
