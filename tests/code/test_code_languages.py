@@ -197,6 +197,9 @@ def test_language_from_label_request_or_tag(server):
     assert out["rewards"] == [1.0], out["error_types"]
     out = grade(server.url, [("c", c_source)])  # C++ compiled as C
     assert out["error_types"] == ["compile_error"]
+    spaceship = "#include <compare>\n" + c_source.replace("int main(){", "int main(){auto c=(1<=>2);(void)c;")
+    out = grade(server.url, [("cpp20", spaceship), ("cpp", spaceship)])  # C++20 on request only
+    assert out["error_types"] == [None, "compile_error"]
     bad = requests.post(
         server.url + "/reward/score",
         json={"outputs": ["x"], "prompts": ["p"], "labels": [{**APLUSB, "language": "cobol"}]},
