@@ -1,7 +1,7 @@
 """The server's side of the per-sample cgroups: find where this node lets us make them.
 
 A worker makes one directory of its own (``scorer-code-<pid>``) under its own cgroup, per
-controller (cgroup v1: ``memory``, ``pids``) or once (cgroup v2, with the
+controller (cgroup v1: ``memory``) or once (cgroup v2, with the
 ``memory`` and ``pids`` controllers enabled for it); each sample's supervisor makes the
 sample's cgroup in it (``sandboxed.confine.SampleCgroup``) and removes it after. Where none
 can be made (no writable cgroupfs, controllers missing or not delegable, or
@@ -15,8 +15,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The roles a sample's cgroup plays, by the v1 controller that plays each.
-V1_CONTROLLERS = {"memory": "memory", "pids": "pids"}
+# The roles a sample's cgroup plays, by the v1 controller that plays each. Only memory: each
+# hierarchy is one more move of the sample's init, and a move makes every fork on the node
+# wait for an RCU grace period; its tasks are bounded by the rlimit on its uid's instead.
+V1_CONTROLLERS = {"memory": "memory"}
 V2_CONTROLLERS = ("memory", "pids")
 # Where the worker's directories appear inside bubblewrap (the host's paths elsewhere).
 SANDBOX_ROOT = "/sys/fs/cgroup/scorer"
@@ -34,7 +36,8 @@ class Cgroups:
         """One line for logs and ``/info``: what bounds a sample's memory, tasks and CPU."""
         if not self.version:
             return f"rlimits only, per process (no cgroups: {self.reason})"
-        return f"cgroup v{self.version} per sample (memory incl. shared memory, tasks)"
+        tasks = "tasks" if "pids" in self.dirs else "tasks per uid by rlimit"
+        return f"cgroup v{self.version} per sample (memory incl. shared memory; {tasks})"
 
     def sandbox_dirs(self, isolation: str) -> dict[str, str]:
         """The directories as the sandbox's processes see them."""
@@ -109,7 +112,7 @@ def _probe(dirs: dict[str, str], files: dict[str, str]) -> None:
         os.mkdir(probe)
         try:
             if role in files:
-                Path(probe, files[role]).write_text("max" if files[role] == "pids.max" else str(1 << 30))
+                Path(probe, files[role]).write_text(str(1 << 30))
         finally:
             os.rmdir(probe)
 
@@ -128,7 +131,7 @@ def setup(wanted: str) -> Cgroups:
         if all(controller in mounts and controller in own for controller in V1_CONTROLLERS.values()):
             for role, controller in V1_CONTROLLERS.items():
                 made[role] = _make(mounts[controller] + own[controller], name)
-            _probe(made, {"memory": "memory.limit_in_bytes", "pids": "pids.max"})
+            _probe(made, {"memory": "memory.limit_in_bytes"})
             return Cgroups(1, made)
         if "" in mounts and "" in own:
             base = mounts[""] + own[""]
@@ -140,10 +143,10 @@ def setup(wanted: str) -> Cgroups:
             Path(base, "cgroup.subtree_control").write_text(enable)  # fails where this cgroup holds processes
             path = _make(base, name)
             Path(path, "cgroup.subtree_control").write_text(enable)
-            made = dict.fromkeys(V1_CONTROLLERS, path)
+            made = {"memory": path, "pids": path}
             _probe({"memory": path}, {"memory": "memory.max"})
             return Cgroups(2, made)
     except OSError as exc:
         Cgroups(1, made).remove()
         return Cgroups(0, reason=f"cannot make cgroups here ({exc.strerror or exc}: {getattr(exc, 'filename', '')})")
-    return Cgroups(0, reason="no cgroup v1 memory and pids controllers nor cgroup v2 here")
+    return Cgroups(0, reason="no cgroup v1 memory controller nor cgroup v2 here")

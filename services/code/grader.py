@@ -337,7 +337,7 @@ class Grader:
             fsize=s.max_file_bytes, output_bytes=s.max_output_bytes, tmp_bytes=s.tmp_mb << 20,
             # The same for every sample: nothing the program can read depends on its answers.
             keep_bytes=self._kept_bytes(),
-            cgroup_version=cgroups.version, cgroups=cgroups.sandbox_dirs(self.sandbox.isolation),
+            cgroup_version=cgroups.version,
             cgroup_memory_bytes=(s.memory_mb + s.tmp_mb + SUPERVISOR_MB) << 20,
             cgroup_tasks=s.max_threads + SUPERVISOR_TASKS,
         )  # fmt: skip

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
 import logging
 import os
 import queue
@@ -275,13 +276,14 @@ class Sandbox:
         self.cgroups.sweep()
         binds = [*self.cgroups.bwrap_binds(), *self.binds] if self.isolation == "bwrap" else []
         python = os.path.realpath(sys.executable)
+        spec = json.dumps({"version": self.cgroups.version, "dirs": self.cgroups.sandbox_dirs(self.isolation)})
         command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", ZYGOTE_SOURCE]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
         threading.Thread(
-            target=self._keep, args=([*command, str(listener.fileno()), self._packages_path()], listener, spawned),
-            name="code-zygote", daemon=True,
+            target=self._keep, name="code-zygote", daemon=True,
+            args=([*command, str(listener.fileno()), spec, self._packages_path()], listener, spawned),
         ).start()  # fmt: skip
         proc = spawned.get()
         if isinstance(proc, BaseException):

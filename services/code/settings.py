@@ -30,8 +30,8 @@ class CodeSettings:
     sample_wall_s: float = 60.0
     # Limits of each test process.
     memory_mb: int = 1024
-    # Tasks (processes and threads) per sample, enforced by its cgroup; without cgroups, the
-    # rlimit on a uid's tasks is max_processes (it counts threads too).
+    # Tasks (processes and threads) per sample with cgroups (v2: its pids limit; v1: the rlimit
+    # on its slot's uid); without cgroups, that rlimit is max_processes (it counts threads too).
     max_threads: int = 256
     max_processes: int = 16
     max_open_files: int = 64
@@ -60,7 +60,7 @@ class CodeSettings:
     sandbox_packages: str = "numpy==2.4.6 sortedcontainers==2.4.0"
     # Isolation: "auto" takes the strongest the host offers (bwrap > unshare > none).
     sandbox: Literal["auto", "bwrap", "unshare", "none"] = "auto"
-    # A cgroup per sample (memory incl. shared memory, tasks, CPU time) where the node lets us
+    # A cgroup per sample (memory incl. shared memory; tasks with v2) where the node lets us
     # make them ("auto"), or rlimits only ("off").
     cgroups: Literal["auto", "off"] = "auto"
     # Name of a weaker isolation than bwrap that the operator accepts ("unshare" or "none").

@@ -1,7 +1,7 @@
 """What confines a sample's processes, and what is left of them afterwards: nothing.
 
-Each sample's supervisor takes mount, IPC, network, UTS and PID namespaces of its own
-(``private_namespaces``), made for it and never reused. Each
+Each sample gets mount, IPC, network, UTS and PID namespaces and a cgroup of its own
+(``private_namespaces``, ``SampleCgroup``), made for it ahead of it and never reused. Each
 process that runs a program or a label's code is forked by ``spawn``: it drops to an
 unprivileged uid of the slot, no groups, no new privileges, rlimits (``limit``), and a seccomp
 filter that refuses namespaces (``forbid_shared_kernel_state``); the candidate's process also refuses
@@ -50,18 +50,24 @@ def prctl(option: int, value: int) -> None:
     libc.prctl(option, value, 0, 0, 0)
 
 
-def private_namespaces(job: Job) -> None:
-    """Give this supervisor's sample namespaces of its own, made for it and gone with it.
+def private_namespaces() -> None:
+    """Give the next sample namespaces of its own, made for it and gone with it.
 
     Network: only a loopback of its own (no address, abstract socket or port another sample
-    sees). IPC: SysV and POSIX queues of its own, shared memory limited to ``tmp_bytes``.
-    Mounts: a tmpfs of ``tmp_bytes`` on ``/tmp``, also on ``/dev/shm``, owned by the sample's
-    uid, the only place it can write. PID: the next process forked is the sample's init
-    (``enter_own_pids``), whose exit kills every process left in it.
+    sees). IPC: SysV and POSIX queues of its own. Mounts: its own (``private_tmp``). PID: the
+    next process forked is the sample's init (``enter_own_pids``), whose exit kills every
+    process left in it.
     """
-    size = job.tmp_bytes
     _check(_LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWUTS), "unshare")
     _check(_LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+
+
+def private_tmp(job: Job) -> None:
+    """The sample's writable place: a tmpfs of ``tmp_bytes`` on ``/tmp``, also on ``/dev/shm``,
+    owned by its uid; and its IPC namespace's shared memory limited to ``tmp_bytes`` too."""
+    size = job.tmp_bytes
     options = f"size={size},nr_inodes={TMP_INODES},mode=0700,uid={job.uid},gid={job.gid}".encode()
     _check(_LIBC.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount /tmp")
     if os.path.isdir("/dev/shm"):
@@ -69,8 +75,6 @@ def private_namespaces(job: Job) -> None:
     for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
         with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
             sysctl.write(str(value))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
 
 
 def enter_own_pids() -> None:
@@ -195,7 +199,7 @@ def limit(job: Job, tests: int) -> None:
         (resource.RLIMIT_STACK, (STACK_BYTES, resource.RLIM_INFINITY)),  # the program may raise it
     ):
         resource.setrlimit(res, value)
-    forbid_shared_kernel_state(memfd=bool(job.cgroups))
+    forbid_shared_kernel_state(memfd=bool(job.cgroup_version))
 
 
 def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None], tests: int) -> int:
@@ -314,23 +318,26 @@ CGROUP_FILES = {
 
 
 class SampleCgroup:
-    """A sample's cgroup, made by its supervisor and removed after its last process.
+    """A sample's cgroup, made for it before it arrives and removed after its last process.
 
     Bounds the sample as a whole: its memory, shared memory (tmpfs, memfd, SysV) included,
-    and its tasks (processes and threads). Made once per sample and joined once per
-    hierarchy by its init: moving a process between cgroups waits for an RCU grace period
-    (milliseconds), so its test processes are born in it instead of joining a part of it.
+    and its tasks (processes and threads). Its init joins it once per hierarchy, before the
+    sample arrives: moving a process between cgroups waits for an RCU grace period
+    (milliseconds), so the sample's processes are born in it instead of joining it.
     """
 
-    def __init__(self, job: Job) -> None:
-        self.files = CGROUP_FILES[job.cgroup_version]
+    def __init__(self, version: int, parents: dict[str, str]) -> None:
+        self.version, self.files = version, CGROUP_FILES[version]
         name = f"sample-{os.getpid()}-{time.monotonic_ns()}"
-        self.dirs = {role: os.path.join(parent, name) for role, parent in job.cgroups.items()}
+        self.dirs = {role: os.path.join(parent, name) for role, parent in parents.items()}
         for path in dict.fromkeys(self.dirs.values()):
             os.mkdir(path)
+
+    def set_limits(self, job: Job) -> None:
         self._write(self.dirs["memory"], self.files["memory"], job.cgroup_memory_bytes)
-        self._write(self.dirs["pids"], self.files["pids"], job.cgroup_tasks)
-        if job.cgroup_version == 2:
+        if "pids" in self.dirs:
+            self._write(self.dirs["pids"], self.files["pids"], job.cgroup_tasks)
+        if self.version == 2:
             with contextlib.suppress(FileNotFoundError):  # no swap for a sample
                 self._write(self.dirs["memory"], "memory.swap.max", 0)
 

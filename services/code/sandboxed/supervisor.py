@@ -475,30 +475,39 @@ def run_stdin_test(
     return start + 1
 
 
-def supervise(conn: socket.socket) -> None:
-    """One sample, in namespaces made for it: the sample's init runs its tests in order and
-    streams a result per test; when it exits, the kernel kills whatever is left in them."""
-    job = wire.recv(conn)
-    if not isinstance(job, Job):
-        raise ValueError(f"a {type(job).__name__} where a Job was expected")
-    deadline = time.monotonic() + job.sample_s
-    cgroup = confine.SampleCgroup(job) if job.cgroups else None
-    confine.private_namespaces(job)
-    compiled.mount_artifact(job)
+def prepare_and_supervise(listener: socket.socket, accepted: int, cgroups: dict) -> None:
+    """Prepare a sample's namespaces and cgroup (``cgroups``: the version and the worker's
+    directories by role, empty without), then let its init take the next connection (and
+    say so on ``accepted``: another is prepared meanwhile) and ``supervise`` it.
+
+    What cannot be prepared fails the next connection at once (it is closed unanswered).
+    """
+    try:
+        cgroup = confine.SampleCgroup(cgroups["version"], cgroups["dirs"]) if cgroups["dirs"] else None
+        confine.private_namespaces()
+    except BaseException:
+        conn, _ = listener.accept()
+        os.write(accepted, b"!")  # a failure: the zygote pauses before the next one
+        raise
     go_read, go_write = os.pipe()
     init = os.fork()
     if init == 0:
         code = 1
         try:
             os.close(go_write)
-            if os.read(go_read, 2) == b"go":  # in its cgroup (if any): it may start the sample
+            if os.read(go_read, 2) == b"go":  # in its cgroup (if any): it may start
                 confine.enter_own_pids()
-                _run_sample(job, conn, deadline, cgroup)
+                conn, _ = listener.accept()
+                listener.close()
+                os.write(accepted, b".")
+                os.close(accepted)
+                supervise(conn, cgroup)
                 code = 0
         finally:
             os._exit(code)
     os.close(go_read)
-    conn.close()  # the server sees the end of the connection when the sample's init ends
+    listener.close()
+    os.close(accepted)
     try:
         if cgroup is not None:
             cgroup.add(init)
@@ -508,6 +517,20 @@ def supervise(conn: socket.socket) -> None:
         os.waitpid(init, 0)
         if cgroup is not None:
             cgroup.remove()
+
+
+def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
+    """One sample, as its init (pid 1 of its PID namespace): its tests in order, a result
+    streamed per test; when it exits, the kernel kills whatever is left in the namespace."""
+    job = wire.recv(conn)
+    if not isinstance(job, Job):
+        raise ValueError(f"a {type(job).__name__} where a Job was expected")
+    deadline = time.monotonic() + job.sample_s
+    if cgroup is not None:
+        cgroup.set_limits(job)
+    confine.private_tmp(job)
+    compiled.mount_artifact(job)
+    _run_sample(job, conn, deadline, cgroup)
 
 
 def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.SampleCgroup | None) -> None:

@@ -47,10 +47,9 @@ class Job:
     uid: int = 0  # the slot's candidate uid, and its tests' uid: set by the server per run
     gid: int = 0
     test_uid: int = 0
-    # The worker's cgroup directories by role ("memory", "pids"), empty without cgroups,
-    # and what bounds the sample's cgroup: its memory and its tasks (processes and threads).
+    # The cgroups' version (0: none), and what bounds the sample's cgroup: its memory and its
+    # tasks (processes and threads).
     cgroup_version: int = 0
-    cgroups: dict[str, str] = field(default_factory=dict)
     cgroup_memory_bytes: int = 0
     cgroup_tasks: int = 0
     # A compiled language (``compiled``): the command a test (or, for kind "build", the
