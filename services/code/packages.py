@@ -24,8 +24,6 @@ PACKAGES_DIR = Path(__file__).resolve().parents[2] / ".sandbox-packages"
 SANDBOX_PATH = "/sandbox-packages"
 # The requirements the directory was installed from.
 STAMP = ".requirements"
-# Each program runs its numeric libraries on one thread: its CPU limit is per process.
-THREAD_VARIABLES = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def requirements(spec: str) -> list[str]:

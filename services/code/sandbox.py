@@ -281,9 +281,9 @@ class Sandbox:
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
+        arguments = [str(listener.fileno()), spec, self._packages_path()]
         threading.Thread(
-            target=self._keep, name="code-zygote", daemon=True,
-            args=([*command, str(listener.fileno()), spec, self._packages_path()], listener, spawned),
+            target=self._keep, args=([*command, *arguments], listener, spawned), name="code-zygote", daemon=True,
         ).start()  # fmt: skip
         proc = spawned.get()
         if isinstance(proc, BaseException):

@@ -2,11 +2,11 @@
 
 Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <the package's bundle>
 <fd> <cgroups> <packages>``, where ``fd`` is a listening Unix socket made by the server,
-``cgroups`` the JSON of the cgroups' version and directories and ``packages`` the directory
-of the packages programs may import ("" for none). Forking a warm interpreter
-costs a few milliseconds where a fresh ``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8).
-It keeps ``SPARES`` supervisors forked ahead, each with a sample's namespaces and cgroup
-made (``supervisor.prepare_and_supervise``), waiting for the next connection: one sample each.
+``cgroups`` the JSON of its cgroups, and ``packages`` the directory of the packages programs
+may import ("" for none). Forking a warm interpreter costs a few milliseconds where a fresh
+``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8). It keeps ``SPARES`` supervisors
+forked ahead, each with a sample's namespaces and cgroup made
+(``supervisor.prepare_and_supervise``), waiting for the next connection: one sample each.
 """
 
 from __future__ import annotations
