@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 
 # Where the cache appears inside bubblewrap (the host's path elsewhere).
 SANDBOX_VIEW = "/judge-cache"
-# Compile errors remembered (their messages), besides the builds on disk.
+# Compile errors remembered (the start of their messages), besides the builds on disk.
 MAX_ERRORS = 4096
+MAX_ERROR_CHARS = 1024
 # What is kept of a compiler's stdout for its message, and the most it may print.
 COMPILER_KEEP_BYTES = 64 << 10
 COMPILER_OUTPUT_BYTES = 1 << 20
@@ -115,7 +116,7 @@ class CompileCache:
                 if error is not None:
                     self.counters["compile_errors"] += 1
                     if not isinstance(error, Unremembered):
-                        self._errors[key] = error
+                        self._errors[key] = error[:MAX_ERROR_CHARS]
                     while len(self._errors) > MAX_ERRORS:
                         self._errors.popitem(last=False)
                     return error
