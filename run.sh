@@ -47,9 +47,9 @@ has_command() {
 # stops with the exact command to run.
 ensure_system_packages() {
   plan "$1"
-  local missing=() i
+  local missing=() missing_at=() i
   for i in "${!SYSTEM_PACKAGES[@]}"; do
-    has_command "${SYSTEM_COMMANDS[$i]}" || missing+=("${SYSTEM_PACKAGES[$i]}")
+    has_command "${SYSTEM_COMMANDS[$i]}" || { missing+=("${SYSTEM_PACKAGES[$i]}"); missing_at+=("$i"); }
   done
   # Debian and Ubuntu ship Python's venv module (and ensurepip) in a package of their own.
   local no_venv=
@@ -68,8 +68,10 @@ ensure_system_packages() {
     update=(apt-get update -qq)
     install=(apt-get install -y -qq --no-install-recommends "${missing[@]}")
   elif has_command dnf; then
+    missing=(); for i in "${missing_at[@]}"; do missing+=("${SYSTEM_PACKAGES_DNF[$i]}"); done
     install=(dnf install -y -q "${missing[@]}")
   elif has_command apk; then
+    missing=(); for i in "${missing_at[@]}"; do missing+=("${SYSTEM_PACKAGES_APK[$i]}"); done
     install=(apk add --no-cache "${missing[@]}")
   else
     log "'$1' needs the system packages ${missing[*]}, and no apt-get, dnf or apk was found: install them, then run this again"

@@ -36,7 +36,7 @@ class Service:
     no_deps: tuple[str, ...] = ()
     # Requirement files installed on top on a GPU node.
     gpu_requirements: tuple[str, ...] = ()
-    # Distribution packages (the same name in apt-get, dnf and apk) it cannot run without.
+    # Distribution packages (apt-get's names; ``SYSTEM_PACKAGE_NAMES`` has dnf's and apk's where they differ).
     system_packages: tuple[str, ...] = ()
     # ``SCORER_<NAME>_ENGINE`` values that need other requirement files, in their own environment.
     engine_requirements: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -124,7 +124,8 @@ SERVICES: dict[str, Service] = {
             scorer="services.code.scorer:CodeScorer",
             uses_gpu=False,
             requirements=("requirements.txt", "requirements-code.txt"),
-            system_packages=("bubblewrap",),
+            # bubblewrap, then the toolchains of the languages beside Python (services/code/languages.py).
+            system_packages=("bubblewrap", "gcc", "g++", "openjdk-17-jdk-headless", "golang-go", "rustc", "nodejs"),
             flags=("infra_failure_score", "env"),
             preflight="services.code.preflight:preflight",
             protocols=("services.code.openrlhf:OpenRLHFProtocol",),
@@ -135,7 +136,19 @@ SERVICES: dict[str, Service] = {
 }
 
 # The command that shows a system package is installed.
-SYSTEM_COMMANDS: dict[str, str] = {"bubblewrap": "bwrap", "nginx": "nginx"}
+SYSTEM_COMMANDS: dict[str, str] = {
+    "bubblewrap": "bwrap", "nginx": "nginx",
+    # The code sandbox's toolchains (it runs them from /usr/bin alone, never from ~/.cargo or the like).
+    "gcc": "gcc", "g++": "g++", "openjdk-17-jdk-headless": "javac", "golang-go": "go", "rustc": "rustc",
+    "nodejs": "node",
+}  # fmt: skip
+# A system package's name where dnf's or apk's differs from apt-get's (the registry's names).
+SYSTEM_PACKAGE_NAMES: dict[str, dict[str, str]] = {
+    "g++": {"dnf": "gcc-c++"},
+    "openjdk-17-jdk-headless": {"dnf": "java-17-openjdk-devel", "apk": "openjdk17-jdk"},
+    "golang-go": {"dnf": "golang", "apk": "go"},
+    "rustc": {"dnf": "rust", "apk": "rust"},
+}
 # What the test suite needs beyond every service's own: the torch OCR engine, pytest and ruff;
 # nginx for the scale-out tests.
 TEST_REQUIREMENTS = ("requirements-ocr-torch.txt", "requirements-dev.txt")
@@ -245,6 +258,9 @@ def shell(command: str) -> str:
         else:
             lines.append(f"{item.name.upper()}={shlex.quote(str(value))}")
     lines.append(f"SYSTEM_COMMANDS=({' '.join(SYSTEM_COMMANDS[p] for p in setup.system_packages)})")
+    for manager in ("dnf", "apk"):
+        names = (SYSTEM_PACKAGE_NAMES.get(p, {}).get(manager, p) for p in setup.system_packages)
+        lines.append(f"SYSTEM_PACKAGES_{manager.upper()}=({' '.join(names)})")
     return "\n".join(lines)
 
 

@@ -26,7 +26,9 @@ def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
         [sys.executable, "-S", "-m", "common.registry", "shell", "code"], cwd=ROOT, capture_output=True, text=True
     )
     assert shell.returncode == 0, shell.stderr
-    assert "SYSTEM_PACKAGES=(bubblewrap)" in shell.stdout and "SYSTEM_COMMANDS=(bwrap)" in shell.stdout
+    assert "SYSTEM_PACKAGES=(bubblewrap gcc g++ openjdk-17-jdk-headless golang-go rustc nodejs)" in shell.stdout
+    assert "SYSTEM_COMMANDS=(bwrap gcc g++ javac go rustc node)" in shell.stdout
+    assert "SYSTEM_PACKAGES_DNF=(bubblewrap gcc gcc-c++ java-17-openjdk-devel golang rust nodejs)" in shell.stdout
     unknown = subprocess.run(
         [sys.executable, "-S", "-m", "common.registry", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
     )
@@ -47,7 +49,7 @@ def test_every_entry_is_whole() -> None:
 def test_what_each_command_sets_up() -> None:
     test = registry.setup_of("test", {})
     assert test.venv == ".venv" and test.requirements[-1] == "requirements-dev.txt"
-    assert set(test.system_packages) == {"bubblewrap", "nginx"}
+    assert set(test.system_packages) == {*registry.SERVICES["code"].system_packages, "nginx"}
     assert registry.setup_of("all", {}).venv == ""  # each service has its own
     paddle = registry.setup_of("ocr", {"SCORER_OCR_ENGINE": "paddleocr"})
     assert paddle.venv == ".venv-ocr-paddleocr" and paddle.requirements == ("requirements-ocr-paddle.txt",)

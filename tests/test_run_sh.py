@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from common.registry import SYSTEM_COMMANDS, setup_of
+from common.registry import SYSTEM_COMMANDS, SYSTEM_PACKAGE_NAMES, setup_of
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -79,7 +79,11 @@ def fake() -> Iterator[Path]:
 
 def manager(fake: Path, name: str) -> None:
     """A package manager stand-in called ``name`` on the fake PATH."""
-    arms = " ".join(f"{package}) cmd={command} ;;" for package, command in SYSTEM_COMMANDS.items())
+    names = {
+        **SYSTEM_COMMANDS,
+        **{alt: SYSTEM_COMMANDS[p] for p, alts in SYSTEM_PACKAGE_NAMES.items() for alt in alts.values()},
+    }
+    arms = " ".join(f"{package}) cmd={command} ;;" for package, command in names.items())
     _write(fake / "bin" / name, MANAGER.format(arms=arms))
 
 
@@ -140,7 +144,7 @@ def test_dnf_and_apk(fake: Path) -> None:
     assert calls(fake) == ["dnf install -y -q bubblewrap nginx"]
     (fake / "bin" / "dnf").unlink()
     for command in SYSTEM_COMMANDS.values():
-        (fake / "bin" / command).unlink()
+        (fake / "bin" / command).unlink(missing_ok=True)
     manager(fake, "apk")
     result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "nginx", "apt-get", "dnf"])
     assert result.returncode == 0, result.stderr
@@ -210,3 +214,11 @@ def test_flags_come_from_the_registry(fake: Path) -> None:
     assert "SCORER_SERVICE=code" in lines
     refused = run_sh(fake, ["code", "--clip", "x"], hide=[])
     assert refused.returncode == 2 and "unknown flag --clip" in refused.stderr
+
+
+def test_each_package_manager_gets_its_own_names(fake: Path) -> None:
+    """The code verifier's toolchains are named per package manager (Debian's in the registry)."""
+    manager(fake, "dnf")
+    result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "g++", "go", "apt-get"])
+    assert result.returncode == 0, result.stderr
+    assert calls(fake) == ["dnf install -y -q bubblewrap gcc-c++ golang"]

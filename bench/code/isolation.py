@@ -39,7 +39,7 @@ settings = CodeSettings(**fields)
 extra = [settings.cgroups] if cgroups != "-" else []
 sandbox = Sandbox("bwrap", 8, settings.uid_base, *extra)
 sandbox.start()
-grader = Grader(settings, sandbox)
+grader = Grader(settings, sandbox, 150.0)
 env = load("coin_change")
 big = "def big():\\n    return 'x' * (15 << 20)\\n"
 cases = {

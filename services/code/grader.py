@@ -5,17 +5,21 @@ The sandbox only reports what each test printed or returned; every verdict is ma
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.batching import Deadline
+from services.code import checkers
+from services.code.compile_cache import Builds
 from services.code.labels import Suite, result_matches, stdout_matches
+from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program
 from services.code.sandbox import Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
@@ -23,8 +27,8 @@ from services.code.settings import SUPERVISOR_MB, CodeSettings
 log = logging.getLogger(__name__)
 
 STATUSES = (
-    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "compile_error", "no_code", "invalid_label",
-    "sandbox_error", "prompt_not_found",
+    "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit", "compile_error", "no_code",
+    "invalid_label", "sandbox_error", "language_unavailable", "judge_failure", "prompt_not_found",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
@@ -44,6 +48,7 @@ class Sample:
 
     code: str
     suite: Suite | None
+    language: str = PYTHON
 
 
 @dataclass(frozen=True)
@@ -70,17 +75,38 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     if run.timed_out:
         return "timeout"
     if run.output_exceeded:
-        return "runtime_error"
+        return "output_limit"
     if run.exit != 0:
-        return "memory_limit" if run.oom_killed or "MemoryError" in run.stderr else "runtime_error"
+        out_of_memory = run.oom_killed or any(sign in run.stderr for sign in OUT_OF_MEMORY)
+        return "memory_limit" if out_of_memory else "runtime_error"
     if run.stdout_truncated:
         return "wrong_answer"
-    return "passed" if stdout_matches(run.stdout, suite.expected[run.index], tolerance) else "wrong_answer"
+    checker, want = suite.checker, suite.expected[run.index]
+    if checker.mode == "custom":
+        return UNCHECKED
+    if checker.mode == "default":
+        return "passed" if stdout_matches(run.stdout, want, tolerance) else "wrong_answer"
+    return "passed" if checkers.matches(checker, run.stdout, want) else "wrong_answer"
+
+
+# What a program that failed to allocate prints as it dies: Python's and Java's error, C++'s
+# exception, Go's and Rust's runtimes, a V8 heap at its limit. Without cgroups the address
+# space limit makes an allocation fail; with them, the kernel's OOM kill says it.
+OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory allocation of ")
+
+
+# A stdin test whose program exited cleanly, for the label's custom checker to judge.
+UNCHECKED = "unchecked"
+
+
+class JudgeFailure(Exception):
+    """A label's custom checker failed (did not build, crashed, hung, flooded, exit 3): the
+    sample gets no verdict."""
 
 
 # What a call-based or assert test that failed before an answer or a report gets.
 FAILURES = {
-    "compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "runtime_error",
+    "compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "output_limit",
     "memory_limit": "memory_limit",
 }  # fmt: skip
 # An assert test's report names the exception that ended it.
@@ -125,10 +151,13 @@ class Grader:
     on threads of its own, at most ``settings.parallel``, so none waits behind another's queue.
     """
 
-    def __init__(self, settings: CodeSettings, sandbox: Sandbox, timeout_s: float) -> None:
+    def __init__(
+        self, settings: CodeSettings, sandbox: Sandbox, timeout_s: float, builds: Builds | None = None
+    ) -> None:
         self.settings = settings
         self.sandbox = sandbox
         self.timeout_s = timeout_s
+        self.builds = builds
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -160,6 +189,8 @@ class Grader:
             return Verdict("no_code", 0, total, 0.0)
         for attempt in range(2):
             try:
+                if sample.language != PYTHON:
+                    return self._run_built(sample, deadline, request)
                 return self._run(sample.suite, sample.code, deadline, request)
             except SandboxFailure as exc:
                 log.warning("code sandbox failed a run (attempt %d): %s", attempt + 1, exc)
@@ -168,25 +199,132 @@ class Grader:
                     continue
         return Verdict("sandbox_error", 0, total, None)
 
-    def _run(self, suite: Suite, code: str, deadline: float, request: object) -> Verdict:
-        s = self.settings
+    def _run_built(self, sample: Sample, deadline: float, request: object) -> Verdict:
+        """A program in a compiled language: its build (once per source, ``compile_cache``),
+        then its tests, each running the build."""
+        suite = sample.suite
+        assert suite is not None
+        total = len(suite.tests)
+        language = LANGUAGES[sample.language]
+        if self.builds is None or self.builds.missing(language):
+            return Verdict("language_unavailable", 0, total, None)
+        program = self.builds.program(language, sample.code, self.settings.memory_mb)
+        with self._built(program, deadline, request) as error:
+            if error is not None:
+                return Verdict("compile_error", 0, total, 0.0)
+            return self._run(suite, sample.code, deadline, request, program)
+
+    @contextlib.contextmanager
+    def _built(self, program: Program, deadline: float, request: object) -> Iterator[str | None]:
+        """``program``'s build held in the compile cache (built in a slot if it is not there):
+        yields its compile error, or None."""
+        builds = self.builds
+        assert builds is not None
+
+        def build() -> str | None:
+            job = builds.build_job(program, self._job(Suite("stdin", [""], [""]), "", deadline), self._cgroups())
+            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+                if uid is None or time.monotonic() >= deadline:
+                    raise SandboxFailure("no run slot came free before the request deadline")
+                runs = self.sandbox.run(job, uid)
+                try:
+                    return builds.compile_error(next(runs, None))
+                finally:
+                    runs.close()
+
+        with builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
+            yield error
+
+    def _cgroups(self) -> bool:
+        return bool(self.sandbox.cgroups.version)
+
+    def _run(
+        self, suite: Suite, code: str, deadline: float, request: object, program: Program | None = None
+    ) -> Verdict:
+        statuses = ["timeout"] * len(suite.tests)
+        outputs: dict[int, str] = {}  # what the custom checker judges
         with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
-            statuses = ["timeout"] * len(suite.tests)
+            job = self._job(suite, code, deadline)
+            if program is not None:
+                assert self.builds is not None
+                job = self.builds.run_job(program, job, self._cgroups())
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(self._job(suite, code, deadline), uid, self._trusted(suite))
+            runs = self.sandbox.run(job, uid, self._trusted(suite))
             try:
                 for run in runs:
                     statuses[run.index] = self._judge(suite, run)
+                    if statuses[run.index] == UNCHECKED:
+                        assert isinstance(run, StdinOutcome)
+                        outputs[run.index] = run.stdout
             finally:
                 runs.close()
+        points = [float(status == "passed") for status in statuses]
+        if outputs:
+            try:
+                for index, (status, got) in self._check(suite, outputs, deadline, request).items():
+                    statuses[index], points[index] = status, got
+            except JudgeFailure as exc:
+                log.warning("a label's checker failed a code sample (no verdict): %s", exc)
+                return Verdict("judge_failure", 0, len(statuses), None)
+        return self._score(suite, statuses, points)
+
+    def _score(self, suite: Suite, statuses: list[str], points: list[float]) -> Verdict:
+        """The sample's verdict by its label's scoring (else the server's): the fraction of the
+        tests' points, all or nothing, or subtasks (a group's points when all its tests pass)."""
         passed = statuses.count("passed")
         status = next((st for st in statuses if st != "passed"), "passed")
-        if s.scoring == "all":
-            return Verdict(status, passed, len(statuses), float(status == "passed"))
-        return Verdict(status, passed, len(statuses), passed / len(statuses))
+        scoring = suite.scoring or self.settings.scoring
+        if scoring == "all":
+            score = float(status == "passed")
+        elif scoring == "subtasks":
+            total = sum(group.points for group in suite.subtasks)
+            score = sum(group.points * min(points[i] for i in group.tests) for group in suite.subtasks) / total
+        else:
+            score = sum(points) / len(points)
+        return Verdict(status, passed, len(statuses), score)
+
+    def _check(
+        self, suite: Suite, outputs: dict[int, str], deadline: float, request: object
+    ) -> dict[int, tuple[str, float]]:
+        """The label's custom checker on each test's output, in a sandbox of its own (the
+        program has exited): ``checker input output answer``. Raises ``JudgeFailure``."""
+        if self.builds is None:
+            raise JudgeFailure("this server builds no programs")
+        checker = suite.checker
+        language = LANGUAGES[CHECKER_LANGUAGES[checker.language]]
+        if self.builds.missing(language):
+            raise JudgeFailure(f"the checker's toolchain is missing ({', '.join(self.builds.missing(language))})")
+        program = self.builds.program(language, checker.program, self.settings.memory_mb)
+        order = sorted(outputs)
+        with self._built(program, deadline, request) as error:
+            if error is not None:
+                raise JudgeFailure(f"the checker does not compile: {error[:300]}")
+            files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
+            job = self.builds.check_job(program, self._job(Suite("stdin", [""] * len(order), [""]), "", deadline),
+                                        files, self._cgroups())  # fmt: skip
+            found: dict[int, tuple[str, float]] = {}
+            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+                if uid is None or time.monotonic() >= deadline:
+                    raise SandboxFailure("no run slot came free before the request deadline")
+                runs = self.sandbox.run(job, uid)
+                try:
+                    for run in runs:
+                        if not isinstance(run, StdinOutcome):
+                            raise JudgeFailure("the checker ran out of time")
+                        verdict = checkers.custom_verdict(
+                            run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
+                        )
+                        if verdict is None:
+                            raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")
+                        found[order[run.index]] = verdict
+                finally:
+                    runs.close()
+        if len(found) != len(order):
+            raise JudgeFailure("the checker's runs ended early")
+        return found
 
     def _job(self, suite: Suite, code: str, deadline: float) -> Job:
         """What the sandbox gets to run ``code`` against ``suite`` (never the expected outputs)."""

@@ -10,6 +10,7 @@ process, apart from the candidate's (see ``zygote.CallRun``).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import json
 import math
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import Unprocessable
+from services.code.checkers import DEFAULT as DEFAULT_CHECKER
+from services.code.checkers import Checker, parse_checker
+from services.code.languages import language_of
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,23 @@ class Suite:
     setup: str = ""
     # Why the label cannot test anything (its samples score 0 as ``invalid_label``), or "".
     invalid: str = ""
+    # The language the label asks programs to be graded in (``languages``), or "" (the
+    # request's, else the fenced block's tag, else Python).
+    language: str = ""
+    # How a stdin test's output is checked (``checkers``), and how the tests make the score:
+    # "" (the server's ``scoring``), "fraction", "all" or "subtasks" (``subtasks``: groups of
+    # test indices with points, IOI style).
+    checker: Checker = DEFAULT_CHECKER
+    scoring: str = ""
+    subtasks: tuple[Subtask, ...] = ()
+
+
+@dataclass(frozen=True)
+class Subtask:
+    """A group of tests (indices) that scores its points only when every one of them passes."""
+
+    points: float
+    tests: tuple[int, ...]
 
 
 def _text(value: Any, what: str) -> str:
@@ -85,6 +106,9 @@ def parse_label(label: Any) -> Suite | str:
         return ""
     if not isinstance(label, dict):
         raise Unprocessable("labels: each label must be a dict or a JSON string of one")
+    if JUDGING.intersection(label):
+        parsed = parse_label({key: value for key, value in label.items() if key not in JUDGING})
+        return _with_judging(parsed, label) if isinstance(parsed, Suite) else parsed
     if "input_output" in label:  # APPS/TACO keep the tests as a nested JSON string
         nested = label["input_output"]
         if not isinstance(nested, (str, dict)) or not nested:
@@ -127,6 +151,48 @@ def parse_label(label: Any) -> Suite | str:
         "labels: unknown test format; use {'inputs','outputs'}, {'tests': [...]}, "
         "{'fn_name','inputs','outputs'} or {'test','entry_point'}"
     )
+
+
+# Label fields that say how a suite is judged rather than what it tests.
+JUDGING = frozenset(("language", "checker", "scoring", "subtasks"))
+SCORINGS = ("fraction", "all", "subtasks")
+
+
+def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
+    """``suite`` with the label's language, checker and scoring."""
+    language = suite.language
+    if "language" in label:
+        language = language_of(label["language"]) or ""
+        if not language:
+            raise Unprocessable(f"labels: unknown language {str(label['language'])[:40]!r}")
+    checker = parse_checker(label["checker"]) if "checker" in label else DEFAULT_CHECKER
+    if checker != DEFAULT_CHECKER and suite.kind != "stdin":
+        raise Unprocessable("labels: a 'checker' applies to stdin/stdout tests only")
+    scoring = label.get("scoring", "")
+    if scoring and scoring not in SCORINGS:
+        raise Unprocessable(f"labels: 'scoring' is one of {', '.join(SCORINGS)}")
+    subtasks = _subtasks(label.get("subtasks"), len(suite.tests)) if scoring == "subtasks" else ()
+    return dataclasses.replace(suite, language=language, checker=checker, scoring=scoring, subtasks=subtasks)
+
+
+def _subtasks(groups: Any, total: int) -> tuple[Subtask, ...]:
+    if not isinstance(groups, list) or not groups:
+        raise Unprocessable("labels: 'subtasks' must be a list of {'points': number, 'tests': [index, ...]}")
+    parsed = []
+    for group in groups:
+        points, tests = (group.get("points"), group.get("tests")) if isinstance(group, dict) else (None, None)
+        if not isinstance(points, (int, float)) or isinstance(points, bool) or not 0 <= points < 1e9:
+            raise Unprocessable("labels: each subtask needs 'points', a number from 0")
+        if (
+            not isinstance(tests, list)
+            or not tests
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < total for i in tests)
+        ):
+            raise Unprocessable(f"labels: each subtask needs 'tests', indices of the {total} tests")
+        parsed.append(Subtask(float(points), tuple(tests)))
+    if not sum(group.points for group in parsed) > 0:
+        raise Unprocessable("labels: the subtasks' points must add up to more than 0")
+    return tuple(parsed)
 
 
 def _lines(text: str) -> list[str]:

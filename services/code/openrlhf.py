@@ -43,7 +43,7 @@ class OpenRLHFProtocol(WireProtocol):
         if key not in payload:
             raise Unprocessable("body needs 'query' (prompt + response) or 'outputs' (responses), and 'prompts'")
         return self.scorer.samples(
-            payload[key], payload.get("prompts"), payload.get("labels"), from_query=key == "query"
+            payload[key], payload.get("prompts"), payload.get("labels"), key == "query", payload.get("language")
         )
 
     def answer(self, results: Sequence[Result]) -> dict[str, Any]:

@@ -96,6 +96,8 @@ def _visible_filesystem(packages: str) -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
+    # Traversable, as bwrap would not make it: toolchains read their own files there (the JDK's).
+    args += ["--perms", "0755", "--dir", "/etc"]
     for path in SYSTEM_FILES:
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
@@ -232,9 +234,16 @@ class Sandbox:
     in, and the directory ``packages`` its programs may import from (read-only)."""
 
     def __init__(
-        self, isolation: str, slots: int, uid_base: int, wanted_cgroups: str = "auto", packages: str = ""
+        self,
+        isolation: str,
+        slots: int,
+        uid_base: int,
+        wanted_cgroups: str = "auto",
+        packages: str = "",
+        binds: tuple[str, ...] = (),
     ) -> None:
         self.isolation = isolation
+        self.binds = binds  # more bwrap arguments (the compile cache, toolchains' files)
         self.cgroups = cgroups.setup(wanted_cgroups)
         self.packages = packages
         # Each slot has two uids: its candidates' (``uids``) and, ``slots`` above it, its tests'.
@@ -265,7 +274,7 @@ class Sandbox:
         # The base interpreter, not the venv's link to it: the zygote needs only the standard
         # library, and only the interpreter's own prefix is visible in the sandbox.
         self.cgroups.sweep()
-        binds = self.cgroups.bwrap_binds() if self.isolation == "bwrap" else []
+        binds = [*self.cgroups.bwrap_binds(), *self.binds] if self.isolation == "bwrap" else []
         python = os.path.realpath(sys.executable)
         spec = json.dumps({"version": self.cgroups.version, "dirs": self.cgroups.sandbox_dirs(self.isolation)})
         command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", ZYGOTE_SOURCE]

@@ -8,6 +8,7 @@ OpenRLHF's remote reward route (``openrlhf.py``).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import math
 import os
@@ -22,8 +23,8 @@ from common.config import ConfigError, env_name, from_env
 from common.errors import Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
-from services.code import environments, packages, sandbox
-from services.code.extract import extract_code, response_from_query
+from services.code import compile_cache, environments, languages, packages, sandbox
+from services.code.extract import extract_program, response_from_query
 from services.code.grader import Grader, Sample, Verdict
 from services.code.labels import Suite, parse_label
 from services.code.preflight import preflight
@@ -134,19 +135,25 @@ class CodeScorer(Scorer):
         """Start the warm zygote and grade one known-good program through it."""
         s = self.settings
         shown = str(packages.PACKAGES_DIR) if s.sandbox_packages else ""
-        self.sandbox = sandbox.Sandbox(self.isolation, s.parallel, s.uid_base, s.cgroups, shown)
+        cache = compile_cache.CompileCache(s.compile_cache_mb << 20, self.isolation)
+        atexit.register(cache.close)
+        builds = compile_cache.Builds(cache, compile_cache.Limits(s.compile_cpu_s, s.compile_wall_s,
+                                                                  s.compile_memory_mb, s.compile_tmp_mb))  # fmt: skip
+        binds = ("--bind", cache.root, compile_cache.SANDBOX_VIEW, *languages.TOOLCHAIN_BINDS)
+        self.sandbox = sandbox.Sandbox(self.isolation, s.parallel, s.uid_base, s.cgroups, shown, binds)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
-        self.grader = Grader(s, self.sandbox, self.core.request_timeout_s)
+        self.grader = Grader(s, self.sandbox, self.core.request_timeout_s, builds)
         probe = Sample("print(input())", Suite("stdin", ["ok\n"], ["ok"]))
         verdict = self.grader.grade([probe])[0]
         if verdict.status != "passed":
             raise RuntimeError(f"the code sandbox failed its self-check: {verdict.status}")
         self._check_what_programs_see()
         log.warning(
-            "code sandbox isolation: %s (uids %d-%d, %d slots); resource limits: %s; environment: %s",
+            "code sandbox isolation: %s (uids %d-%d, %d slots); resource limits: %s; environment: %s; languages: %s",
             self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.parallel,
             self.sandbox.cgroups.describe(), s.env or "none",
+            ", ".join(f"{name} {state}" for name, state in builds.availability().items()),
         )  # fmt: skip
 
     def _check_what_programs_see(self) -> None:
@@ -171,9 +178,15 @@ class CodeScorer(Scorer):
 
     # -- requests -----------------------------------------------------------------------
 
-    def samples(self, responses: list[Any], prompts: Any, labels: Any, from_query: bool) -> list[Sample]:
-        """Validate one request's lists and turn them into samples (422 on bad input)."""
+    def samples(
+        self, responses: list[Any], prompts: Any, labels: Any, from_query: bool, language: Any = None
+    ) -> list[Sample]:
+        """Validate one request's lists and turn them into samples (422 on bad input);
+        ``language``: the request's, for samples whose label names none."""
         s = self.settings
+        wanted = languages.language_of(language) if language is not None else None
+        if language is not None and wanted is None:
+            raise Unprocessable(f"unknown language {str(language)[:40]!r}")
         if not isinstance(responses, list):
             raise Unprocessable("the responses must be a list of strings")
         if prompts is None:
@@ -196,15 +209,20 @@ class CodeScorer(Scorer):
             total += len(text)
         if total > s.max_request_chars:
             raise Unprocessable(f"{total} characters in the request; the limit is {s.max_request_chars}")
-        return [self._sample(r, p, label, from_query) for r, p, label in zip(responses, prompts, labels)]
+        return [self._sample(r, p, label, from_query, wanted) for r, p, label in zip(responses, prompts, labels)]
 
-    def _sample(self, text: str, prompt: str, label: Any, from_query: bool) -> Sample:
+    def _sample(self, text: str, prompt: str, label: Any, from_query: bool, wanted: str | None = None) -> Sample:
         suite = self._suite(label)
         response = response_from_query(text, prompt) if from_query else text
         if response is None:
             log.warning("prompt not found in its query (%d chars); the sample gets no verdict", len(text))
             return Sample("", None)
-        return Sample(extract_code(response), suite)
+        tagged, code = extract_program(response)
+        # The label's language, else the request's, else the fenced block's, else Python.
+        language = suite.language or wanted or tagged or languages.PYTHON
+        if language != languages.PYTHON and suite.kind != "stdin" and not suite.invalid:
+            suite = dataclasses.replace(suite, invalid=f"{language} programs are graded on stdin/stdout tests only")
+        return Sample(code, suite, language)
 
     def _suite(self, label: Any) -> Suite:
         parsed = parse_label(label)
@@ -223,7 +241,9 @@ class CodeScorer(Scorer):
     def prepare(self, payload: dict[str, Any]) -> list[Sample]:
         if "responses" not in payload:
             raise Unprocessable("body needs 'responses' (one string per sample), 'prompts' and 'labels'")
-        return self.samples(payload["responses"], payload.get("prompts"), payload.get("labels"), from_query=False)
+        return self.samples(
+            payload["responses"], payload.get("prompts"), payload.get("labels"), False, payload.get("language")
+        )
 
     def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
         if self.grader is None:
@@ -244,6 +264,8 @@ class CodeScorer(Scorer):
         return {
             "isolation": self.isolation,
             "resource_limits": self.sandbox.cgroups.describe() if self.sandbox else None,
+            "languages": self.grader.builds.availability() if self.grader and self.grader.builds else None,
+            "compile_cache": self.grader.builds.cache.stats() if self.grader and self.grader.builds else None,
             "parallel": self.settings.parallel,
             "environment": self.settings.env or None,
             "environments": environments.names(),

@@ -31,8 +31,8 @@ class CodeSettings:
     sample_wall_s: float = 60.0
     # Limits of each test process.
     memory_mb: int = 1024
-    # Tasks (processes and threads) per sample, enforced by its cgroup; without cgroups, the
-    # rlimit on a uid's tasks is max_processes (it counts threads too).
+    # Tasks (processes and threads) per sample with cgroups (v2: its pids limit; v1: the rlimit
+    # on its slot's uid); without cgroups, that rlimit is max_processes (it counts threads too).
     max_threads: int = 256
     max_processes: int = 16
     max_open_files: int = 64
@@ -43,6 +43,15 @@ class CodeSettings:
     # a program reads depends on the expected outputs; a label whose expected output needs
     # more (over half of it on stdin, a quarter as a call's JSON) is an invalid label.
     compared_output_bytes: int = 4 << 20
+    # A compiled language's build (services/code/languages.py): CPU seconds (all its processes:
+    # what ends compile bombs) and wall seconds (a backstop for a blocked build: one that
+    # overruns either is a compile error not remembered), memory, its /tmp; the compile cache's
+    # size on disk (least recently used builds go first).
+    compile_cpu_s: float = 10.0
+    compile_wall_s: float = 60.0
+    compile_memory_mb: int = 2048
+    compile_tmp_mb: int = 256
+    compile_cache_mb: int = 1024
     # Size of each sample's own /tmp (also its /dev/shm) and the most SysV shared memory it holds.
     tmp_mb: int = 64
     # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.
@@ -52,7 +61,7 @@ class CodeSettings:
     sandbox_packages: str = "numpy==2.4.6 sortedcontainers==2.4.0"
     # Isolation: "auto" takes the strongest the host offers (bwrap > unshare > none).
     sandbox: Literal["auto", "bwrap", "unshare", "none"] = "auto"
-    # A cgroup per sample (memory incl. shared memory, tasks, CPU time) where the node lets us
+    # A cgroup per sample (memory incl. shared memory; tasks with v2) where the node lets us
     # make them ("auto"), or rlimits only ("off").
     cgroups: Literal["auto", "off"] = "auto"
     # Name of a weaker isolation than bwrap that the operator accepts ("unshare" or "none").

@@ -528,7 +528,7 @@ def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
             watcher.join()
         assert out["error_types"] == ["wrong_answer"] * 8, out
         # Cut at what comparison needs, not read for seconds up to max_output_bytes.
-        assert calls["error_types"] == ["runtime_error"] * 8, calls
+        assert calls["error_types"] == ["output_limit"] * 8, calls
         grown = _kb(worker, "status", "VmHWM") - before
         # KiB: less than the 15 MiB each program printed, however the supervisor ran.
         assert peak["supervisor"] < 12 << 10 and grown < 64 << 10, (peak, grown)

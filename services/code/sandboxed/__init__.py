@@ -6,6 +6,7 @@
   clears up after them;
 - ``harness``: the bodies of the processes that run untrusted or label code: a stdin program,
   the candidate's call server, the assert tests' process;
+- ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
 - ``supervisor``: one sample, trusted (root): runs its tests, times them, streams their outcomes;
 - ``zygote``: the warm fork server that forks a supervisor per connection.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("wire", "confine", "harness", "supervisor", "zygote")
+MODULES = ("wire", "confine", "harness", "compiled", "supervisor", "zygote")
 
 
 def bundle() -> str:

@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 
-from services.code.sandboxed import confine, harness, wire
+from services.code.sandboxed import compiled, confine, harness, wire
 from services.code.sandboxed.wire import (
     ANSWERS_FD,
     CALLS_FD,
@@ -49,7 +49,8 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    pid = confine.spawn(job, job.uid, fds, workdir, lambda: harness.run_stdin_program(job.code), tests=1)
+    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code)
+    pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1)
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
@@ -528,6 +529,7 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
     if cgroup is not None:
         cgroup.set_limits(job)
     confine.private_tmp(job)
+    compiled.mount_artifact(job)
     _run_sample(job, conn, deadline, cgroup)
 
 
@@ -535,7 +537,13 @@ def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.
     """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
     workdir = "/tmp"
     try:
-        if job.kind != "stdin":
+        if job.kind == "build":
+            compiled.build(job, conn, lambda held: run_stdin_test(job, 0, workdir, deadline, held, cgroup))
+        elif job.kind == "check":
+            compiled.check(
+                job, conn, deadline, lambda index: run_stdin_test(job, index, workdir, deadline, conn, cgroup)
+            )
+        elif job.kind != "stdin":
             _run_calls(job, conn, workdir, deadline, cgroup)
         else:
             index = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # A stdin program's result pipe (a compile error, before the program runs).
@@ -30,7 +30,7 @@ STDERR_TAIL = 4096
 class Job:
     """One sample to run: its code and test inputs (never the expected outputs), and limits."""
 
-    kind: str  # "stdin", "call" or "assert"
+    kind: str  # "stdin", "call", "assert", "build" or "check"
     code: str
     fn_name: str | None
     tests: list[Any]  # stdin: each test's input; call: each call's arguments; assert: one None per test
@@ -52,6 +52,16 @@ class Job:
     cgroup_version: int = 0
     cgroup_memory_bytes: int = 0
     cgroup_tasks: int = 0
+    # A compiled language (``compiled``): the command a test (or, for kind "build", the
+    # compiler) execs and what it adds to the environment; a build's source file and the cache
+    # entry it installs into; a run's cache entry, shown read-only at ``compiled.ARTIFACT_DIR``.
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    source_path: str = ""
+    install: str = ""
+    artifact: str = ""
+    # Kind "check": per test, the files a label's checker reads (input, output, answer).
+    checks: list[list[str]] = field(default_factory=list)
 
 
 @dataclass

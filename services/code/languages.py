@@ -1,0 +1,208 @@
+"""The languages graded programs may be written in: names and aliases, toolchains, commands.
+
+Python runs in the warm zygote (``sandboxed.harness``). Every other language is *built* once
+per distinct source (``compile_cache``: keyed by language, flags and the source's hash) by
+its toolchain, in the sample's sandbox, and its artifact is then run by each stdin test as a
+fresh process (``sandboxed.compiled``). JavaScript's build is a syntax check (``node
+--check``) that ships the source itself.
+
+Toolchains are system packages (``common/registry.py``: ``run.sh`` installs them); a missing
+one is reported in ``/info`` and its samples get ``language_unavailable`` (no verdict).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.code.sandboxed.compiled import ARTIFACT_DIR, OUTPUT_DIR
+
+PYTHON = "python"
+# Where a build's source is written, in the sample's /tmp (a language that ships its source
+# writes it in the build's output directory).
+SOURCE_DIR = "/tmp/src"
+# Host directories a toolchain reads besides /usr (shown read-only in the sandbox).
+JDK_ETC = "/etc/java-17-openjdk"
+# testlib.h (vendored), for custom checkers, shown read-only at TESTLIB.
+TESTLIB_DIR = str(Path(__file__).resolve().parents[2] / "third_party" / "testlib")
+TESTLIB = "/testlib"
+TOOLCHAIN_BINDS = ("--ro-bind-try", JDK_ETC, JDK_ETC, "--ro-bind", TESTLIB_DIR, TESTLIB)
+# The interpreter Python checkers run with: the service's own (its prefix is in the sandbox).
+PYTHON_INTERPRETER = os.path.realpath(sys.executable)
+
+# The first word of a fenced block's info string (case-insensitive), or a label's or request's
+# "language", to a language.
+ALIASES = {
+    "c": "c",
+    "cpp": "cpp", "c++": "cpp", "cc": "cpp", "cxx": "cpp",
+    "cpp17": "cpp", "c++17": "cpp", "cpp20": "cpp20", "c++20": "cpp20",
+    "java": "java",
+    "go": "go", "golang": "go",
+    "rust": "rust", "rs": "rust",
+    "javascript": "javascript", "js": "javascript", "node": "javascript", "nodejs": "javascript",
+    "python": PYTHON, "py": PYTHON, "python3": PYTHON,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Language:
+    """How one language is built and run.
+
+    ``build`` and ``run`` are argument lists where ``{src}`` is the source file, ``{out}`` the
+    build's output directory, ``{art}`` where the build products are shown to tests,
+    ``{main}`` the class holding ``main`` (Java) and ``{memory_mb}`` the memory limit.
+    """
+
+    name: str
+    title: str
+    extension: str
+    tools: tuple[str, ...]  # commands that must exist; the first is the compiler
+    build: tuple[str, ...]
+    run: tuple[str, ...]
+    # Debian packages that provide ``tools`` (run.sh installs them).
+    packages: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    # The build ships the source itself (an interpreted language whose build only checks it).
+    ships_source: bool = False
+
+    def key(self, source: str) -> str:
+        """The cache key of ``source`` built by this language's toolchain and flags."""
+        digest = hashlib.sha256()
+        for part in (self.name, *self.build, "\0", source):
+            digest.update(part.encode(errors="surrogatepass") + b"\0")
+        return digest.hexdigest()[:40]
+
+
+C_FLAGS = ("-O2", "-DONLINE_JUDGE", "-pipe", "-w", "-fmax-errors=20")
+GO_ENV = {"GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath", "GO111MODULE": "off", "CGO_ENABLED": "0",
+          "GOTOOLCHAIN": "local"}  # fmt: skip
+# The JVM's memory: the heap is the limit (its OutOfMemoryError is memory_limit), the rest small.
+JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=64m",
+             "-XX:MaxMetaspaceSize=256m", "-Xshare:auto")  # fmt: skip
+
+LANGUAGES: dict[str, Language] = {
+    lang.name: lang
+    for lang in (
+        Language("c", "C (gcc, C17)", "c", ("gcc",), ("gcc", "-std=c17", *C_FLAGS, "-o", "{out}/prog", "{src}", "-lm"),
+                 ("{art}/prog",), ("gcc",)),
+        Language("cpp", "C++ (g++, C++17)", "cpp", ("g++",),
+                 ("g++", "-std=c++17", *C_FLAGS, "-o", "{out}/prog", "{src}"), ("{art}/prog",), ("g++",)),
+        Language("cpp20", "C++ (g++, C++20)", "cpp", ("g++",),
+                 ("g++", "-std=c++20", *C_FLAGS, "-o", "{out}/prog", "{src}"), ("{art}/prog",), ("g++",)),
+        Language("java", "Java 17 (OpenJDK)", "java", ("javac", "java"),
+                 ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-encoding", "UTF-8",
+                  "-proc:none", "-nowarn", "-d", "{out}", "{src}"),
+                 ("java", "-Xmx{memory_mb}m", "-Xss64m", *JVM_FLAGS, "-cp", "{art}", "{main}"),
+                 ("openjdk-17-jdk-headless",)),
+        Language("go", "Go (gc)", "go", ("go",), ("go", "build", "-o", "{out}/prog", "{src}"), ("{art}/prog",),
+                 ("golang-go",), env=GO_ENV),
+        Language("rust", "Rust (rustc, 2021 edition)", "rs", ("rustc", "gcc"),
+                 ("rustc", "--edition", "2021", "-O", "-C", "linker={gcc}", "-C", "strip=debuginfo",
+                  "--cfg", "online_judge", "-o", "{out}/prog", "{src}"),
+                 ("{art}/prog",), ("rustc",)),
+        Language("javascript", "JavaScript (Node.js)", "js", ("node",), ("node", "--check", "{src}"),
+                 ("node", "--max-old-space-size={memory_mb}", "--stack-size=65500", "{art}/main.js"),
+                 ("nodejs",), ships_source=True),
+        # Custom checkers (a label's "checker" program), never a graded program's language.
+        Language("checker_cpp", "C++ checker (g++, C++17, testlib.h)", "cpp", ("g++",),
+                 ("g++", "-std=c++17", "-O2", "-pipe", "-w", f"-I{TESTLIB}", "-o", "{out}/prog", "{src}"),
+                 ("{art}/prog",), ("g++",)),
+        Language("checker_python", "Python checker", "py", (),
+                 ("{python}", "-I", "-S", "-c", "import ast, sys; ast.parse(open(sys.argv[1]).read())", "{src}"),
+                 ("{python}", "-I", "-S", "{art}/main.py"), (), ships_source=True),
+    )
+}  # fmt: skip
+
+
+# A custom checker's language to the entry it is built with.
+CHECKER_LANGUAGES = {"cpp": "checker_cpp", "cpp20": "checker_cpp", PYTHON: "checker_python"}
+
+
+def language_of(name: object) -> str | None:
+    """The language a tag or a ``"language"`` field names (its first word, any case), or None."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    return ALIASES.get(name.split()[0].lower())
+
+
+def tool_paths() -> dict[str, str]:
+    """Each toolchain command's real path on this host (absent ones left out): commands run by
+    their real path, so no ``/etc/alternatives`` link is needed in the sandbox."""
+    found: dict[str, str] = {}
+    for tool in {t for lang in LANGUAGES.values() for t in lang.tools}:
+        path = shutil.which(tool, path="/usr/bin:/bin")
+        if path is not None:
+            found[tool] = os.path.realpath(path)
+    return found
+
+
+def missing_tools(language: Language, tools: dict[str, str]) -> list[str]:
+    return [tool for tool in language.tools if tool not in tools]
+
+
+# A Java source's top-level type declarations and its package.
+_JAVA_TYPE = re.compile(
+    r"^[ \t]*((?:(?:public|final|abstract|strictfp|static|sealed)\s+)*)(?:class|interface|enum|record)\s+([\w$]+)", re.M
+)
+_JAVA_MAIN = re.compile(r"\bstatic\s+(?:(?:public|final|synchronized|strictfp)\s+)*void\s+main\s*\(")
+_JAVA_PACKAGE = re.compile(r"^\s*package\s+([\w.]+)\s*;", re.M)
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def java_names(source: str) -> tuple[str, str]:
+    """(file name without ``.java``, class to run) of a Java source.
+
+    javac wants a public class in a file of its name; the class to run is the one whose body
+    holds ``static void main`` (the type declared last before it), qualified by the package.
+    """
+    text = _COMMENTS.sub(lambda m: " " * len(m.group()), source)
+    types = list(_JAVA_TYPE.finditer(text))
+    public = next((m.group(2) for m in types if "public" in m.group(1).split()), None)
+    main_at = _JAVA_MAIN.search(text)
+    holder = None
+    if main_at is not None:
+        before = [m for m in types if m.start() < main_at.start()]
+        holder = before[-1].group(2) if before else None
+    holder = holder or public or (types[0].group(2) if types else "Main")
+    package = _JAVA_PACKAGE.search(text)
+    return public or holder, (f"{package.group(1)}." if package else "") + holder
+
+
+@dataclass(frozen=True)
+class Program:
+    """One source in one language: what its build and its runs execute."""
+
+    language: Language
+    source: str
+    key: str
+    source_name: str
+    source_path: str  # where its build reads it, in the sample's /tmp
+    build: list[str]
+    run: list[str]
+    env: dict[str, str]
+
+
+def program(language: Language, source: str, tools: dict[str, str], memory_mb: int) -> Program:
+    """The build and run commands of ``source`` (tools by their real paths)."""
+    source_name = f"main.{language.extension}"
+    main = ""
+    if language.name == "java":
+        file_name, main = java_names(source)
+        source_name = f"{file_name}.java"
+    source_path = f"{OUTPUT_DIR if language.ships_source else SOURCE_DIR}/{source_name}"
+    fill = {"src": source_path, "out": OUTPUT_DIR, "art": ARTIFACT_DIR, "main": main,
+            "memory_mb": str(memory_mb), "gcc": tools.get("gcc", "gcc"), "python": PYTHON_INTERPRETER}  # fmt: skip
+
+    def command(template: tuple[str, ...]) -> list[str]:
+        argv = [part.format(**fill) for part in template]
+        argv[0] = tools.get(argv[0], argv[0])
+        return argv
+
+    build = command(language.build)
+    key = language.key(source + "\0" + source_name)
+    return Program(language, source, key, source_name, source_path, build, command(language.run), dict(language.env))

@@ -1,0 +1,230 @@
+"""Checkers and scoring modes per label (issue 19): built-in modes, custom testlib and Python
+checkers run in a sandbox of their own, judge failures, subtasks; the compile cache's bounds."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from services.code.checkers import Checker, custom_verdict, matches, parse_checker
+from services.code.compile_cache import Builds, CompileCache, Limits, Unremembered
+from services.code.grader import Grader, Sample
+from services.code.labels import Suite
+from services.code.sandbox import SandboxFailure
+from services.code.settings import CodeSettings
+from testing.server import Server, gunicorn_server
+from tests.code.test_code_languages import ENV, grade
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+        yield srv
+
+
+FLOAT = Checker("float", 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("mode", "got", "want", "ok"),
+    [
+        ("tokens", "1  2\r\n3 \n\n", "1 2 3", True),
+        ("tokens", "1 2", "1 2 3", False),
+        ("lines", "a b  \r\nc\r\n\r\n", "a b\nc", True),
+        ("lines", "a  b\nc", "a b\nc", False),
+        ("exact", "a\r\nb\n", "a\nb\n", True),
+        ("exact", "a\nb", "a\nb\n", False),
+        ("yes_no", "YES\nno", "yes NO", True),
+        ("yes_no", "yes", "no", False),
+        ("float", "-0.0", "0", False),  # an integer answer is exact: 0 wants an integer
+        ("float", "-0.0", "0.0", True),
+        ("float", "1.0000009", "1.0", True),
+        ("float", "1.0000021", "1.0", False),
+        ("float", "1000000.9", "1000000.0", True),  # relative 1e-6
+        ("float", "nan", "NaN", True),
+        ("float", "1.5", "nan", False),
+        ("float", "inf", "Infinity", True),
+        ("float", "-inf", "inf", False),
+        ("float", "50000000000000001", "50000000000000000", False),
+        ("float", "5e16", "50000000000000000", False),
+        ("float", "1_0.0", "10.0", False),  # Python's float() takes underscores; a judge does not
+        ("float", "x 1.0", "x 1.0000001", True),
+    ],
+)
+def test_built_in_modes(mode: str, got: str, want: str, ok: bool) -> None:
+    checker = FLOAT if mode == "float" else Checker(mode)
+    assert matches(checker, got, want) is ok
+
+
+def test_custom_exit_codes() -> None:
+    assert custom_verdict(0, False, "") == ("passed", 1.0)
+    assert custom_verdict(1, False, "wrong answer") == ("wrong_answer", 0.0)
+    assert custom_verdict(2, False, "") == ("wrong_answer", 0.0)
+    assert custom_verdict(7, False, "points 0.25 half of it") == ("wrong_answer", 0.25)
+    for failure in ((3, False, "FAIL"), (0, True, ""), (7, False, "no number"), (7, False, "2.0"), (-11, False, "")):
+        assert custom_verdict(*failure) is None
+    assert parse_checker({"mode": "float", "abs": 1e-3}).abs_tol == 1e-3
+
+
+SUM_ANY = (
+    '#include "testlib.h"\nint main(int argc,char*argv[]){registerTestlibCmd(argc,argv);'
+    'long long n=inf.readLong();long long a=ouf.readLong(-1000000000LL,1000000000LL,"a");'
+    'long long b=ouf.readLong(-1000000000LL,1000000000LL,"b");ouf.seekEof();'
+    'if(a+b!=n)quitf(_wa,"%lld+%lld is not %lld",a,b,n);'
+    'if(ans.readLong()<0)quitf(_fail,"bad answer file");quitf(_ok,"ok");}'
+)
+PARTIAL_PY = """
+import sys
+got = open(sys.argv[2]).read().split()
+want = open(sys.argv[3]).read().split()
+right = sum(g == w for g, w in zip(got, want))
+if right == len(want):
+    sys.exit(0)
+sys.stderr.write(f"points {right / len(want)}\\n")
+sys.exit(7)
+"""
+
+
+def test_built_in_checkers_against_the_server(server: Server) -> None:
+    cases = [
+        ({"inputs": [""], "outputs": ["1 2\n"], "checker": "tokens"}, "print('1', '2', end='\\r\\n')", 1.0),
+        ({"inputs": [""], "outputs": ["a\nb\n"], "checker": "lines"}, "print('a  \\r\\nb   ')", 1.0),
+        ({"inputs": [""], "outputs": ["0.000000"], "checker": "float"}, "print(-0.0)", 1.0),
+        ({"inputs": [""], "outputs": ["nan"], "checker": "float"}, "print(float('nan'))", 1.0),
+        ({"inputs": [""], "outputs": ["3.1415926"], "checker": "float"}, "print(3.1415931)", 1.0),
+        ({"inputs": [""], "outputs": ["3.1415926"], "checker": "float"}, "print(3.1416)", 0.0),
+        ({"inputs": [""], "outputs": ["50000000000000000"], "checker": "float"}, "print(50000000000000001)", 0.0),
+        ({"inputs": [""], "outputs": ["YES"], "checker": "yes_no"}, "print('yes')", 1.0),
+        ({"inputs": [""], "outputs": ["YES"], "checker": "yes_no"}, "print('no')", 0.0),
+        ({"inputs": [""], "outputs": ["a b"], "checker": "exact"}, "print('a b ')", 0.0),
+    ]
+    for label, code, reward in cases:
+        out = grade(server.url, [("python", code)], label)
+        assert out["rewards"] == [reward], (label, code, out["error_types"])
+
+
+def test_a_testlib_checker_accepts_any_valid_answer(server: Server) -> None:
+    label = {
+        "tests": [{"input": "3\n", "output": "1 2\n"}, {"input": "10\n", "output": "5 5\n"}],
+        "checker": {"program": SUM_ANY, "language": "cpp"},
+    }
+    programs = [
+        ("python", "n = int(input())\nprint(n - 1, 1)"),  # not the answer file's pair, still right
+        ("cpp", '#include <cstdio>\nint main(){long long n;scanf("%lld",&n);printf("%lld 0\\n",n);}'),
+        ("python", "n = int(input())\nprint(n, 1)"),  # wrong
+        ("python", "print('1e999999 \\x00 -nan', 'x' * 100000)"),  # hostile output: wrong, not a judge failure
+        # The answer file and the checker are nowhere the program can reach.
+        ("python", "import os\nn = int(input())\nprint(n - 1 if os.path.exists('/tmp/check') else n, 0)"),
+    ]
+    out = grade(server.url, programs, label)
+    assert out["rewards"] == [1.0, 1.0, 0.0, 0.0, 1.0], out["error_types"]
+    assert out["error_types"][2:4] == ["wrong_answer", "wrong_answer"]
+
+
+def test_a_python_checker_gives_partial_points(server: Server) -> None:
+    label = {"inputs": [""], "outputs": ["1 2 3 4"], "checker": {"program": PARTIAL_PY, "language": "python"}}
+    out = grade(server.url, [("python", "print(1, 2, 0, 0)"), ("python", "print(1, 2, 3, 4)")], label)
+    assert out["rewards"] == [0.5, 1.0], out["error_types"]
+
+
+@pytest.mark.parametrize(
+    "checker",
+    [
+        "import sys\nsys.exit(3)",  # testlib's judge failure
+        "raise SystemExit(-1)",
+        "while True:\n    pass",  # hangs
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",  # floods
+        "def broken(:\n",  # does not build
+    ],
+)
+def test_a_failing_checker_leaves_no_verdict(server: Server, checker: str) -> None:
+    label = {"inputs": [""], "outputs": ["1"], "checker": {"program": checker, "language": "python"}}
+    out = grade(server.url, [("python", "print(1)")], label)
+    assert out["error_types"] == ["judge_failure"] and out["rewards"][0] != out["rewards"][0]  # NaN
+
+
+def test_subtasks_score_a_group_only_when_all_its_tests_pass(server: Server) -> None:
+    label = {
+        "inputs": ["1", "2", "3", "4"],
+        "outputs": ["1", "2", "3", "4"],
+        "scoring": "subtasks",
+        "subtasks": [{"points": 30, "tests": [0, 1]}, {"points": 70, "tests": [2, 3]}],
+    }
+    programs = [("python", "print(input())"), ("python", "n = input()\nprint(n if n in '12' else 0)"),
+                ("python", "n = input()\nprint(n if n != '1' else 0)")]  # fmt: skip
+    out = grade(server.url, programs, label)
+    assert out["rewards"] == [1.0, 0.3, 0.7], out
+    all_label = {**label, "scoring": "all"}
+    del all_label["subtasks"]
+    assert grade(server.url, programs, all_label)["rewards"] == [1.0, 0.0, 0.0]
+
+
+def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
+    """Least recently used entries go first, never one a run holds; one build per key however
+    many wait for it; a compile error is remembered; a failed build is not."""
+    cache = CompileCache(max_bytes=2500, isolation="none")
+    built: list[str] = []
+
+    def build(key: str, size: int = 1000):
+        def run() -> None:
+            built.append(key)
+            os.mkdir(os.path.join(cache.root, key))
+            with open(os.path.join(cache.root, key, "prog"), "wb") as file:
+                file.write(b"x" * size)
+
+        return run
+
+    try:
+        barrier = threading.Barrier(8)
+
+        def user() -> None:
+            barrier.wait()
+            with cache.held("a", lambda: build("a")() or None, 10) as error:
+                assert error is None
+
+        threads = [threading.Thread(target=user) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert built == ["a"] and cache.stats()["builds"] == 1
+        with cache.held("b", lambda: build("b")() or None, 10), cache.held("c", lambda: build("c")() or None, 10):
+            # 3000 bytes over 2500: "a" (least recent, held by no run) goes, "b" and "c" are held
+            assert not os.path.exists(os.path.join(cache.root, "a"))
+            with cache.held("d", lambda: build("d")() or None, 10):
+                assert os.path.isdir(os.path.join(cache.root, "b")) and os.path.isdir(os.path.join(cache.root, "c"))
+        with cache.held("e", lambda: "syntax error", 10) as error, cache.held("e", lambda: "again", 10) as again:
+            assert error == again == "syntax error"
+        # A build that ran out of time (maybe the node's load) is not remembered.
+        with (
+            cache.held("g", lambda: Unremembered("slow"), 10) as error,
+            cache.held("g", lambda: build("g")() or None, 10) as again,
+        ):
+            assert error == "slow" and again is None
+
+        def failing() -> None:
+            raise SandboxFailure("zygote gone")
+
+        with pytest.raises(SandboxFailure), cache.held("f", failing, 10):
+            pass
+        with cache.held("f", lambda: build("f")() or None, 10) as error:
+            assert error is None
+    finally:
+        cache.close()
+
+
+def test_a_missing_toolchain_is_a_clear_verdict_without_a_score() -> None:
+    """No toolchain: the sample gets ``language_unavailable`` (no verdict), never an error."""
+    cache = CompileCache(1 << 20, isolation="none")
+    try:
+        builds = Builds(cache, Limits(1, 1, 64, 64))
+        builds.tools = {}  # as on a node without any toolchain
+        assert builds.availability()["rust"] == "missing: rustc, gcc"
+        grader = Grader(CodeSettings(infra_failure_score="nan"), sandbox=None, timeout_s=150.0, builds=builds)  # type: ignore[arg-type]
+        verdict = grader.grade([Sample("fn main(){}", Suite("stdin", [""], [""]), "rust")])[0]
+        assert (verdict.status, verdict.score) == ("language_unavailable", None)
+    finally:
+        cache.close()

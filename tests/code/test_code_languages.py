@@ -1,0 +1,236 @@
+"""C, C++, Java, Go, Rust and JavaScript programs against the running server (issue 19).
+
+Per language, one request holds a correct A+B, a wrong answer, an infinite loop, a 1 GiB
+allocation, a crash, a syntax error, an output flood, a process spawn (refused) and, where the
+language reads files at compile time, a compile-time file read: each gets its verdict. The
+compile cache builds a GRPO group of 8 identical programs once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from services.code import languages
+from services.code.extract import extract_program
+from testing.server import Server, gunicorn_server
+from tests.code.test_code_server import SECRET
+
+ENV = {
+    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
+    "SCORER_CODE_TEST_CPU_S": "2",
+    "SCORER_CODE_TEST_WALL_S": "4",
+    "SCORER_CODE_SAMPLE_WALL_S": "40",
+    "SCORER_CODE_MEMORY_MB": "256",
+    "SCORER_CODE_MAX_OUTPUT_BYTES": str(1 << 20),
+    "SCORER_CODE_COMPILE_CPU_S": "15",
+    "SCORER_CODE_COMPILE_WALL_S": "30",
+    "SCORER_TEST_SECRET": SECRET,
+}
+APLUSB = {"inputs": ["1 2\n", "100 -5\n"], "outputs": ["3\n", "95\n"]}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+        yield srv
+
+
+def grade(url: str, programs: list[tuple[str, str]], label: dict | None = None, **body: object) -> dict:
+    """One request: each (fence tag, source) a sample graded on ``label`` (A+B by default)."""
+    fenced = [f"Here is my solution.\n```{tag}\n{code}\n```\n" for tag, code in programs]
+    payload = {"outputs": fenced, "prompts": ["p"] * len(fenced), "labels": [label or APLUSB] * len(fenced), **body}
+    response = requests.post(url + "/reward/score", json=payload, timeout=300)
+    assert response.status_code == 200, response.text[:500]
+    return response.json()
+
+
+def info(url: str) -> dict:
+    return requests.get(url + "/info", timeout=10).json()["model"]
+
+
+# (case, expected error type, source) per language.
+C_CASES = [
+    ("ok", None, '#include <stdio.h>\nint main(){long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",a+b);}'),
+    ("wrong", "wrong_answer", '#include <stdio.h>\nint main(){long long a,b;scanf("%lld %lld",&a,&b);'
+     'printf("%lld\\n",a+b+1);}'),
+    ("loop", "timeout", "int main(){volatile unsigned long x=0;for(;;)x++;}"),
+    ("alloc", "memory_limit", "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
+     "int main(){char*volatile p=malloc(1ul<<30);memset(p,1,1ul<<30);printf(\"%d\\n\",p[12345]);}"),
+    ("crash", "runtime_error", "int main(){volatile int*p=0;*p=1;return 0;}"),
+    ("syntax", "compile_error", "int main({"),
+    ("flood", "output_limit", '#include <stdio.h>\nint main(){for(;;)puts("flooding the judge with lines");}'),
+    ("fork", "runtime_error", '#include <stdio.h>\n#include <unistd.h>\nint main(){if(fork()<0)return 3;'
+     'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",a+b);}'),
+    ("include_file", "compile_error", '#include "/etc/passwd"\nint main(){}'),
+    ("include_random", "compile_error", "#include </dev/random>\nint main(){}"),
+]  # fmt: skip
+CPP_CASES = [
+    ("ok", None, "#include <bits/stdc++.h>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}"),
+    ("wrong", "wrong_answer", "#include <iostream>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a-b<<'\\n';}"),
+    ("loop", "timeout", "int main(){volatile unsigned long x=0;for(;;)x++;}"),
+    ("alloc", "memory_limit", "#include <vector>\nint main(){std::vector<char> v(1u<<30,1);return v[5]==9;}"),
+    ("crash", "runtime_error", "#include <cstdlib>\nint main(){std::abort();}"),
+    ("syntax", "compile_error", "int main(){ return }"),
+    ("flood", "output_limit", "#include <cstdio>\nint main(){for(;;)std::puts(\"flood\");}"),
+    ("fork", "runtime_error", "#include <unistd.h>\n#include <iostream>\nint main(){if(fork()<0)return 3;"
+     "long long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}"),
+    ("include_file", "compile_error", '#include "/etc/passwd"\nint main(){}'),
+    ("template_bomb", "compile_error", "template<int N>struct F{enum{v=F<N-1>::v+F<N-2>::v};};"
+     "template<>struct F<0>{enum{v=0};};template<>struct F<1>{enum{v=1};};\n"
+     "int main(){return F<100000>::v;}"),
+    ("constexpr_bomb", "compile_error", "constexpr long long f(long long n){long long s=0;for(long long i=0;i<n;i++)"
+     "s+=i%7;return s;}\nconstexpr long long x=f(1ll<<40);int main(){return x;}"),
+]  # fmt: skip
+JAVA_CASES = [
+    ("ok", None, "import java.util.*;\npublic class Main{public static void main(String[] a){"
+     "Scanner s=new Scanner(System.in);long x=s.nextLong(),y=s.nextLong();System.out.println(x+y);}}"),
+    ("not_main", None, "import java.io.*;\nimport java.util.*;\n"
+     "class Helper{static long add(long a,long b){return a+b;}}\npublic class Solution{"
+     "public static void main(String[] args)throws IOException{BufferedReader r=new BufferedReader("
+     "new InputStreamReader(System.in));StringTokenizer t=new StringTokenizer(r.readLine());"
+     "System.out.println(Helper.add(Long.parseLong(t.nextToken()),Long.parseLong(t.nextToken())));}}"),
+    ("wrong", "wrong_answer", "public class Main{public static void main(String[] a){System.out.println(42);}}"),
+    ("loop", "timeout", "public class Main{public static void main(String[] a){long x=0;while(true){x++;}}}"),
+    ("alloc", "memory_limit", "public class Main{public static void main(String[] a){byte[] b=new byte[1<<30];b[7]=1;"
+     "System.out.println(b[7]);}}"),
+    ("crash", "runtime_error", "public class Main{public static void main(String[] a){"
+     "throw new IllegalStateException(\"x\");}}"),
+    ("syntax", "compile_error", "public class Main{public static void main(String[] a){int x = ;}}"),
+    ("flood", "output_limit", "public class Main{public static void main(String[] a){"
+     "while(true)System.out.println(\"flood\");}}"),
+    ("fork", "runtime_error", "public class Main{public static void main(String[] a)throws Exception{"
+     "new ProcessBuilder(\"/bin/true\").start().waitFor();System.out.println(3);}}"),
+]  # fmt: skip
+GO_CASES = [
+    ("ok", None, 'package main\nimport "fmt"\nfunc main(){var a,b int64\nfmt.Scan(&a,&b)\nfmt.Println(a+b)}'),
+    ("wrong", "wrong_answer", 'package main\nimport "fmt"\nfunc main(){fmt.Println(7)}'),
+    ("loop", "timeout", "package main\nfunc main(){x:=0\nfor {x++}}"),
+    ("alloc", "memory_limit", 'package main\nimport "fmt"\nfunc main(){b:=make([]byte,1<<30)\n'
+     'for i:=range b{b[i]=1}\nfmt.Println(b[5])}'),
+    ("crash", "runtime_error", 'package main\nfunc main(){panic("no")}'),
+    ("syntax", "compile_error", "package main\nfunc main(){ x := }"),
+    ("flood", "output_limit", 'package main\nimport "fmt"\nfunc main(){for {fmt.Println("flood")}}'),
+    ("fork", "runtime_error", 'package main\nimport ("fmt";"os";"os/exec")\n'
+     'func main(){if err:=exec.Command("/bin/true").Run();err!=nil{os.Exit(3)}\nfmt.Println(3)}'),
+]  # fmt: skip
+RUST_CASES = [
+    ("ok", None, "use std::io::*;\nfn main(){let mut s=String::new();stdin().read_to_string(&mut s).unwrap();"
+     "let v:Vec<i64>=s.split_whitespace().map(|x|x.parse().unwrap()).collect();println!(\"{}\",v[0]+v[1]);}"),
+    ("wrong", "wrong_answer", "fn main(){println!(\"0\");}"),
+    ("loop", "timeout", "fn main(){let mut x:u64=0;loop{unsafe{std::ptr::write_volatile(&mut x,x+1);}}}"),
+    ("alloc", "memory_limit", "fn main(){let v=vec![1u8;1<<30];println!(\"{}\",v[v.len()/2]);}"),
+    ("crash", "runtime_error", "fn main(){let v:Vec<i32>=Vec::new();println!(\"{}\",v[std::env::args().count()+2]);}"),
+    ("syntax", "compile_error", "fn main(){ let x = ; }"),
+    ("flood", "output_limit", "fn main(){loop{println!(\"flood\");}}"),
+    ("fork", "runtime_error", "fn main(){std::process::Command::new(\"/bin/true\").status().unwrap();"
+     "println!(\"3\");}"),
+    ("include_file", "compile_error", "const S:&str=include_str!(\"/etc/passwd\");fn main(){println!(\"{}\",S);}"),
+]  # fmt: skip
+JS_CASES = [
+    ("ok", None, "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(BigInt);"
+     "console.log((a+b).toString());"),
+    ("wrong", "wrong_answer", "console.log('nope');"),
+    ("loop", "timeout", "let x=0;for(;;){x++;}"),
+    ("alloc", "memory_limit", "const b=Buffer.alloc(1<<30,1);console.log(b[7]);"),
+    ("crash", "runtime_error", "throw new Error('crash');"),
+    ("syntax", "compile_error", "function f( {"),
+    ("flood", "output_limit", "const s='flood\\n'.repeat(1000);for(;;){require('fs').writeSync(1,s);}"),
+    ("fork", "runtime_error", "require('child_process').execSync('/bin/true');console.log(3);"),
+]  # fmt: skip
+CASES = {"c": C_CASES, "cpp": CPP_CASES, "java": JAVA_CASES, "go": GO_CASES, "rust": RUST_CASES, "javascript": JS_CASES}
+TAGS = {"c": "c", "cpp": "cpp", "java": "java", "go": "go", "rust": "rust", "javascript": "js"}
+
+
+def installed(language: str) -> bool:
+    return all(shutil.which(tool, path="/usr/bin:/bin") for tool in languages.LANGUAGES[language].tools)
+
+
+@pytest.mark.parametrize("language", list(CASES))
+def test_each_case_gets_its_verdict(server, language):
+    if not installed(language):
+        pytest.fail(
+            f"the {language} toolchain is not installed (run.sh installs {languages.LANGUAGES[language].packages})"
+        )
+    cases = CASES[language]
+    # A fresh comment per run: nothing comes from an earlier run's builds.
+    salt = f"\n// {uuid.uuid4().hex}\n" if language != "python" else ""
+    out = grade(server.url, [(TAGS[language], code + salt) for _, _, code in cases])
+    got = dict(zip([name for name, _, _ in cases], out["error_types"], strict=True))
+    assert got == {name: want for name, want, _ in cases}
+    assert out["rewards"] == [1.0 if want is None else 0.0 for _, want, _ in cases]
+
+
+def test_a_group_of_identical_programs_compiles_once(server):
+    """8 identical C++ programs of a GRPO group: one build, 8 graded runs; the next group's
+    identical program is a cache hit; the build is not a program's to write."""
+    source = CPP_CASES[0][2] + f"\n// {uuid.uuid4().hex}\n"
+    before = info(server.url)["compile_cache"]
+    out = grade(server.url, [("cpp", source)] * 8)
+    assert out["rewards"] == [1.0] * 8, out["error_types"]
+    after = info(server.url)["compile_cache"]
+    assert after["builds"] == before["builds"] + 1
+    assert after["hits"] >= before["hits"] + 7
+    again = grade(server.url, [("c++", source)])
+    assert again["rewards"] == [1.0] and info(server.url)["compile_cache"]["builds"] == after["builds"]
+    # A program that tries to change its own build (or reach the cache) cannot.
+    tamper = (
+        "#include <cstdio>\n#include <unistd.h>\n#include <fcntl.h>\n#include <sys/stat.h>\nint main(){"
+        'int w=open("/tmp/.judge/prog",O_WRONLY)>=0||unlink("/tmp/.judge/prog")==0||rename("/tmp/.judge","/tmp/x")==0'
+        '||open("/judge-cache",O_RDONLY)>=0||mkdir("/tmp/.judge/new",0777)==0;'
+        'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",w?0:a+b);}'
+    )
+    tampered = grade(server.url, [("cpp", tamper)])
+    assert tampered["rewards"] == [1.0], tampered["error_types"]
+
+
+def test_language_from_label_request_or_tag(server):
+    """The label's language wins over the request's, which wins over the fence's tag."""
+    c_source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream")  # C++ only
+    out = grade(server.url, [("python", c_source)], {**APLUSB, "language": "C++"})
+    assert out["rewards"] == [1.0], out["error_types"]
+    out = grade(server.url, [("", c_source)], language="cxx")
+    assert out["rewards"] == [1.0], out["error_types"]
+    out = grade(server.url, [("c", c_source)])  # C++ compiled as C
+    assert out["error_types"] == ["compile_error"]
+    spaceship = "#include <compare>\n" + c_source.replace("int main(){", "int main(){auto c=(1<=>2);(void)c;")
+    out = grade(server.url, [("cpp20", spaceship), ("cpp", spaceship)])  # C++20 on request only
+    assert out["error_types"] == [None, "compile_error"]
+    bad = requests.post(
+        server.url + "/reward/score",
+        json={"outputs": ["x"], "prompts": ["p"], "labels": [{**APLUSB, "language": "cobol"}]},
+        timeout=30,
+    )
+    assert bad.status_code == 422 and "cobol" in bad.text
+    models = info(server.url)["languages"]
+    assert set(models) == set(languages.LANGUAGES)
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("public class Main { public static void main(String[] a) {} }", ("Main", "Main")),
+        ("class A {}\npublic class Solution {\n  public static void main(String[] a) {}\n}", ("Solution", "Solution")),
+        (
+            "public class Util {}\nclass Runner { public static synchronized void main(String... a) {} }",
+            ("Util", "Runner"),
+        ),
+        ("package judge;\n// class Fake\nfinal class P { public static void main(String[] a) {} }", ("P", "judge.P")),
+        ("/* public class Hidden */ class Q { public static final void main(String[] a) {} }", ("Q", "Q")),
+    ],
+)
+def test_java_file_and_main_class(source: str, names: tuple[str, str]) -> None:
+    assert languages.java_names(source) == names
+
+
+def test_the_code_is_the_last_block_in_a_known_language_or_untagged() -> None:
+    text = "```cpp\nint main(){}\n```\nSample run:\n```text\n3\n```"
+    assert extract_program(text) == ("cpp", "int main(){}\n")
+    assert extract_program("```C++ solution\nx\n```\n```\ny\n```") == (None, "y\n")
+    assert extract_program("```Rust\nfn main(){}\n```") == ("rust", "fn main(){}\n")
+    assert extract_program("```bash\nls\n```") == (None, "ls\n")  # no known block: the last one
+    assert extract_program("print(1)") == (None, "print(1)")
