@@ -225,8 +225,12 @@ start_all() {
     services+=("$service")
   done
   [ ${#services[@]} -gt 0 ] || { log "no service can start"; exit 1; }
-  # Environments first, one at a time (services sharing one build it once), then the servers.
-  for service in "${services[@]}"; do ensure_venv "$service"; done
+  # System packages and environments first, one service at a time (services sharing an
+  # environment build it once), then the servers: a skipped service installs nothing.
+  for service in "${services[@]}"; do
+    ensure_system_packages "$service"
+    ensure_venv "$service"
+  done
   for service in "${services[@]}"; do
     (start "$service") &
     pids+=($!)
@@ -268,7 +272,6 @@ case $command in
     ;;
   all)
     parse_flags all "$@"
-    ensure_system_packages all
     start_all
     ;;
   system-packages)
