@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from common.config import ConfigError, env_name, from_env
-from services.clip.weights import missing_weights
+from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
@@ -71,11 +71,7 @@ def missing(settings: AestheticSettings, allow_download: bool) -> str | None:
 
 def preflight(service: str = SECTION) -> str | None:
     """Why the service cannot start on this node without a download; None when it can."""
-    try:
-        settings = read_settings()
-    except ConfigError as exc:
-        return str(exc)
-    return missing(settings, allow_download=False)
+    return offline_problem(read_settings, missing)
 
 
 def _shipped_head_intact() -> bool:

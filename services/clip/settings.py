@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from common.config import ConfigError, env_name, from_env
-from services.clip.weights import missing_weights
+from services.clip.weights import missing_weights, offline_problem
 
 VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 HPS_FILE = "HPS_v2.1_compressed.pt"
@@ -138,8 +138,4 @@ def missing(service: str, settings: ClipRewardSettings, allow_download: bool) ->
 
 def preflight(service: str) -> str | None:
     """Why ``service`` cannot start on this node without a download; None when it can."""
-    try:
-        settings = read_settings(service)
-    except ConfigError as exc:
-        return str(exc)
-    return missing(service, settings, allow_download=False)
+    return offline_problem(lambda: read_settings(service), lambda settings, ok: missing(service, settings, ok))

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from common.config import ConfigError
+
 # The weight files of a ``save_pretrained`` (transformers) checkpoint.
 PRETRAINED_WEIGHTS = (
     "model.safetensors",
@@ -86,6 +88,16 @@ def missing_weights(
         f"{what} not found: {setting}={source!r} is not in the local hub cache. {hint} "
         "(Starting the service by name downloads a hub id where the hub can be reached.)"
     )
+
+
+def offline_problem(read_settings: Callable[[], T], missing: Callable[[T, bool], str | None]) -> str | None:
+    """Why a service cannot start on this node without a download: its settings' error, else
+    the weights ``missing(settings, allow_download=False)`` names; None when it can."""
+    try:
+        settings = read_settings()
+    except ConfigError as exc:
+        return str(exc)
+    return missing(settings, False)
 
 
 def local_first(load: Callable[[bool], T]) -> T:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from common.config import ConfigError, env_name, from_env
-from services.clip.weights import missing_weights
+from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "hpsv3"
 CHECKPOINT = "HPSv3.safetensors"
@@ -74,8 +74,4 @@ def missing(settings: HPSv3Settings, allow_download: bool) -> str | None:
 
 def preflight(service: str = SECTION) -> str | None:
     """Why the service cannot start on this node without a download; None when it can."""
-    try:
-        settings = read_settings()
-    except ConfigError as exc:
-        return str(exc)
-    return missing(settings, allow_download=False)
+    return offline_problem(read_settings, missing)
