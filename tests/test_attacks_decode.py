@@ -165,6 +165,32 @@ def test_empty_png_chunks_are_counted_before_pillow_reads_them(ocr_server) -> No
     assert spent < 1.5 and grown_mb < 60, f"refused for its chunks after {spent:.1f} s of CPU, +{grown_mb:.0f} MB"
 
 
+def test_exif_of_images_referenced_through_the_memo_is_parsed_within_a_bound(ocr_server) -> None:
+    """An eXIf chunk is as large as the body allows (JPEG's APP1 stops at 64 KB) and Pillow parses
+    every tag of IFD0 on ``getexif`` (its data capped at the file size, so the memory holds, but
+    not the tag count): a 780 KB 64x64 PNG with 65,000 tags costs ~0.15 s of CPU per
+    reference, each memo reference parsed again for its orientation. Default limits: x32 took
+    5.0 s of CPU against 0.34 s for the same request without the chunk; x1024 ~160 s."""
+    small = png(Image.new("RGB", (64, 64), "white"))
+    tags, blob = 65_000, b"\0" * 16
+    data_at = 8 + 2 + 12 * tags + 4
+    ifd = b"".join(struct.pack("<HHII", 300 + i, 7, len(blob), data_at) for i in range(tags))
+    exif = b"II*\0" + struct.pack("<IH", 8, tags) + ifd + b"\0\0\0\0" + blob
+    at = small.index(b"IDAT") - 4
+    tagged = small[:at] + chunk(b"eXIf", exif) + small[at:]
+    (pid,) = ocr_server.worker_pids()
+    spent = {}
+    for name, image in (("plain", small), ("tagged", tagged)):
+        before = cpu_seconds(pid)
+        status, answer, _, _ = timed_post(
+            ocr_server.url, pickle.dumps({"images": [image] * 32, "prompts": ['"a"'] * 32})
+        )
+        spent[name] = cpu_seconds(pid) - before
+        assert status in (200, 413, 422), answer
+    assert ocr_server.worker_pids() == [pid]
+    assert spent["tagged"] < spent["plain"] + 1.0, spent
+
+
 # --- images read as a viewer shows them ----------------------------------------------------
 
 
