@@ -283,3 +283,16 @@ def test_an_apng_is_read_as_its_animation_not_its_hidden_default_image(
     out = io.BytesIO()
     page(hidden).save(out, "PNG", save_all=True, append_images=[page(shown)], default_image=True)
     assert ScorerClient(ocr_server.url).scores([out.getvalue()], ['"Hello"']) == [expected]
+
+
+def test_a_png_gamma_chunk_is_applied(ocr_server) -> None:
+    """A PNG's gAMA chunk says how its samples map to light, and browsers (Chromium, Firefox)
+    apply it when there is no iCCP or sRGB chunk; Pillow keeps it in ``info["gamma"]`` and
+    ``as_shown`` ignores it. Ink at level 250 on 255 with a file gamma of 0.01: shown as grey
+    ~104 on white, read as 250 on 255: 0.0."""
+    faint = Image.fromarray(np.where(ink(), 250, 255).astype(np.uint8), "L")
+    data = png(faint)
+    at = data.index(b"IDAT") - 4
+    data = data[:at] + chunk(b"gAMA", struct.pack(">I", 1000)) + data[at:]
+    assert Image.open(io.BytesIO(data)).info["gamma"] == 0.01
+    assert ScorerClient(ocr_server.url).scores([data], ['"Hello"']) == [1.0]
