@@ -130,16 +130,34 @@ def test_base64_text_referenced_through_the_memo_is_not_decoded_once_per_referen
     assert status in (413, 422), answer
 
 
-def test_private_png_chunks_of_images_referenced_through_the_memo_are_bounded(fresh_ocr) -> None:
-    """Pillow keeps the bytes of every private ancillary chunk (``prIv``) it reads in
-    ``Image.open``, a copy per open, with no cap of its own, and every reference through the
-    pickle memo is opened before any limit is checked. Default limits: a 4.2 MB body (4 MB of
-    private chunks on a 64x64 PNG) x256 took the worker from 0.36 to 3.5 GB (+3.2 GB peak),
-    then ran to its 110 s deadline (503); x1024 and a 256 MB body ask for ~256 GB. Here:
-    7 MB x32."""
-    small = png(Image.new("RGB", (64, 64), "white"))
-    at = small.index(b"IDAT") - 4
-    bomb = small[:at] + chunk(b"prIv", b"\0" * (7 * 2**20)) + small[at:]
+def metadata_bomb(fmt: str, size: int) -> bytes:
+    """A white 64x64 image carrying ``size`` bytes of metadata that Pillow copies out in
+    ``Image.open``: a private PNG chunk (kept in ``private_chunks``), JPEG APP15 segments (kept
+    in ``applist``), a WebP XMP chunk (``info["xmp"]``)."""
+    white = Image.new("RGB", (64, 64), "white")
+    if fmt == "PNG":
+        small = png(white)
+        at = small.index(b"IDAT") - 4
+        return small[:at] + chunk(b"prIv", b"\0" * size) + small[at:]
+    out = io.BytesIO()
+    if fmt == "JPEG":
+        white.save(out, "JPEG")
+        segment = b"\xff\xef" + struct.pack(">H", 65535) + b"\0" * 65533
+        return out.getvalue()[:2] + segment * (size // 65533) + out.getvalue()[2:]
+    white.save(out, "WEBP", xmp=b"\0" * size)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
+def test_image_metadata_of_images_referenced_through_the_memo_is_bounded(fresh_ocr, fmt: str) -> None:
+    """Pillow keeps the bytes of a PNG's private ancillary chunks, a JPEG's APP segments and a
+    WebP's XMP, read in ``Image.open``, a copy per open, with no cap of its own, and every
+    reference through the pickle memo is opened before any limit is checked. Default limits: a
+    4.2 MB body (4 MB of private chunks on a 64x64 PNG) x256 took the worker from 0.36 to 3.5 GB
+    (+3.2 GB peak), then ran to its 110 s deadline (503); x1024 and a 256 MB body ask for
+    ~256 GB. Here: 7 MB x32."""
+    bomb = metadata_bomb(fmt, 7 * 2**20)
+    assert Image.open(io.BytesIO(bomb)).size == (64, 64)
     body = pickle.dumps({"images": [bomb] * 32, "prompts": ['"a"'] * 32})
     assert len(body) < 8 * 2**20
     status, answer, _, _ = bounded(fresh_ocr, lambda: timed_post(fresh_ocr.url, body), max_growth_mb=60)
