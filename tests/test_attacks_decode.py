@@ -19,9 +19,9 @@ import pytest
 from PIL import Image, PngImagePlugin
 
 from common.client import ScorerClient
-from tests.conftest import OCR_LIMITS
 from testing.images import render_text
 from testing.server import Server, gunicorn_server
+from tests.conftest import OCR_LIMITS
 from tests.test_ocr_server import bounded, memory_kb, peak_memory_reset, timed_post
 
 GOOD = render_text("Hello")  # JPEG, 512x512, scores 1.0
@@ -99,6 +99,23 @@ DARKENING_PROFILE = gray_icc([0 if level <= 250 else 65535 for level in range(25
 
 # --- memory ------------------------------------------------------------------------------
 
+# A PNG whose header says 4096x4096, over the suite's SCORER_MAX_PIXELS: a request that ends with it
+# is refused (413) once its images are opened, before the OCR model runs. Scoring 32 plain 64x64
+# images costs the fresh worker ~1 GB of peak (the detector reads each at 736x736, 8 a call), which
+# would hide what opening the images costs; this measures that alone.
+OVERSIZED = (
+    PngImagePlugin._MAGIC
+    + chunk(b"IHDR", struct.pack(">IIBBBBB", 4096, 4096, 8, 2, 0, 0, 0))
+    + chunk(b"IDAT", zlib.compress(b""))
+    + chunk(b"IEND", b"")
+)
+
+
+def refused_once_opened(image: bytes, references: int) -> bytes:
+    """A pickle body referring to ``image`` ``references`` times through the memo, then OVERSIZED."""
+    images = [image] * references + [OVERSIZED]
+    return pickle.dumps({"images": images, "prompts": ['"a"'] * len(images)})
+
 
 def test_png_text_chunks_of_images_referenced_through_the_memo_are_bounded(fresh_ocr) -> None:
     """A 67 KB 64x64 PNG with 63 zTXt chunks, each 1 KB inflating to 1 MB: Pillow inflates them
@@ -107,16 +124,18 @@ def test_png_text_chunks_of_images_referenced_through_the_memo_are_bounded(fresh
     reference; the chunks (66 per image) are counted after. Measured: x8 +560 MB, x32 +2.2 GB
     peak (RSS 0.46 -> 2.7 GB), 8.7 s CPU, and a 200 with scores; x1024 (the default
     SCORER_MAX_ITEMS) would be 64 GB. Here x16: +2.07 GB peak. Distinct images in one request
-    (the JSON twin, no memo) cost the same: 66 KB of body per 64 MB."""
+    (the JSON twin, no memo) cost the same: 66 KB of body per 64 MB. Measured up to the 413 for
+    OVERSIZED, without the model's own memory; the image alone is scored."""
     deflated = zlib.compress(b"\0" * (2**20 - 16), 9)
     text = [chunk(b"zTXt", f"k{i}".encode() + b"\0\0" + deflated) for i in range(63)]
     small = png(Image.new("RGB", (64, 64), "white"))
     at = small.index(b"IDAT") - 4
     bomb = small[:at] + b"".join(text) + small[at:]
-    body = pickle.dumps({"images": [bomb] * 16, "prompts": ['"a"'] * 16})
+    body = refused_once_opened(bomb, 15)
     assert len(body) < 70_000
     status, answer, _, _ = bounded(fresh_ocr, lambda: timed_post(fresh_ocr.url, body), max_growth_mb=200)
-    assert status in (200, 413, 422), answer
+    assert status == 413 and "(SCORER_MAX_PIXELS)" in answer["error"], answer
+    assert len(ScorerClient(fresh_ocr.url).scores([bomb], ['"a"'])) == 1
 
 
 def test_base64_text_referenced_through_the_memo_is_not_decoded_once_per_reference(fresh_ocr) -> None:
@@ -156,13 +175,15 @@ def test_image_metadata_of_images_referenced_through_the_memo_is_bounded(fresh_o
     reference through the pickle memo is opened before any limit is checked. Default limits: a
     4.2 MB body (4 MB of private chunks on a 64x64 PNG) x256 took the worker from 0.36 to 3.5 GB
     (+3.2 GB peak), then ran to its 110 s deadline (503); x1024 and a 256 MB body ask for
-    ~256 GB. Here 7 MB x32 (an 8 MB body): +1.55 GB (PNG), +1.43 GB (JPEG), +1.68 GB (WebP)."""
+    ~256 GB. Here 7 MB x32 (an 8 MB body): +1.55 GB (PNG), +1.43 GB (JPEG), +1.68 GB (WebP),
+    ~1 GB of it the model's; measured up to the 413 for OVERSIZED (x31), the image alone scored."""
     bomb = metadata_bomb(fmt, 7 * 2**20)
     assert Image.open(io.BytesIO(bomb)).size == (64, 64)
-    body = pickle.dumps({"images": [bomb] * 32, "prompts": ['"a"'] * 32})
+    body = refused_once_opened(bomb, 31)
     assert len(body) < 8 * 2**20
     status, answer, _, _ = bounded(fresh_ocr, lambda: timed_post(fresh_ocr.url, body), max_growth_mb=60)
-    assert status in (200, 413, 422), answer
+    assert status == 413 and "(SCORER_MAX_PIXELS)" in answer["error"], answer
+    assert len(ScorerClient(fresh_ocr.url).scores([bomb], ['"a"'])) == 1
 
 
 def test_empty_png_chunks_are_counted_before_pillow_reads_them(ocr_server) -> None:
