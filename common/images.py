@@ -213,9 +213,13 @@ def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings, names: 
 def decoded_bytes(image: Image.Image) -> int:
     """The most memory the decode of ``image`` (header read) holds: Pillow keeps 4 bytes a pixel,
     and the decoded image and its RGB copy stay until the request's images are all decoded, with
-    one image's intermediate steps (turned, composited) at a time."""
+    one image's intermediate steps (turned, composited) at a time; 8 more for an APNG whose
+    hidden default image is decoded before its first frame (canvas and previous frame), 16 more
+    for a 16-bit RGB PNG with a transparent colour (its low bytes decoded again, the 16-bit
+    samples compared: ``_decoded``)."""
     width, height = image.size
-    return width * height * 12
+    extra = 8 if _hides_default_image(image) else 16 if _keyed_rgb16(image) else 0
+    return width * height * (12 + extra)
 
 
 def _check_scans(data: bytes, limit: int, name: str) -> None:
@@ -284,41 +288,97 @@ def load_image(image: Image.Image, name: str = "images[0]") -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image.load()
-            return as_shown(image)
+            return as_shown(_decoded(image))
     except Exception as exc:  # PIL raises many types for corrupt data
         raise Unprocessable(f"{name} could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}") from None
+
+
+def _decoded(image: Image.Image) -> Image.Image:
+    """An opened image's pixels, decoded as a viewer reads them where Pillow differs: an APNG as
+    the first frame of its animation (its default image, when the animation leaves it out, is
+    shown by no browser and is Pillow's frame 0); a 16-bit RGB PNG's transparent colour (tRNS)
+    matched at 16 bits (Pillow keeps the samples' high bytes and matches those)."""
+    if _hides_default_image(image):
+        image.seek(1)
+        image.load()
+        return image
+    if _keyed_rgb16(image):
+        low = Image.open(io.BytesIO(image.fp.getvalue()), formats=["PNG"])  # the samples' low bytes
+        low.tile = [tile._replace(args="RGB;16L") for tile in low.tile]
+        low.load()
+        image.load()
+        high = np.asarray(image)
+        transparent = ((high.astype(np.uint16) << 8 | np.asarray(low)) == image.info["transparency"]).all(axis=2)
+        keyed = Image.fromarray(np.dstack([high, np.where(transparent, 0, 255).astype(np.uint8)]), "RGBA")
+        keyed.info = {key: value for key, value in image.info.items() if key != "transparency"}
+        return keyed
+    image.load()
+    return image
+
+
+def _hides_default_image(image: Image.Image) -> bool:
+    """An APNG whose IDAT image is not part of its animation."""
+    return image.format == "PNG" and bool(getattr(image, "default_image", False)) and image.n_frames > 1
+
+
+def _keyed_rgb16(image: Image.Image) -> bool:
+    """A 16-bit RGB PNG (one frame) with a transparent colour."""
+    return (
+        image.format == "PNG"
+        and isinstance(image.info.get("transparency"), tuple)
+        and getattr(image, "n_frames", 1) == 1
+        and [tile.args for tile in image.tile] == ["RGB;16B"]
+    )
 
 
 def as_shown(image: Image.Image) -> Image.Image:
     """A decoded image as RGB the way a viewer shows it: turned by its EXIF orientation, 16-bit
     samples scaled (not clipped), palettes expanded, colours from its embedded ICC profile (CMYK
-    included) to sRGB, and transparency composited over white."""
+    and grey included) to sRGB, and transparency composited over white."""
     if (turn := _TURNS.get(_orientation(image))) is not None:
         image = image.transpose(turn)
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit greyscale (PNG): 0..65535 to 0..255, rounded; Pillow's convert clips it at 255.
-        samples = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
-        image = Image.fromarray(((samples * 255 + 32767) // 65535).astype(np.uint8), "L")
-    if image.mode in ("P", "PA", "LA", "La", "RGBa", "1") or "transparency" in image.info:
-        has_alpha = "transparency" in image.info or image.mode in ("PA", "LA", "La", "RGBa")
-        image = image.convert("RGBA" if has_alpha else "RGB")
+        image = _grey16_as_8(image)
+    if image.mode in ("P", "PA", "La", "RGBa", "1") or "transparency" in image.info:
+        has_alpha = "transparency" in image.info or image.mode in ("PA", "La", "RGBa")
+        grey = image.mode in ("L", "La")  # kept grey: a grey ICC profile applies to grey only
+        image = image.convert(("LA" if grey else "RGBA") if has_alpha else ("L" if grey else "RGB"))
     image = _to_srgb(image)
-    if image.mode == "RGBA":
+    if image.mode in ("LA", "RGBA"):
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(white, image)
+        image = Image.alpha_composite(white, image.convert("RGBA"))
     return image.convert("RGB")
 
 
+def _grey16_as_8(image: Image.Image) -> Image.Image:
+    """16-bit greyscale (PNG) as 8-bit, its info (ICC profile, gamma) kept: 0..65535 to 0..255,
+    rounded (Pillow's convert clips it at 255), and its transparent grey level (tRNS), matched
+    at 16 bits, as alpha (LA)."""
+    samples = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
+    grey = Image.fromarray(((samples * 255 + 32767) // 65535).astype(np.uint8), "L")
+    info = dict(image.info)
+    key = info.pop("transparency", None)
+    if isinstance(key, int):
+        grey = Image.merge("LA", [grey, Image.fromarray(np.where(samples == key, 0, 255).astype(np.uint8), "L")])
+    grey.info = info
+    return grey
+
+
 def _to_srgb(image: Image.Image) -> Image.Image:
-    """Colours by the image's ICC profile converted to sRGB (RGB, or RGBA keeping its alpha); an
-    image without one, or whose profile lcms cannot use, is taken as sRGB, as viewers do."""
+    """Colours converted to sRGB (RGB, or RGBA keeping its alpha) by the image's ICC profile
+    (RGB, CMYK or grey, alpha included); an image without one, or whose profile lcms cannot
+    use, is taken as sRGB, as viewers do."""
     profile = image.info.get("icc_profile")
-    if not profile or image.mode not in ("RGB", "RGBA", "CMYK", "L"):
-        return image
-    output = "RGBA" if image.mode == "RGBA" else "RGB"
-    transform = _srgb_transform(bytes(profile), image.mode, output)
-    return image if transform is None else transform.apply(image)
+    if profile and image.mode in ("RGB", "RGBA", "CMYK", "L", "LA"):
+        colour = image.getchannel("L") if image.mode == "LA" else image
+        transform = _srgb_transform(bytes(profile), colour.mode, "RGBA" if colour.mode == "RGBA" else "RGB")
+        if transform is None:
+            return image
+        shown = transform.apply(colour)
+        if image.mode == "LA":
+            shown.putalpha(image.getchannel("A"))
+        return shown
+    return image
 
 
 @functools.lru_cache(maxsize=16)
