@@ -334,7 +334,7 @@ def _keyed_rgb16(image: Image.Image) -> bool:
 def as_shown(image: Image.Image) -> Image.Image:
     """A decoded image as RGB the way a viewer shows it: turned by its EXIF orientation, 16-bit
     samples scaled (not clipped), palettes expanded, colours from its embedded ICC profile (CMYK
-    and grey included) to sRGB, and transparency composited over white."""
+    and grey included) or else a PNG's gamma to sRGB, and transparency composited over white."""
     if (turn := _TURNS.get(_orientation(image))) is not None:
         image = image.transpose(turn)
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
@@ -366,8 +366,8 @@ def _grey16_as_8(image: Image.Image) -> Image.Image:
 
 def _to_srgb(image: Image.Image) -> Image.Image:
     """Colours converted to sRGB (RGB, or RGBA keeping its alpha) by the image's ICC profile
-    (RGB, CMYK or grey, alpha included); an image without one, or whose profile lcms cannot
-    use, is taken as sRGB, as viewers do."""
+    (RGB, CMYK or grey, alpha included); without one, by a PNG's gAMA unless it has an sRGB
+    chunk, as browsers do; else, or when lcms cannot use the profile, taken as sRGB."""
     profile = image.info.get("icc_profile")
     if profile and image.mode in ("RGB", "RGBA", "CMYK", "L", "LA"):
         colour = image.getchannel("L") if image.mode == "LA" else image
@@ -378,7 +378,20 @@ def _to_srgb(image: Image.Image) -> Image.Image:
         if image.mode == "LA":
             shown.putalpha(image.getchannel("A"))
         return shown
-    return image
+    return image if profile or "srgb" in image.info else _with_png_gamma(image)
+
+
+def _with_png_gamma(image: Image.Image) -> Image.Image:
+    """Samples encoded with a PNG's file gamma (``info["gamma"]``) re-encoded for an sRGB display
+    (gamma 2.2): level ** (1 / (gamma x 2.2)); alpha as it is."""
+    gamma = image.info.get("gamma")
+    if not isinstance(gamma, (int, float)) or gamma <= 0 or image.mode not in ("L", "LA", "RGB", "RGBA"):
+        return image
+    exponent = 1 / (gamma * 2.2)
+    if abs(exponent - 1) < 0.01:  # 0.45455, the usual: sRGB already
+        return image
+    curve = [round(255 * (level / 255) ** exponent) for level in range(256)]
+    return image.point([v for band in image.getbands() for v in (range(256) if band == "A" else curve)])
 
 
 @functools.lru_cache(maxsize=16)
