@@ -168,13 +168,16 @@ def _png_chunks(data: bytes) -> Iterator[tuple[int, int, bytes]]:
 def _shown_png_chunks(data: bytes) -> bytes:
     """A PNG without the ancillary chunks no viewer draws with: text (Pillow inflates every
     zTXt and iTXt in ``Image.open``, up to 64 MB an image, and a 1 KB chunk inflates to 1 MB),
-    private and unknown chunks (Pillow keeps a copy of the private ones), and an iCCP or eXIf
-    after the first (libpng ignores those). Other bytes as they are; not a PNG: ``data``."""
+    private and unknown chunks (Pillow keeps a copy of the private ones), an iCCP or eXIf after
+    the first (libpng ignores those), and an eXIf after the pixels (the orientation is read with
+    the header, ``shown_size``). Other bytes as they are; not a PNG: ``data``."""
     if not data.startswith(PNG_SIGNATURE):
         return data
     kept, seen, end, dropped = [PNG_SIGNATURE], set(), len(PNG_SIGNATURE), False
     for start, end, kind in _png_chunks(data):
         critical = not kind[0] & 0x20
+        if kind == b"IDAT":
+            seen.add(b"eXIf")  # one after the pixels: Pillow reads it only when decoding them
         if critical or (kind in _SHOWN_PNG_CHUNKS and kind not in seen):
             kept.append(data[start:end])
         else:
