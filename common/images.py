@@ -194,7 +194,8 @@ def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings, names: 
     """The limits on decoding work, from the headers alone: pixels per image (413), the aspect
     ratio (422) and the pixels of the whole request (413), where an image the pickle memo
     references several times counts each time, as it is decoded each time (a video's chosen
-    frames are its images here). Then the decoded images are held against the worker's work bytes."""
+    frames are its images here). Then the decoded images, and the metadata each distinct image
+    keeps, are held against the worker's work bytes."""
     names = image_names(len(images)) if names is None else names
     for image, name in zip(images, names):
         _check_pixels(image, core.max_pixels, name)
@@ -210,7 +211,11 @@ def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings, names: 
             f"the {len(images)} images (a video's chosen frames included) of the request have {total} pixels "
             f"together; the limit is {core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
         )
-    hold_work(sum(decoded_bytes(image) for image in images), "decoded images")
+    distinct = {id(image): image for image in images}.values()
+    hold_work(
+        sum(decoded_bytes(image) for image in images) + sum(metadata_bytes(image) for image in distinct),
+        "decoded images",
+    )
 
 
 def decoded_bytes(image: Image.Image) -> int:
@@ -223,6 +228,15 @@ def decoded_bytes(image: Image.Image) -> int:
     width, height = image.size
     extra = 8 if _hides_default_image(image) else 16 if _keyed_rgb16(image) else 0
     return width * height * (12 + extra)
+
+
+def metadata_bytes(image: Image.Image) -> int:
+    """The bytes of metadata Pillow keeps from reading an image's header until the request ends:
+    its ICC profile (a PNG's iCCP inflated, up to 1 MB from ~1 KB), EXIF, XMP, a JPEG's APP
+    segments (counted twice where ``info`` holds them too)."""
+    kept = [value for value in image.info.values() if isinstance(value, (bytes, str))]
+    kept += [segment for _, segment in getattr(image, "applist", [])]
+    return sum(map(len, kept))
 
 
 def _check_scans(data: bytes, limit: int, name: str) -> None:

@@ -14,7 +14,15 @@ import pytest
 from PIL import Image, ImageCms
 
 from common.errors import PayloadTooLarge
-from common.images import as_shown, decode_images, open_image, open_images, parse_image_request, shown_size
+from common.images import (
+    as_shown,
+    decode_images,
+    metadata_bytes,
+    open_image,
+    open_images,
+    parse_image_request,
+    shown_size,
+)
 from common.settings import CoreSettings
 from testing.images import encode
 
@@ -217,3 +225,12 @@ def test_the_orientation_is_the_exif_tag_alone() -> None:
     assert decoded(before).shape[:2] == (64, 32)
     after = image[:end] + chunk(b"eXIf", exif) + image[end:]
     assert shown_size(open_image(after)) == (64, 32) and decoded(after).shape[:2] == (32, 64)
+
+
+def test_an_inflated_icc_profile_counts_as_work() -> None:
+    """A 1.1 KB PNG whose iCCP inflates to 1 MB (Pillow's cap per chunk), kept until the request
+    ends: counted in the work bytes, once per distinct image."""
+    image = saved(Image.new("RGB", (8, 8)))
+    at = image.index(b"IDAT") - 4
+    bomb = image[:at] + chunk(b"iCCP", b"p\0\0" + zlib.compress(b"\0" * (2**20 - 100), 9)) + image[at:]
+    assert len(bomb) < 1200 and metadata_bytes(open_image(bomb)) >= 2**20 - 100
