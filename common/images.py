@@ -11,12 +11,12 @@ import functools
 import io
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageCms, ImageOps
+from PIL import Image, ImageCms
 
 from common.batching import check_deadline, hold_work
 from common.config import env_name
@@ -33,8 +33,23 @@ JPEG_START, PNG_SIGNATURE = b"\xff\xd8", b"\x89PNG\r\n\x1a\n"
 # A JPEG scan starts at an SOS marker: these two bytes, which entropy-coded data never holds
 # (a 0xFF there is followed by 0x00 or a restart marker), and libjpeg reads a marker only there.
 JPEG_SCAN = b"\xff\xda"
-# EXIF orientations that turn the image a quarter (``ImageOps.exif_transpose``): width and height swap.
+# EXIF orientations 2-8 and how each turns the image (1: as stored); 5-8 turn it a quarter,
+# swapping width and height.
+_ORIENTATION_TAG, _EXIF_SHORT = 0x0112, 3
+_TURNS = {
+    1: None,
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 _QUARTER_TURNS = {5, 6, 7, 8}
+# The ancillary PNG chunks a viewer draws with (Pillow reads them); of the first two, only the first.
+_SINGLE_PNG_CHUNKS = {b"iCCP", b"eXIf"}
+_SHOWN_PNG_CHUNKS = _SINGLE_PNG_CHUNKS | {b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"pHYs", b"acTL", b"fcTL", b"fdAT"}
 _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
 
@@ -57,6 +72,19 @@ def encoded_image(value: Any, name: str) -> bytes:
         except (binascii.Error, ValueError):
             raise Unprocessable(f"{name} is not valid base64") from None
     raise Unprocessable(f"{name} must be bytes (or base64 text in JSON), got {type(value).__name__}")
+
+
+def encoded_images(values: Sequence[Any], names: Sequence[str]) -> list[bytes]:
+    """``encoded_image`` of each value, once per distinct object: the pickle memo lets a body
+    reference one string or bytearray many times, and each reference must not cost its own
+    base64 decode or copy (the values stay referenced by ``values``, so their ids are stable)."""
+    decoded: dict[int, bytes] = {}
+    images = []
+    for value, name in zip(values, names):
+        if id(value) not in decoded:
+            decoded[id(value)] = encoded_image(value, name)
+        images.append(decoded[id(value)])
+    return images
 
 
 def check_metadata(payload: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +129,7 @@ def parse_image_request(payload: dict[str, Any], core: CoreSettings) -> ImageReq
     check_items(len(images), "images", core)
     prompts = check_prompts(payload.get("prompts"), len(images), "image", core)
     return ImageRequest(
-        images=[encoded_image(value, name) for value, name in zip(images, image_names(len(images)))],
+        images=encoded_images(images, image_names(len(images))),
         prompts=prompts,
         metadata=metadata,
     )
@@ -114,18 +142,60 @@ def image_names(count: int) -> list[str]:
 
 def open_image(data: bytes, name: str = "images[0]") -> Image.Image:
     """The image with its header read and no pixels decoded yet; 422 unless JPEG, PNG or WebP.
-    ``name`` says in errors which image it is (``images[2]``, a video's frame ``videos[0][8]``)."""
+    ``name`` says in errors which image it is (``images[2]``, a video's frame ``videos[0][8]``).
+    A PNG is read without the chunks a viewer does not use (``_shown_png_chunks``)."""
     try:
-        return Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+        return Image.open(io.BytesIO(_shown_png_chunks(data)), formats=ALLOWED_FORMATS)
     except Exception as exc:  # PIL raises many types for corrupt data
         raise Unprocessable(f"{name} could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}") from None
+
+
+def _png_chunks(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(start, end, type) of each whole chunk of a PNG, walking their lengths up to IEND or the
+    first chunk cut short."""
+    position = len(PNG_SIGNATURE)
+    while position + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, position)
+        end = position + 12 + length
+        if end > len(data):
+            return
+        yield position, end, kind
+        if kind == b"IEND":
+            return
+        position = end
+
+
+def _shown_png_chunks(data: bytes) -> bytes:
+    """A PNG without the ancillary chunks no viewer draws with: text (Pillow inflates every
+    zTXt and iTXt in ``Image.open``, up to 64 MB an image, and a 1 KB chunk inflates to 1 MB),
+    private and unknown chunks (Pillow keeps a copy of the private ones), an iCCP or eXIf after
+    the first (libpng ignores those), and an eXIf after the pixels (the orientation is read with
+    the header, ``shown_size``). Other bytes as they are; not a PNG: ``data``."""
+    if not data.startswith(PNG_SIGNATURE):
+        return data
+    kept, seen, end, dropped = [PNG_SIGNATURE], set(), len(PNG_SIGNATURE), False
+    for start, end, kind in _png_chunks(data):
+        critical = not kind[0] & 0x20
+        if kind == b"IDAT":
+            seen.add(b"eXIf")  # one after the pixels: Pillow reads it only when decoding them
+        if critical or (kind in _SHOWN_PNG_CHUNKS and kind not in seen):
+            kept.append(data[start:end])
+        else:
+            dropped = True
+        if kind in _SINGLE_PNG_CHUNKS:
+            seen.add(kind)
+    if not dropped:
+        return data
+    kept.append(data[end:])  # what follows IEND, or a chunk cut short: Pillow's to judge
+    return b"".join(kept)
 
 
 def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings, names: Sequence[str] | None = None) -> None:
     """The limits on decoding work, from the headers alone: pixels per image (413), the aspect
     ratio (422) and the pixels of the whole request (413), where an image the pickle memo
     references several times counts each time, as it is decoded each time (a video's chosen
-    frames are its images here). Then the decoded images are held against the worker's work bytes."""
+    frames are its images here). Then the decoded images, and the metadata each distinct image
+    keeps, are held against the worker's work bytes."""
     names = image_names(len(images)) if names is None else names
     for image, name in zip(images, names):
         _check_pixels(image, core.max_pixels, name)
@@ -141,15 +211,32 @@ def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings, names: 
             f"the {len(images)} images (a video's chosen frames included) of the request have {total} pixels "
             f"together; the limit is {core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
         )
-    hold_work(sum(decoded_bytes(image) for image in images), "decoded images")
+    distinct = {id(image): image for image in images}.values()
+    hold_work(
+        sum(decoded_bytes(image) for image in images) + sum(metadata_bytes(image) for image in distinct),
+        "decoded images",
+    )
 
 
 def decoded_bytes(image: Image.Image) -> int:
     """The most memory the decode of ``image`` (header read) holds: Pillow keeps 4 bytes a pixel,
     and the decoded image and its RGB copy stay until the request's images are all decoded, with
-    one image's intermediate steps (turned, composited) at a time."""
+    one image's intermediate steps (turned, composited) at a time; 8 more for an APNG whose
+    hidden default image is decoded before its first frame (canvas and previous frame), 16 more
+    for a 16-bit RGB PNG with a transparent colour (its low bytes decoded again, the 16-bit
+    samples compared: ``_decoded``)."""
     width, height = image.size
-    return width * height * 12
+    extra = 8 if _hides_default_image(image) else 16 if _keyed_rgb16(image) else 0
+    return width * height * (12 + extra)
+
+
+def metadata_bytes(image: Image.Image) -> int:
+    """The bytes of metadata Pillow keeps from reading an image's header until the request ends:
+    its ICC profile (a PNG's iCCP inflated, up to 1 MB from ~1 KB), EXIF, XMP, a JPEG's APP
+    segments (counted twice where ``info`` holds them too)."""
+    kept = [value for value in image.info.values() if isinstance(value, (bytes, str))]
+    kept += [segment for _, segment in getattr(image, "applist", [])]
+    return sum(map(len, kept))
 
 
 def _check_scans(data: bytes, limit: int, name: str) -> None:
@@ -163,23 +250,20 @@ def _check_scans(data: bytes, limit: int, name: str) -> None:
 
 def _check_png_chunks(data: Sequence[bytes], limit: int, names: Sequence[str]) -> None:
     """Count the chunks of the request's PNGs, walking their lengths, up to ``limit``: Pillow
-    spends microseconds on each, even an empty one (a PNG of 1 M empty chunks: 3.2 s to open)."""
+    spends microseconds on each, even an empty one (a PNG of 1 M empty chunks: 3.2 s to open).
+    Each reference counts, as the size limits do, though the image is opened once: the walk stops
+    at the limit."""
     count = 0
     for item, name in zip(data, names):
         if not item.startswith(PNG_SIGNATURE):
             continue
-        position = len(PNG_SIGNATURE)
-        while position + 8 <= len(item):
+        for _ in _png_chunks(item):
             count += 1
             if count > limit:
                 raise PayloadTooLarge(
                     f"the request's PNG images have over {limit} chunks together ({name} reaching it); "
                     f"the limit is {limit} ({env_name('', 'max_png_chunks')})"
                 )
-            length, kind = struct.unpack_from(">I4s", item, position)
-            if kind == b"IEND":
-                break
-            position += 12 + length
 
 
 def shown_size(image: Image.Image) -> tuple[int, int]:
@@ -189,14 +273,30 @@ def shown_size(image: Image.Image) -> tuple[int, int]:
 
 
 def _orientation(image: Image.Image) -> int | None:
-    """The EXIF orientation read with the header (``getexif`` of a PNG would decode it whole to
-    look past its pixels: libpng-based viewers too read only an eXIf before them)."""
-    try:
-        exif = Image.Exif()
-        exif.load(image.info.get("exif") or b"")
-        return exif.get(ImageOps.ExifTags.Base.Orientation)
-    except Exception:  # a viewer shows an image whose EXIF it cannot parse as stored
+    """The Orientation tag of the EXIF block read with the header (JPEG APP1, PNG eXIf, WebP
+    EXIF), found among IFD0's entries without parsing them (an eXIf may hold 65,535 tags:
+    Pillow's parse takes 0.15 s). As browsers do, nothing else: not XMP, which Pillow's
+    ``getexif`` searches by regex, nor ImageMagick's text chunks; and not an eXIf after the
+    pixels (``getexif`` of a PNG decodes it whole to look there; libpng-based viewers read only
+    one before them). None when there is none or the EXIF cannot be read, as viewers show it."""
+    exif = image.info.get("exif")
+    if not isinstance(exif, bytes):
         return None
+    exif = exif.removeprefix(b"Exif\x00\x00")
+    order = {b"II": "<", b"MM": ">"}.get(exif[:2])
+    if order is None or len(exif) < 8:
+        return None
+    (start,) = struct.unpack_from(order + "I", exif, 4)
+    if start + 2 > len(exif):
+        return None
+    (count,) = struct.unpack_from(order + "H", exif, start)
+    count = min(count, (len(exif) - start - 2) // 12)
+    # IFD0's 12-byte entries: tag, type, count, then the value (a SHORT in its first two bytes)
+    entry = {"names": ["tag", "type", "value"], "formats": [order + "u2"] * 3, "offsets": [0, 2, 8], "itemsize": 12}
+    entries = np.frombuffer(exif, np.dtype(entry), count, start + 2)
+    found = np.flatnonzero((entries["tag"] == _ORIENTATION_TAG) & (entries["type"] == _EXIF_SHORT))
+    value = int(entries["value"][found[0]]) if found.size else None
+    return value if value in _TURNS else None
 
 
 def load_image(image: Image.Image, name: str = "images[0]") -> Image.Image:
@@ -205,41 +305,110 @@ def load_image(image: Image.Image, name: str = "images[0]") -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image.load()
-            return as_shown(image)
+            return as_shown(_decoded(image))
     except Exception as exc:  # PIL raises many types for corrupt data
         raise Unprocessable(f"{name} could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}") from None
+
+
+def _decoded(image: Image.Image) -> Image.Image:
+    """An opened image's pixels, decoded as a viewer reads them where Pillow differs: an APNG as
+    the first frame of its animation (its default image, when the animation leaves it out, is
+    shown by no browser and is Pillow's frame 0); a 16-bit RGB PNG's transparent colour (tRNS)
+    matched at 16 bits (Pillow keeps the samples' high bytes and matches those)."""
+    if _hides_default_image(image):
+        image.seek(1)
+        image.load()
+        return image
+    if _keyed_rgb16(image):
+        low = Image.open(io.BytesIO(image.fp.getvalue()), formats=["PNG"])  # the samples' low bytes
+        low.tile = [tile._replace(args="RGB;16L") for tile in low.tile]
+        low.load()
+        image.load()
+        high = np.asarray(image)
+        transparent = ((high.astype(np.uint16) << 8 | np.asarray(low)) == image.info["transparency"]).all(axis=2)
+        keyed = Image.fromarray(np.dstack([high, np.where(transparent, 0, 255).astype(np.uint8)]), "RGBA")
+        keyed.info = {key: value for key, value in image.info.items() if key != "transparency"}
+        return keyed
+    image.load()
+    return image
+
+
+def _hides_default_image(image: Image.Image) -> bool:
+    """An APNG whose IDAT image is not part of its animation."""
+    return image.format == "PNG" and bool(getattr(image, "default_image", False)) and image.n_frames > 1
+
+
+def _keyed_rgb16(image: Image.Image) -> bool:
+    """A 16-bit RGB PNG (one frame) with a transparent colour."""
+    return (
+        image.format == "PNG"
+        and isinstance(image.info.get("transparency"), tuple)
+        and getattr(image, "n_frames", 1) == 1
+        and [tile.args for tile in image.tile] == ["RGB;16B"]
+    )
 
 
 def as_shown(image: Image.Image) -> Image.Image:
     """A decoded image as RGB the way a viewer shows it: turned by its EXIF orientation, 16-bit
     samples scaled (not clipped), palettes expanded, colours from its embedded ICC profile (CMYK
-    included) to sRGB, and transparency composited over white."""
-    if _orientation(image) not in (None, 1):
-        image = ImageOps.exif_transpose(image)
+    and grey included) or else a PNG's gamma to sRGB, and transparency composited over white."""
+    if (turn := _TURNS.get(_orientation(image))) is not None:
+        image = image.transpose(turn)
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit greyscale (PNG): 0..65535 to 0..255, rounded; Pillow's convert clips it at 255.
-        samples = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
-        image = Image.fromarray(((samples * 255 + 32767) // 65535).astype(np.uint8), "L")
-    if image.mode in ("P", "PA", "LA", "La", "RGBa", "1") or "transparency" in image.info:
-        has_alpha = "transparency" in image.info or image.mode in ("PA", "LA", "La", "RGBa")
-        image = image.convert("RGBA" if has_alpha else "RGB")
+        image = _grey16_as_8(image)
+    if image.mode in ("P", "PA", "La", "RGBa", "1") or "transparency" in image.info:
+        has_alpha = "transparency" in image.info or image.mode in ("PA", "La", "RGBa")
+        grey = image.mode in ("L", "La")  # kept grey: a grey ICC profile applies to grey only
+        image = image.convert(("LA" if grey else "RGBA") if has_alpha else ("L" if grey else "RGB"))
     image = _to_srgb(image)
-    if image.mode == "RGBA":
+    if image.mode in ("LA", "RGBA"):
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(white, image)
+        image = Image.alpha_composite(white, image.convert("RGBA"))
     return image.convert("RGB")
 
 
+def _grey16_as_8(image: Image.Image) -> Image.Image:
+    """16-bit greyscale (PNG) as 8-bit, its info (ICC profile, gamma) kept: 0..65535 to 0..255,
+    rounded (Pillow's convert clips it at 255), and its transparent grey level (tRNS), matched
+    at 16 bits, as alpha (LA)."""
+    samples = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
+    grey = Image.fromarray(((samples * 255 + 32767) // 65535).astype(np.uint8), "L")
+    info = dict(image.info)
+    key = info.pop("transparency", None)
+    if isinstance(key, int):
+        grey = Image.merge("LA", [grey, Image.fromarray(np.where(samples == key, 0, 255).astype(np.uint8), "L")])
+    grey.info = info
+    return grey
+
+
 def _to_srgb(image: Image.Image) -> Image.Image:
-    """Colours by the image's ICC profile converted to sRGB (RGB, or RGBA keeping its alpha); an
-    image without one, or whose profile lcms cannot use, is taken as sRGB, as viewers do."""
+    """Colours converted to sRGB (RGB, or RGBA keeping its alpha) by the image's ICC profile
+    (RGB, CMYK or grey, alpha included); without one, by a PNG's gAMA unless it has an sRGB
+    chunk, as browsers do; else, or when lcms cannot use the profile, taken as sRGB."""
     profile = image.info.get("icc_profile")
-    if not profile or image.mode not in ("RGB", "RGBA", "CMYK", "L"):
+    if profile and image.mode in ("RGB", "RGBA", "CMYK", "L", "LA"):
+        colour = image.getchannel("L") if image.mode == "LA" else image
+        transform = _srgb_transform(bytes(profile), colour.mode, "RGBA" if colour.mode == "RGBA" else "RGB")
+        if transform is None:
+            return image
+        shown = transform.apply(colour)
+        if image.mode == "LA":
+            shown.putalpha(image.getchannel("A"))
+        return shown
+    return image if profile or "srgb" in image.info else _with_png_gamma(image)
+
+
+def _with_png_gamma(image: Image.Image) -> Image.Image:
+    """Samples encoded with a PNG's file gamma (``info["gamma"]``) re-encoded for an sRGB display
+    (gamma 2.2): level ** (1 / (gamma x 2.2)); alpha as it is."""
+    gamma = image.info.get("gamma")
+    if not isinstance(gamma, (int, float)) or gamma <= 0 or image.mode not in ("L", "LA", "RGB", "RGBA"):
         return image
-    output = "RGBA" if image.mode == "RGBA" else "RGB"
-    transform = _srgb_transform(bytes(profile), image.mode, output)
-    return image if transform is None else transform.apply(image)
+    exponent = 1 / (gamma * 2.2)
+    if abs(exponent - 1) < 0.01:  # 0.45455, the usual: sRGB already
+        return image
+    curve = [round(255 * (level / 255) ** exponent) for level in range(256)]
+    return image.point([v for band in image.getbands() for v in (range(256) if band == "A" else curve)])
 
 
 @functools.lru_cache(maxsize=16)
@@ -252,28 +421,48 @@ def _srgb_transform(profile: bytes, mode: str, output: str) -> ImageCms.ImageCms
         return None
 
 
+def _distinct(pairs: Iterable[tuple[Any, str]]) -> Iterator[tuple[Any, str]]:
+    """The (object, name) pairs whose object is not an earlier one's (the same object again: an
+    image the pickle memo references several times), with the first one's name."""
+    seen: set[int] = set()
+    for item, name in pairs:
+        if id(item) not in seen:
+            seen.add(id(item))
+            yield item, name
+
+
+def _once_each(items: Sequence[Any], names: Sequence[str], work: Callable[[Any, str], Any]) -> list[Any]:
+    """``work`` done once per distinct object of ``items``, its result given to every reference."""
+    done = {id(item): work(item, name) for item, name in _distinct(zip(items, names))}
+    return [done[id(item)] for item in items]
+
+
 def open_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] | None = None) -> list[Image.Image]:
     """A request's images with their headers read, once their bytes are within the limits that
     Pillow's reading itself would break: scans per JPEG (413) and the chunks of the request's
     PNGs (413; Pillow reads a PNG's chunks up to its pixels in ``Image.open``); then checked
-    against the limits of ``check_image_sizes``, no pixel decoded yet."""
+    against the limits of ``check_image_sizes``, no pixel decoded yet. Bytes the request refers
+    to several times (the pickle memo) are checked and opened once, one image object shared by
+    its references; the size limits count every reference, as each is scored."""
     names = image_names(len(data)) if names is None else names
-    for item, name in zip(data, names):
+    for item, name in _distinct(zip(data, names)):
         _check_scans(item, core.max_jpeg_scans, name)
     _check_png_chunks(data, core.max_png_chunks, names)
-    images = [open_image(item, name) for item, name in zip(data, names)]
+    images = _once_each(data, names, open_image)
     check_image_sizes(images, core, names)
     return images
 
 
 def load_images(images: Sequence[Image.Image], names: Sequence[str] | None = None) -> list[Image.Image]:
-    """Decode opened images to RGB, the request's deadline checked between one image and the next."""
+    """Decode opened images to RGB, the request's deadline checked between one image and the
+    next; an image object given several times is decoded once, its RGB image shared."""
     names = image_names(len(images)) if names is None else names
-    decoded = []
-    for image, name in zip(images, names):
+
+    def load(image: Image.Image, name: str) -> Image.Image:
         check_deadline("decoding its images")
-        decoded.append(load_image(image, name))
-    return decoded
+        return load_image(image, name)
+
+    return _once_each(images, names, load)
 
 
 def decode_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] | None = None) -> list[Image.Image]:

@@ -26,7 +26,7 @@ from common.images import (
     check_items,
     check_metadata,
     check_prompts,
-    encoded_image,
+    encoded_images,
     image_names,
 )
 from common.settings import CoreSettings
@@ -107,8 +107,7 @@ def parse_media_request(payload: dict[str, Any], core: CoreSettings, rules: dict
         check_items(len(images), "images", core)
         prompts = check_prompts(payload.get("prompts"), len(images), "image", core)
         names = image_names(len(images))
-        encoded = [encoded_image(value, name) for value, name in zip(images, names)]
-        return MediaRequest(encoded, names, prompts, metadata, None, rule)
+        return MediaRequest(encoded_images(images, names), names, prompts, metadata, None, rule)
 
     videos = payload["videos"]
     if not isinstance(videos, (list, tuple)):
@@ -128,16 +127,16 @@ def parse_media_request(payload: dict[str, Any], core: CoreSettings, rules: dict
             )
     frames = [list(range(0, len(video), interval)) for video in videos]
     check_items(sum(map(len, frames)), f"chosen frames (every {interval}th frame of {len(videos)} videos)", core)
-    images, names = [], []
+    chosen, names = [], []
     for index, video in enumerate(videos):
         for number, value in enumerate(video):
             name = f"videos[{index}][{number}]"
             if number % interval:
                 _check_format(value, name)
             else:
-                images.append(encoded_image(value, name))
+                chosen.append(value)
                 names.append(name)
-    return MediaRequest(images, names, prompts, metadata, frames, rule)
+    return MediaRequest(encoded_images(chosen, names), names, prompts, metadata, frames, rule)
 
 
 def _check_format(value: Any, name: str) -> None:

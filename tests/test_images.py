@@ -3,6 +3,7 @@ before it starts, and every image reads as a viewer shows it, whatever its mode.
 
 from __future__ import annotations
 
+import base64
 import io
 import struct
 import time
@@ -13,7 +14,15 @@ import pytest
 from PIL import Image, ImageCms
 
 from common.errors import PayloadTooLarge
-from common.images import as_shown, decode_images, open_image, open_images, shown_size
+from common.images import (
+    as_shown,
+    decode_images,
+    metadata_bytes,
+    open_image,
+    open_images,
+    parse_image_request,
+    shown_size,
+)
 from common.settings import CoreSettings
 from testing.images import encode
 
@@ -169,3 +178,59 @@ def test_cmyk_jpeg_with_its_profile_reads_as_its_colours() -> None:
 def test_as_shown_keeps_plain_rgb_as_is() -> None:
     image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (8, 8, 3), dtype=np.uint8))
     assert np.array_equal(np.asarray(as_shown(image)), np.asarray(image))
+
+
+def test_an_image_referenced_several_times_is_opened_and_decoded_once() -> None:
+    """The pickle memo gives one bytes (or text) object for every reference: one open, one
+    decode, one base64 decode; the size limits still count every reference."""
+    data = saved(Image.new("RGB", (64, 64), "white"))
+    opened = open_images([data] * 3, CORE)
+    assert len({id(image) for image in opened}) == 1
+    assert len({id(image) for image in decode_images([data] * 3, CORE)}) == 1
+    text = base64.b64encode(data).decode()
+    request = parse_image_request({"images": [text] * 3, "prompts": ["a"] * 3}, CORE)
+    assert len({id(image) for image in request.images}) == 1
+    with pytest.raises(PayloadTooLarge, match="SCORER_MAX_REQUEST_PIXELS"):
+        open_images([data] * 3, CoreSettings(max_request_pixels=3 * 64 * 64 - 1))
+
+
+def test_png_text_and_private_chunks_are_not_read() -> None:
+    """A 1 KB zTXt inflates to 1 MB in ``Image.open`` and a private chunk is copied there: both
+    dropped before Pillow reads the image, which still decodes; an ICC profile stays."""
+    deflated = zlib.compress(b"\0" * (2**20 - 16), 9)
+    image = saved(
+        Image.new("L", (8, 8), 0), icc_profile=ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    )
+    at = image.index(b"IDAT") - 4
+    bomb = image[:at] + chunk(b"zTXt", b"k\0\0" + deflated) + chunk(b"prIv", b"\0" * 1000) + image[at:]
+    opened = open_image(bomb)
+    assert "k" not in opened.info and not opened.private_chunks and opened.info["icc_profile"]
+    assert decoded(bomb).max() == 0
+
+
+def test_the_orientation_is_the_exif_tag_alone() -> None:
+    """Read among IFD0's entries without parsing them (65,000 tags: Pillow's parse took 0.15 s),
+    from the EXIF block only: an eXIf after the pixels is dropped (the header has not seen it)."""
+    tags, blob = 65_000, b"\0" * 16
+    data_at = 8 + 2 + 12 * tags + 4
+    ifd = b"".join(struct.pack("<HHII", 300 + i, 7, len(blob), data_at) for i in range(tags - 1))
+    ifd += struct.pack("<HHIHH", 0x0112, 3, 1, 6, 0)
+    exif = b"II*\0" + struct.pack("<IH", 8, tags) + ifd + b"\0\0\0\0" + blob
+    image = saved(Image.new("RGB", (64, 32), "white"))
+    at, end = image.index(b"IDAT") - 4, image.index(b"IEND") - 4
+    before = image[:at] + chunk(b"eXIf", exif) + image[at:]
+    started = time.process_time()
+    assert shown_size(open_image(before)) == (32, 64)
+    assert time.process_time() - started < 0.05
+    assert decoded(before).shape[:2] == (64, 32)
+    after = image[:end] + chunk(b"eXIf", exif) + image[end:]
+    assert shown_size(open_image(after)) == (64, 32) and decoded(after).shape[:2] == (32, 64)
+
+
+def test_an_inflated_icc_profile_counts_as_work() -> None:
+    """A 1.1 KB PNG whose iCCP inflates to 1 MB (Pillow's cap per chunk), kept until the request
+    ends: counted in the work bytes, once per distinct image."""
+    image = saved(Image.new("RGB", (8, 8)))
+    at = image.index(b"IDAT") - 4
+    bomb = image[:at] + chunk(b"iCCP", b"p\0\0" + zlib.compress(b"\0" * (2**20 - 100), 9)) + image[at:]
+    assert len(bomb) < 1200 and metadata_bytes(open_image(bomb)) >= 2**20 - 100
