@@ -30,12 +30,9 @@ from common.settings import CoreSettings
 from services.clip.scorer import ClipRewardScorer, ClipScoreScorer, HPSv2Scorer, PickScoreScorer
 from testing.clip_models import TINY_OPEN_CLIP, save_processor, save_random_clip_model
 from testing.images import encode
+from testing.reference import needs_reference, run_reference
 from testing.server import ROOT, gunicorn_server
 
-REFERENCE_PYTHON = os.environ.get("SCORER_TEST_REFERENCE_PYTHON")
-needs_reference = pytest.mark.skipif(
-    not REFERENCE_PYTHON, reason="reference environment not built (run via 'bash run.sh test')"
-)
 SCORERS: dict[str, type[ClipRewardScorer]] = {
     "pickscore": PickScoreScorer,
     "clipscore": ClipScoreScorer,
@@ -66,16 +63,7 @@ def sample_images(count: int) -> list[bytes]:
 
 
 def reference(job: dict) -> dict:
-    done = subprocess.run(
-        [REFERENCE_PYTHON, str(ROOT / "tests" / "clip_reference.py")],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return run_reference("clip_reference.py", job)
 
 
 def save_model(service: str, directory: Path) -> Path:

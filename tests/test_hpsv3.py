@@ -4,7 +4,6 @@ libraries it calls (``tests/hpsv3_reference.py``, in the reference environment).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import subprocess
@@ -25,13 +24,10 @@ from services.hpsv3.inputs import IMAGE_TOKEN, REWARD_TOKEN
 from services.hpsv3.scorer import HPSv3Scorer
 from testing.images import encode
 from testing.qwen2vl_models import old_layout, reward_model_state, save_base, save_checkpoint
+from testing.reference import needs_reference, run_reference
 from testing.server import ROOT, gunicorn_server
 from tests.test_clip_rewards import batch_stats, sample_images
 
-REFERENCE_PYTHON = os.environ.get("SCORER_TEST_REFERENCE_PYTHON")
-needs_reference = pytest.mark.skipif(
-    not REFERENCE_PYTHON, reason="reference environment not built (run via 'bash run.sh test')"
-)
 # VeRL-Omni's verl_omni/utils/reward_score/hpsv3_reward.py, when a copy is at hand (not shipped).
 VERL_OMNI_FILE = os.environ.get("SCORER_TEST_VERL_OMNI_HPSV3")
 TOLERANCE = 1e-4
@@ -84,16 +80,7 @@ def scorer(tiny: tuple[Path, Path]) -> HPSv3Scorer:
 
 
 def reference(job: dict) -> dict:
-    done = subprocess.run(
-        [REFERENCE_PYTHON, str(ROOT / "tests" / "hpsv3_reference.py")],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return run_reference("hpsv3_reference.py", job)
 
 
 def post(url: str, payload: dict) -> requests.Response:
