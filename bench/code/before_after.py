@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -25,12 +26,19 @@ SAMPLES = 64
 RUN = "import json; from bench.code.bench import {0}, samples; print(json.dumps({0}(samples({1}), 2)))"
 
 
-def run(tree: Path, function: str) -> dict[str, dict]:
-    code = RUN.format(function, SAMPLES)
-    out = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=1800)
+def run_in_tree(tree: Path, code: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """``code`` run by this Python in the checkout ``tree`` (the code before or after a change);
+    the JSON of its last line of output."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=tree, capture_output=True, text=True, timeout=1800, env=env
+    )
     if out.returncode:
         raise RuntimeError(f"{tree}: {out.stderr[-2000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(tree: Path, function: str) -> dict[str, dict]:
+    result = run_in_tree(tree, RUN.format(function, SAMPLES))
     return {"DeepGym 0.6.2 local": result} if "scores" in result else result
 
 

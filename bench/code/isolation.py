@@ -13,11 +13,10 @@ call-based sample (25 calls), and an assert sample whose one call answers a 15 M
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from bench.code.before_after import run_in_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,13 +60,8 @@ print(json.dumps(medians))
 
 
 def run(tree: Path, samples: int, cgroups: str, uid_base: int) -> dict[str, list]:
-    out = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(samples), cgroups, str(uid_base)],
-        cwd=tree, capture_output=True, text=True, timeout=1800, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    if out.returncode:
-        raise RuntimeError(f"{tree}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
+    return run_in_tree(tree, RUNNER, str(samples), cgroups, str(uid_base), env=env)
 
 
 def main() -> None:

@@ -12,11 +12,10 @@ request, all at once) at each ``max_parallel`` in this one.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from bench.code.before_after import run_in_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,13 +45,7 @@ print(json.dumps(bench_service(samples(64), 2)))
 
 
 def run(tree: Path, code: str, *args: str, env: dict[str, str] | None = None) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=tree, capture_output=True, text=True, timeout=1800,
-        env={**os.environ, "PYTHONPATH": str(tree), **(env or {})},
-    )  # fmt: skip
-    if out.returncode:
-        raise RuntimeError(f"{tree}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_in_tree(tree, code, *args, env={**os.environ, "PYTHONPATH": str(tree), **(env or {})})
 
 
 def main() -> None:
