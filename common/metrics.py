@@ -17,6 +17,9 @@ from prometheus_client import (
 
 REQUESTS = Counter("scorer_requests_total", "Scoring requests answered", ["service", "route", "status"])
 ITEMS = Counter("scorer_items_total", "Samples scored", ["service"])
+# Images (and chosen video frames) decoded to pixels: once per distinct image of a request, so a
+# client that sends a sample to several scorers pays one decode per scorer (bench/multi).
+IMAGES_DECODED = Counter("scorer_images_decoded", "Images and video frames decoded to pixels", ["service"])
 ERRORS = Counter("scorer_errors_total", "Requests answered with an error", ["service", "error"])
 LATENCY = Histogram(
     "scorer_request_seconds",

@@ -187,6 +187,7 @@ class ImageScorer(Scorer):
         opened = open_images(request.images, self.core, request.names)
         self.check_images(opened, request)
         images = load_images(opened, request.names)
+        metrics.IMAGES_DECODED.labels(self.name).inc(len({id(image) for image in images}))
         items = self.prepare_images(images, request.item_prompts, request.metadata) if images else []
         if request.frames is None:
             return Samples(items)
