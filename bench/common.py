@@ -74,20 +74,24 @@ async def _burst(url: str, bodies: Sequence[bytes], headers: dict[str, str], con
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
 
-        async def one(body: bytes) -> bytes:
+        async def one(body: bytes) -> tuple[bytes, tuple[float, float]]:
             async with limit:
                 started = time.perf_counter()
                 async with session.post(url, data=body, headers=headers) as response:
                     content = await response.read()
                     statuses[response.status] = statuses.get(response.status, 0) + 1
-                latencies.append(time.perf_counter() - started)
-                return content
+                ended = time.perf_counter()
+                latencies.append(ended - started)
+                return content, (started, ended)
 
         started = time.perf_counter()
-        answers = await asyncio.gather(*(one(body) for body in bodies))
+        answered = await asyncio.gather(*(one(body) for body in bodies))
         wall = time.perf_counter() - started
     return {
-        "answers": answers,
+        "answers": [content for content, _ in answered],
+        # (sent, answered) of each body, in order, on ``time.perf_counter``'s clock.
+        "spans": [span for _, span in answered],
+        "sent_bytes": sum(len(body) for body in bodies),
         "wall_s": wall,
         "per_s": len(bodies) / wall,
         "p50_s": percentile(latencies, 50),

@@ -38,3 +38,5 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
     assert report["hpsv3"]["results"]["service"]["max_score_diff_vs_batch_1"] < 1e-4
     for result in report["batching"]["results"].values():
         assert result["median"]["ours_wrong"] == result["median"]["simple_wrong"] == 0
+    for result in report["multi"]["sets"].values():
+        assert result["check"]["wrong"] == 0 and result["median"]["combined"]["decodes_per_sample"] == 1
