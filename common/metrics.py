@@ -17,9 +17,6 @@ from prometheus_client import (
 
 REQUESTS = Counter("scorer_requests_total", "Scoring requests answered", ["service", "route", "status"])
 ITEMS = Counter("scorer_items_total", "Samples scored", ["service"])
-# Images (and chosen video frames) decoded to pixels: once per distinct image of a request, so a
-# client that sends a sample to several scorers pays one decode per scorer (bench/multi).
-IMAGES_DECODED = Counter("scorer_images_decoded", "Images and video frames decoded to pixels", ["service"])
 ERRORS = Counter("scorer_errors_total", "Requests answered with an error", ["service", "error"])
 LATENCY = Histogram(
     "scorer_request_seconds",
@@ -34,6 +31,11 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 BATCH_SECONDS = Histogram("scorer_batch_seconds", "Time of one model call", ["service", "stage"])
+IMAGES_DECODED = Counter(
+    "scorer_images_decoded_total", "Images and chosen video frames decoded, once per distinct image", ["service"]
+)
+# The samples a ``multi`` request dropped an optional reward's score of, by reward.
+REWARD_DROPPED = Counter("scorer_reward_dropped_total", "Samples an optional reward failed for", ["service"])
 READY = Gauge("scorer_ready", "1 when the model is loaded and warm", ["service"], multiprocess_mode="livemax")
 
 
