@@ -47,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.aesthetic.bench import percentiles  # noqa: E402
 from bench.clip.bench import cpu_seconds  # noqa: E402
 from bench.common import burst, stop_on_sigterm  # noqa: E402
 from bench.ocr.run import one_image_bodies  # noqa: E402
@@ -142,11 +143,9 @@ def measure_way(way: Callable[[], Calls], servers: Sequence[Server], samples: in
     cpu = sum(cpu_seconds(s.process.pid) for s in servers) - cpu
     for result in calls.bursts:
         scores_of(result)  # every answer a 200
-    latencies = sorted(sample_latencies(calls.bursts))
     return {
         "samples_per_s": samples / calls.wall_s,
-        "p50_s": latencies[len(latencies) // 2],
-        "p99_s": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        **percentiles(sample_latencies(calls.bursts)),
         "upload_bytes_per_sample": sum(result["sent_bytes"] for result in calls.bursts) / samples,
         "download_bytes_per_sample": sum(len(answer) for r in calls.bursts for answer in r["answers"]) / samples,
         "decodes_per_sample": decoded / samples,
