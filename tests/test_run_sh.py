@@ -87,6 +87,15 @@ def manager(fake: Path, name: str) -> None:
     _write(fake / "bin" / name, MANAGER.format(arms=arms))
 
 
+def stand_in_for_root_only_commands(fake: Path, hide: list[str]) -> None:
+    """A stand-in on the fake PATH for each system command root has and ``hide`` keeps: a
+    toolchain installed under root's home (rustup's ``~/.cargo/bin``) is present for the
+    machine but out of another user's reach, and the test is about the hidden ones."""
+    for command in set(SYSTEM_COMMANDS.values()) - set(hide):
+        if shutil.which(command) and not (fake / "bin" / command).exists():
+            _write(fake / "bin" / command, "#!/bin/sh\n")
+
+
 def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subprocess.CompletedProcess[str]:
     """``bash run.sh ARGS`` with the commands ``hide`` gone from this mount namespace."""
     hidden = fake / "hidden"
@@ -98,6 +107,8 @@ def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subpr
         for directory in dict.fromkeys(SEARCHED)
         if directory and os.path.isfile(f"{directory}/{command}")
     ]
+    if user:
+        stand_in_for_root_only_commands(fake, hide)
     drop = f"setpriv --reuid={user} --regid={user} --clear-groups " if user else ""
     script = " && ".join([*mounts, f"cd {fake}/repo && exec {drop}bash run.sh {' '.join(args)}"])
     env = {"PATH": f"{fake}/bin:{os.environ['PATH']}", "FAKE": str(fake), "HOME": str(fake)}
