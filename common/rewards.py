@@ -28,7 +28,8 @@ class Wanted:
 
 
 def _weight(value: Any, where: str) -> float:
-    """A finite number, or its text (a bool is not one); 422 otherwise."""
+    """A finite number (the query's text of one; in metadata a number, a bool is not one); 422
+    otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise Unprocessable(f"{where} = {quote(value)} must be a finite number")
     try:
@@ -70,6 +71,8 @@ def from_metadata(rewards: Any, served: Sequence[str]) -> dict[str, Wanted]:
     for name, spec in rewards.items():
         _served(name, served, "metadata['rewards']")
         where = f"metadata['rewards'][{name!r}]"
+        if isinstance(spec, str):  # a number's text is the query's form, not metadata's
+            raise Unprocessable(f"{where} = {quote(spec)} must be a number, not text")
         if not isinstance(spec, dict):
             wanted[name] = Wanted(_weight(spec, where))
             continue
@@ -78,7 +81,10 @@ def from_metadata(rewards: Any, served: Sequence[str]) -> dict[str, Wanted]:
         optional = spec.get("optional", False)
         if not isinstance(optional, bool):
             raise Unprocessable(f"{where}['optional'] = {quote(optional)} must be true or false")
-        wanted[name] = Wanted(_weight(spec["weight"], f"{where}['weight']"), optional)
+        weight = spec["weight"]
+        if isinstance(weight, str):
+            raise Unprocessable(f"{where}['weight'] = {quote(weight)} must be a number, not text")
+        wanted[name] = Wanted(_weight(weight, f"{where}['weight']"), optional)
     return wanted
 
 
