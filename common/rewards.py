@@ -28,17 +28,25 @@ class Wanted:
 
 
 def _weight(value: Any, where: str) -> float:
-    """A finite number (the query's text of one; in metadata a number, a bool is not one); 422
-    otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    """A finite number (a bool is not one); 422 otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Unprocessable(f"{where} = {quote(value)} must be a finite number")
     try:
         number = float(value)
-    except (ValueError, OverflowError):
-        raise Unprocessable(f"{where} = {quote(value)} is not a finite number") from None
+    except OverflowError:  # an int past float's range
+        number = math.inf
     if not math.isfinite(number):
         raise Unprocessable(f"{where} = {quote(value)} must be a finite number")
     return number
+
+
+def _query_weight(text: str, where: str) -> float:
+    """The query's text of a finite number; 422 otherwise."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise Unprocessable(f"{where} = {quote(text)} is not a number") from None
+    return _weight(number, where)
 
 
 def _served(name: Any, served: Sequence[str], where: str) -> str:
@@ -56,7 +64,7 @@ def from_query(query: Sequence[tuple[str, str]], served: Sequence[str]) -> dict[
         if name in wanted:
             raise Unprocessable(f"the URL's query gives {name!r} twice")
         optional = value.endswith(OPTIONAL)
-        wanted[name] = Wanted(_weight(value.removesuffix(OPTIONAL), f"the URL's {name}"), optional)
+        wanted[name] = Wanted(_query_weight(value.removesuffix(OPTIONAL), f"the URL's {name}"), optional)
     return wanted
 
 
@@ -71,8 +79,6 @@ def from_metadata(rewards: Any, served: Sequence[str]) -> dict[str, Wanted]:
     for name, spec in rewards.items():
         _served(name, served, "metadata['rewards']")
         where = f"metadata['rewards'][{name!r}]"
-        if isinstance(spec, str):  # a number's text is the query's form, not metadata's
-            raise Unprocessable(f"{where} = {quote(spec)} must be a number, not text")
         if not isinstance(spec, dict):
             wanted[name] = Wanted(_weight(spec, where))
             continue
@@ -81,10 +87,7 @@ def from_metadata(rewards: Any, served: Sequence[str]) -> dict[str, Wanted]:
         optional = spec.get("optional", False)
         if not isinstance(optional, bool):
             raise Unprocessable(f"{where}['optional'] = {quote(optional)} must be true or false")
-        weight = spec["weight"]
-        if isinstance(weight, str):
-            raise Unprocessable(f"{where}['weight'] = {quote(weight)} must be a number, not text")
-        wanted[name] = Wanted(_weight(weight, f"{where}['weight']"), optional)
+        wanted[name] = Wanted(_weight(spec["weight"], f"{where}['weight']"), optional)
     return wanted
 
 

@@ -11,7 +11,7 @@ import pytest
 from common import registry
 from common.combined import combined_results
 from common.errors import PayloadTooLarge, Unprocessable
-from common.media import MEAN
+from common.media import MEAN, MediaRequest
 from common.rewards import Wanted, from_query, requested, rewards_url
 from common.scorer import Combined
 
@@ -105,3 +105,15 @@ def test_each_samples_result_from_its_images_results() -> None:
         combined_results([{"ocr": 1.0, "pickscore": failure}], wanted, [range(0, 1)], None)
     with pytest.raises(PayloadTooLarge):
         combined_results([{"ocr": failure}], {"ocr": Wanted(1.0, optional=True)}, [range(0, 1)], None)
+
+
+def test_each_samples_images_and_a_sample_alone() -> None:
+    """What an optional reward's check sees of one sample: its image, or its video's chosen frames."""
+    videos = MediaRequest(
+        [b"a", b"b", b"c"], ["videos[0][0]", "videos[0][2]", "videos[1][0]"], ["p", "q"], {}, [[0, 2], [0]], MEAN
+    )
+    assert videos.spans == [range(0, 2), range(2, 3)]
+    alone = videos.sample(1)
+    assert (alone.images, alone.names, alone.prompts, alone.frames) == ([b"c"], ["videos[1][0]"], ["q"], [[0]])
+    images = MediaRequest([b"a", b"b"], ["images[0]", "images[1]"], ["p", "q"], {}, None, MEAN)
+    assert images.spans == [range(0, 1), range(1, 2)] and images.sample(1).names == ["images[1]"]
