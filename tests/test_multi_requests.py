@@ -13,7 +13,7 @@ from common.combined import combined_results
 from common.errors import PayloadTooLarge, Unprocessable
 from common.media import MEAN, MediaRequest
 from common.rewards import Wanted, from_query, requested, rewards_url
-from common.scorer import Combined
+from common.scorer import Combined, ImageScorer
 
 pytestmark = pytest.mark.unit
 
@@ -74,6 +74,13 @@ def test_which_rewards_a_node_serves_together() -> None:
     # PaddleOCR's packages clash with RapidOCR's and the CLIP family's: its own environment only.
     with pytest.raises(ValueError, match=r"SCORER_OCR_ENGINE=paddleocr .* cannot serve it"):
         registry.multi_rewards({"SCORER_MULTI_REWARDS": "ocr,pickscore", "SCORER_OCR_ENGINE": "paddleocr"})
+
+
+def test_the_image_entries_are_image_scorers() -> None:
+    """What the multi service may list: each is an ``ImageScorer`` (one decode shared by all)."""
+    images = [name for name, service in registry.SERVICES.items() if service.image]
+    assert images == ["ocr", "aesthetic", "pickscore", "clipscore", "hpsv2", "hpsv3"]
+    assert all(issubclass(registry.load_scorer_class(name), ImageScorer) for name in images)
 
 
 def test_run_sh_builds_one_environment_of_the_listed_rewards_requirements() -> None:
