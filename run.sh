@@ -7,6 +7,9 @@
 #   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
 #   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
 #   bash run.sh hpsv3 [--port N] [--workers N] [--model FILE_OR_HUB_ID] [--base DIR_OR_HUB_ID]
+#   bash run.sh multi --rewards ocr,pickscore,aesthetic [--port N] [--workers N]
+#                                     several image rewards in one call (each reward's own
+#                                     settings: SCORER_PICKSCORE_MODEL, SCORER_OCR_ENGINE, ...)
 #   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
 #                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
@@ -194,7 +197,9 @@ preflight() {
 # parse_flags COMMAND ARGS...: --port and --workers, and the flags of COMMAND's services
 # (common/registry.py), each exported as its setting; `all` takes every service's flags.
 parse_flags() {
-  plan "$1"
+  local assignments
+  assignments=$("$PYTHON" -m common.registry flags "$1") || exit 2
+  eval "$assignments"
   shift
   local entry matched
   while [ $# -gt 0 ]; do

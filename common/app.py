@@ -24,7 +24,7 @@ from common.config import describe, from_env
 from common.devices import GPU_ENV
 from common.errors import PayloadTooLarge, ScorerError, Unauthorized, describe_error
 from common.protocols import WireProtocol
-from common.runtime import ScorerRuntime
+from common.runtime import RequestLimits, ScorerRuntime
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from common.worker import ARRIVED_KEY
@@ -56,6 +56,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
     core = scorer.core
     service = scorer.name
     runtime = ScorerRuntime(scorer)
+    limits = RequestLimits(core)
 
     app = Flask(f"scorer.{service}")
     spoken = [WireProtocol(scorer), *(protocol(scorer) for protocol in protocols)]
@@ -116,11 +117,12 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
 
         def view() -> Response:
             payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
+            query = list(request.args.items(multi=True))
             runtime.wait_ready()
             # The bytes its items hold (decoded images, model inputs) count from when they are
             # declared until its results are in.
-            with runtime.work.request():
-                samples = runtime.prepare(protocol.items, payload)
+            with limits.work.request():
+                samples = limits.prepare(lambda: protocol.items(payload, query))
                 results = samples.results(runtime.score(samples.items))
             return answer(protocol.answer(results))
 
@@ -152,10 +154,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
             gpu=os.environ.get(GPU_ENV),
             ready=runtime.ready,
             setup_error=runtime.setup_error,
-            # A scorer that scores requests itself batches its own stages (see its model info).
-            batching={"max_batch": runtime.max_batch, "max_wait_ms": runtime.max_wait_ms, "max_queue": core.max_queue}
-            if not scorer.batches_own_stages()
-            else {"stages": True, "max_queue": core.max_queue},
+            batching=runtime.batching(),
             settings=describe(core),
             model=scorer.info(),
             pid=os.getpid(),

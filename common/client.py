@@ -17,7 +17,7 @@ import json
 import pickle
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 import requests
 
+from common.rewards import rewards_url
 from common.wire import SafeUnpickler, WireFormat
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -89,7 +90,8 @@ class RetryPolicy:
 
 
 class _Client:
-    """What both clients hold: where to send, in which format, with which token and retries."""
+    """What both clients hold: where to send, in which format, with which token and retries;
+    for a ``multi`` service, which rewards with which ``weights`` (``rewards_url``)."""
 
     def __init__(
         self,
@@ -99,8 +101,10 @@ class _Client:
         timeout: float = 120.0,
         retries: int = 2,
         backoff: float = 0.5,
+        weights: Mapping[str, float] | None = None,
+        optional: Collection[str] = (),
     ) -> None:
-        self.url = url.rstrip("/") + "/"
+        self.url = rewards_url(url, weights, optional)
         self.fmt = fmt
         self.timeout = timeout
         self.policy = RetryPolicy(retries, backoff)
@@ -137,6 +141,7 @@ class ScorerClient(_Client):
     def scores(
         self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
     ) -> list[float]:
+        """The scores (of a ``multi`` service: the weighted sums; ``score`` has ``details``)."""
         return self.score(images, prompts, metadata)["scores"]
 
 
@@ -197,8 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="speak the JSON twin instead of pickle")
     parser.add_argument("--token", help="bearer token, when the service requires one")
     parser.add_argument("--metadata", default="{}", help="JSON dict of per-request options")
+    parser.add_argument(
+        "--weights", default=None, help='a multi service\'s rewards, JSON: {"ocr": 0.7, "pickscore": 0.3}'
+    )
     args = parser.parse_args(argv)
-    client = ScorerClient(args.url, fmt="json" if args.json else "pickle", token=args.token)
+    weights = json.loads(args.weights) if args.weights else None
+    client = ScorerClient(args.url, fmt="json" if args.json else "pickle", token=args.token, weights=weights)
     try:
         score = client.scores([args.image.read_bytes()], [args.prompt], json.loads(args.metadata))[0]
     except (ScorerRequestError, requests.RequestException, OSError) as exc:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,6 +68,28 @@ class MediaRequest:
     metadata: dict[str, Any]
     frames: list[list[int]] | None
     rule: VideoRule
+
+    @functools.cached_property
+    def spans(self) -> list[range]:
+        """Which of ``images`` each sample has: its image, or its video's chosen frames."""
+        if self.frames is None:
+            return [range(index, index + 1) for index in range(len(self.images))]
+        starts = [0]
+        for chosen in self.frames:
+            starts.append(starts[-1] + len(chosen))
+        return [range(start, end) for start, end in itertools.pairwise(starts)]
+
+    def sample(self, index: int) -> MediaRequest:
+        """Sample ``index`` alone, as a request of its own (its images keep their names)."""
+        span = self.spans[index]
+        return MediaRequest(
+            [self.images[i] for i in span],
+            [self.names[i] for i in span],
+            [self.prompts[index]],
+            self.metadata,
+            None if self.frames is None else [self.frames[index]],
+            self.rule,
+        )
 
     @property
     def item_prompts(self) -> list[str]:

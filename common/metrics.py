@@ -31,6 +31,11 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 BATCH_SECONDS = Histogram("scorer_batch_seconds", "Time of one model call", ["service", "stage"])
+IMAGES_DECODED = Counter(
+    "scorer_images_decoded_total", "Images and chosen video frames decoded, once per distinct image", ["service"]
+)
+# The samples a ``multi`` request dropped an optional reward's score of, by reward.
+REWARD_DROPPED = Counter("scorer_reward_dropped_total", "Samples an optional reward failed for", ["service"])
 READY = Gauge("scorer_ready", "1 when the model is loaded and warm", ["service"], multiprocess_mode="livemax")
 
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from common.config import env_name
 from common.errors import ScorerError
-from common.scorer import Result, Samples, Scored, Scorer
+from common.scorer import Combined, Query, Result, Samples, Scored, Scorer
 from common.wire import JsonCap, decode_body, encode_body, wire_format
 
 
@@ -38,19 +38,27 @@ class WireProtocol:
         """The request body -> the payload dict (a ``ScorerError`` for a bad body)."""
         return decode_body(body, wire_format(content_type), self.json_cap)
 
-    def items(self, payload: dict[str, Any]) -> list[Any] | Samples:
-        """The payload -> items (one per sample, or ``Samples``: an image scorer's video request
-        has one per chosen frame): validation and per-item work, on the request thread."""
-        return self.scorer.prepare_samples(payload)
+    def items(self, payload: dict[str, Any], query: Query) -> list[Any] | Samples:
+        """The payload and the URL's query -> items (one per sample, or ``Samples``: an image
+        scorer's video request has one per chosen frame): validation and per-item work, on the
+        request thread."""
+        return self.scorer.prepare_samples(payload, query)
 
     def answer(self, results: Sequence[Result]) -> dict[str, Any]:
         """One result per sample -> the answer: ``scores`` and ``outputs`` (flow_grpo reads
-        ``outputs``), plus one per-sample list for each extras key of ``Scored`` results."""
+        ``outputs``), plus one per-sample list for each extras key of ``Scored`` results; of
+        ``Combined`` results, ``details`` (each reward's per-sample list, flow_grpo's
+        ``score_details`` shape) and ``dropped`` (the indices of the samples that dropped one)."""
         scores = [float(r.score if isinstance(r, Scored) else r) for r in results]
         out: dict[str, Any] = {"scores": scores, "outputs": scores}
         keys = {key for r in results if isinstance(r, Scored) for key in r.extras}
         for key in sorted(keys):
             out[key] = [r.extras.get(key) if isinstance(r, Scored) else None for r in results]
+        combined = [r for r in results if isinstance(r, Combined)]
+        if combined:
+            assert len(combined) == len(results), "a combined answer is combined for every sample"
+            out["details"] = {name: [r.details[name] for r in combined] for name in combined[0].details}
+            out["dropped"] = [index for index, r in enumerate(combined) if r.dropped]
         return out
 
     def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:

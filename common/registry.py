@@ -56,6 +56,8 @@ class Service:
     # Modules ``run.sh`` runs (``python -m``) in its environment once its packages are in,
     # to set up what it needs besides them.
     prepare: tuple[str, ...] = ()
+    # An image scorer (``ImageScorer``): the ``multi`` service can serve it beside others.
+    image: bool = False
 
     def flag_variables(self) -> tuple[str, ...]:
         """``--flag=VARIABLE`` for each flag, as ``run.sh`` reads them."""
@@ -73,6 +75,7 @@ SERVICES: dict[str, Service] = {
             requirements=("requirements.txt", "requirements-ocr.txt"),
             # RapidOCR asks for opencv-python, which needs libGL; requirements-ocr.txt has the headless build.
             no_deps=("rapidocr-onnxruntime==1.4.4",),
+            image=True,
             # The torch engine, the default on a GPU node.
             gpu_requirements=("requirements-ocr-torch.txt",),
             # PaddleOCR's OpenCV builds clash with RapidOCR's; torch on a CPU node is asked for by name.
@@ -88,6 +91,7 @@ SERVICES: dict[str, Service] = {
             uses_gpu=True,
             requirements=("requirements.txt", "requirements-clip.txt"),
             flags=("clip", "head"),
+            image=True,
             venv="clip",
             preflight="services.aesthetic.settings:preflight",
         ),
@@ -99,6 +103,7 @@ SERVICES: dict[str, Service] = {
                 uses_gpu=True,
                 requirements=("requirements.txt", "requirements-clip.txt"),
                 flags=("model", "processor"),
+                image=True,
                 venv="clip",
                 preflight="services.clip.settings:preflight",
             )
@@ -117,6 +122,17 @@ SERVICES: dict[str, Service] = {
             venv="clip",
             preflight="services.hpsv3.settings:preflight",
             flags=("model", "base"),
+            image=True,
+        ),
+        Service(
+            name="multi",
+            port=18100,
+            scorer="common.combined:CombinedScorer",
+            uses_gpu=True,
+            # The listed rewards' requirements, system packages and preparations (``setup_of``).
+            requirements=(),
+            flags=("rewards",),
+            preflight="common.preflight:rewards_problem",
         ),
         Service(
             name="code",
@@ -184,6 +200,36 @@ def _unique(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def multi_rewards(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The rewards ``SCORER_MULTI_REWARDS`` lists for the ``multi`` service, checked: image
+    scorers, each once, at least one; ``ValueError`` with the fix otherwise."""
+    raw = environ.get("SCORER_MULTI_REWARDS", "")
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    images = [service.name for service in SERVICES.values() if service.image]
+    if not names:
+        raise ValueError(
+            f"the multi service serves no reward: set SCORER_MULTI_REWARDS (run.sh multi --rewards "
+            f"ocr,pickscore) to some of {', '.join(images)}"
+        )
+    for name in names:
+        if name not in images:
+            raise ValueError(
+                f"SCORER_MULTI_REWARDS names {name!r}, not an image scorer; choose among {', '.join(images)}"
+            )
+    if len(set(names)) != len(names):
+        raise ValueError(f"SCORER_MULTI_REWARDS={raw!r} names a reward twice")
+    for name in names:
+        engine = environ.get(f"SCORER_{name.upper()}_ENGINE", "")
+        requirements = SERVICES[name].engine_requirements.get(engine)
+        if requirements is not None and not set(SERVICES[name].requirements) <= set(requirements):
+            raise ValueError(
+                f"SCORER_{name.upper()}_ENGINE={engine} needs an environment of its own (its packages clash with the "
+                f"others'), so the multi service cannot serve it: serve {name} with this engine alone "
+                f"(bash run.sh {name}), or choose another engine"
+            )
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class Setup:
     """What one ``run.sh`` command sets up: a virtual environment and the system packages."""
@@ -220,6 +266,8 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
         )
     if command == "reference":
         return Setup(venv=".venv-reference", requirements=REFERENCE_REQUIREMENTS)
+    if command == "multi":
+        return _multi_setup(environ)
     service = get(command)
     engine = environ.get(f"SCORER_{service.name.upper()}_ENGINE", "")
     if engine in service.engine_requirements:
@@ -246,6 +294,27 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
     )
 
 
+def _multi_setup(environ: Mapping[str, str]) -> Setup:
+    """The ``multi`` service's set-up: one environment holding every listed reward's packages
+    (each reward's engine's, where its engine adds some), the union of their system packages."""
+    multi = get("multi")
+    rewards = [SERVICES[name] for name in multi_rewards(environ)]
+    requirements: list[str] = []
+    for reward in rewards:
+        engine = environ.get(f"SCORER_{reward.name.upper()}_ENGINE", "")
+        requirements += reward.engine_requirements.get(engine, reward.requirements)
+    return Setup(
+        venv=f".venv-{multi.name}",
+        port=multi.port,
+        requirements=_unique(requirements),
+        no_deps=_unique(p for r in rewards for p in r.no_deps),
+        gpu_requirements=_unique(f for r in rewards for f in r.gpu_requirements),
+        system_packages=_unique(p for r in rewards for p in r.system_packages),
+        flags=multi.flag_variables(),
+        prepare=_unique(m for r in rewards for m in r.prepare),
+    )
+
+
 def shell(command: str) -> str:
     """``setup_of(command)`` as shell assignments for ``eval`` (tuples become bash arrays), plus
     ``SYSTEM_COMMANDS``: the command that shows each system package installed."""
@@ -264,19 +333,27 @@ def shell(command: str) -> str:
     return "\n".join(lines)
 
 
+def flags_shell(command: str) -> str:
+    """The flags ``run.sh <command>`` takes, as a ``FLAGS`` bash array (read before the flags
+    set anything: the ``multi`` service's set-up needs its ``--rewards`` first)."""
+    services = SERVICES.values() if command == "all" else [get(command)]
+    return f"FLAGS=({' '.join(shlex.quote(f) for s in services for f in s.flag_variables())})"
+
+
 def main(argv: list[str]) -> int:
-    """``names``: the services, one a line; ``shell <command>``: what run.sh sets up for it."""
+    """``names``: the services, one a line; ``shell <command>``: what run.sh sets up for it;
+    ``flags <command>``: the flags it takes."""
     if argv == ["names"]:
         print("\n".join(SERVICES))
         return 0
-    if len(argv) == 2 and argv[0] == "shell":
+    if len(argv) == 2 and argv[0] in ("shell", "flags"):
         try:
-            print(shell(argv[1]))
+            print((shell if argv[0] == "shell" else flags_shell)(argv[1]))
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 2
         return 0
-    print("usage: python3 -m common.registry names | shell <service|test|all>", file=sys.stderr)
+    print("usage: python3 -m common.registry names | shell <service|test|all> | flags <service|all>", file=sys.stderr)
     return 2
 
 

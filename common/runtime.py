@@ -1,4 +1,5 @@
-"""One scorer in one worker: background setup, readiness, and the path from items to results."""
+"""One scorer in one worker: background setup, readiness, and the path from items to results;
+and the limits of a worker's request work (``RequestLimits``), whatever scorers it serves."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from common.config import env_name
 from common.devices import choose_device
 from common.errors import NotReady
 from common.scorer import Result, Samples, Scorer
+from common.settings import CoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +34,6 @@ class ScorerRuntime:
         self.max_batch, self.max_wait_ms = scorer.batch_settings()
         # ``score`` behind its batcher, made in setup; a scorer that batches its own stages has none.
         self._batched_score: BatchedCall | None = None
-        # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
-        # and holds back the first items the model could already be working on; requests get
-        # their turn in arrival order.
-        self._decoding = OrderedSlots(scorer.core.decode_threads or os.cpu_count() or 1)
-        # Decoded images and model inputs of the requests in the worker, in bytes (``hold_work``).
-        self.work = WorkBudget(scorer.core.max_queue_bytes, env_name("", "max_queue_bytes"))
         self._ready = threading.Event()
         self._done = threading.Event()
         self.setup_error: str | None = None
@@ -65,6 +61,18 @@ class ScorerRuntime:
     def ready(self) -> bool:
         return self._ready.is_set()
 
+    def batching(self) -> dict[str, Any]:
+        """How its items are batched, for ``/info``: a scorer that scores requests itself batches
+        its own stages (see its model info)."""
+        max_queue = self.scorer.core.max_queue
+        if self.scorer.batches_own_stages():
+            return {"stages": True, "max_queue": max_queue}
+        return {"max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms, "max_queue": max_queue}
+
+    def wait_setup(self) -> None:
+        """Block until setup has come to a verdict (``ready``, or ``setup_error``)."""
+        self._done.wait()
+
     def _deadline(self) -> Deadline:
         """The deadline of the request being served (outside a request: the timeout from now)."""
         return current_deadline() or Deadline(self.scorer.core.request_timeout_s)
@@ -74,12 +82,6 @@ class ScorerRuntime:
         self._done.wait(max(0.0, min(self.scorer.core.ready_wait_s, self._deadline().remaining())))
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
-
-    def prepare(self, to_items: Callable[[dict[str, Any]], list[Any] | Samples], payload: dict[str, Any]) -> Samples:
-        """``to_items(payload)`` (a protocol's, e.g. the scorer's ``prepare_samples``), at most
-        ``decode_threads`` requests at a time."""
-        with self._decoding.hold(self._deadline()):
-            return Samples.of(to_items(payload))
 
     def score(self, items: Sequence[Any]) -> list[Result]:
         """Score one request's items: through the batcher to ``score``, or ``score_request``."""
@@ -92,3 +94,23 @@ class ScorerRuntime:
             results = list(self._batched_score(items))
         metrics.ITEMS.labels(self.scorer.name).inc(len(results))
         return results
+
+
+class RequestLimits:
+    """What the requests of one worker share, whatever scorers it serves: the decoding slots and
+    the bytes of request work in memory."""
+
+    def __init__(self, core: CoreSettings) -> None:
+        self.core = core
+        # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
+        # and holds back the first items the model could already be working on; requests get
+        # their turn in arrival order.
+        self._decoding = OrderedSlots(core.decode_threads or os.cpu_count() or 1)
+        # Decoded images and model inputs of the requests in the worker, in bytes (``hold_work``).
+        self.work = WorkBudget(core.max_queue_bytes, env_name("", "max_queue_bytes"))
+
+    def prepare(self, to_items: Callable[[], list[Any] | Samples]) -> Samples:
+        """``to_items()`` (a protocol's, e.g. the scorer's ``prepare_samples``), at most
+        ``decode_threads`` requests at a time."""
+        with self._decoding.hold(current_deadline() or Deadline(self.core.request_timeout_s)):
+            return Samples.of(to_items())

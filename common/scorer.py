@@ -36,8 +36,19 @@ class Scored:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Combined(Scored):
+    """A weighted sum of several rewards' scores (common/combined.py): ``details`` holds each
+    reward's unweighted score, NaN where an optional reward failed (``dropped``: one did)."""
+
+    details: dict[str, float] = field(default_factory=dict)
+    dropped: bool = False
+
+
 # What a scorer answers for one item.
 Result: TypeAlias = float | Scored
+# A request's URL query, as (key, value) pairs in order, a key as often as it is given.
+Query: TypeAlias = Sequence[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -94,9 +105,10 @@ class Scorer(ABC):
         ``common.errors.Unprocessable`` / ``PayloadTooLarge`` for bad input.
         """
 
-    def prepare_samples(self, payload: dict[str, Any]) -> Samples:
+    def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
         """The request's items and how their results make its samples' (what the core calls):
-        ``prepare``'s items, one per sample, unless the scorer says otherwise (``ImageScorer``)."""
+        ``prepare``'s items, one per sample, unless the scorer says otherwise (``ImageScorer``).
+        ``query``: the URL's, which only a scorer that takes options there reads (``multi``)."""
         return Samples(self.prepare(payload))
 
     def score(self, batch: Sequence[Any]) -> Sequence[Result]:
@@ -182,16 +194,25 @@ class ImageScorer(Scorer):
         """The items of an image or video request, one per image or chosen frame."""
         return self.prepare_samples(payload).items
 
-    def prepare_samples(self, payload: dict[str, Any]) -> Samples:
+    def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
         request = parse_media_request(payload, self.core, self.video_rules)
         opened = open_images(request.images, self.core, request.names)
         self.check_images(opened, request)
-        images = load_images(opened, request.names)
+        images = decode(opened, request, self.name)
         items = self.prepare_images(images, request.item_prompts, request.metadata) if images else []
         if request.frames is None:
             return Samples(items)
         sizes = [len(chosen) for chosen in request.frames]
         return Samples(items, lambda results: combine_frames(results, sizes, request.rule))
+
+
+def decode(opened: list[Image.Image], request: MediaRequest, service: str) -> list[Image.Image]:
+    """The request's opened images decoded, each distinct one once (``load_images``), counted
+    in ``scorer_images_decoded_total``: the one decode a request's images get, whatever the
+    number of scorers reading them."""
+    images = load_images(opened, request.names)
+    metrics.IMAGES_DECODED.labels(service).inc(len({id(image) for image in opened}))
+    return images
 
 
 def combine_frames(results: Sequence[Result], sizes: Sequence[int], rule: VideoRule) -> list[Result]:

@@ -75,3 +75,12 @@ class CoreSettings:
     log_level: str = "info"
     # An access log path ("-" for stdout); none by default.
     access_log: str | None = None
+
+
+@dataclass(frozen=True)
+class MultiSettings:
+    """``SCORER_MULTI_*``: the rewards the ``multi`` service serves together (common/combined.py)."""
+
+    # The image scorers one worker loads, comma-separated (``run.sh multi --rewards ocr,pickscore``),
+    # each with its own service's settings; none listed: the service does not start.
+    rewards: str = ""

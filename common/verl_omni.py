@@ -7,7 +7,10 @@ first frame. Point a reward function at this module instead, with the same keys:
     +reward.reward_functions.hpsv3.name=compute_score
     +reward.reward_functions.hpsv3.server_url=http://<node>:18085
 
-(the repository on the trainer's ``PYTHONPATH``). ``compute_score`` takes the stock client's
+(the repository on the trainer's ``PYTHONPATH``). For a ``multi`` service, the rewards and
+weights go in the URL (``server_url=http://<node>:18100/?ocr=0.7&pickscore=0.3``) or in a
+``weights`` keyword (``{ocr: 0.7, pickscore: 0.3}``, ``optional`` a list of those whose failure
+only drops them). ``compute_score`` takes the stock client's
 keyword arguments and retries as it does: each attempt given 120 s on one shared session, a
 dropped connection, a timeout, 408, 429 or 5xx retried ``max_retries`` times after
 ``retry_backoff`` seconds, doubling; any other status, or an answer with an error or no score,
@@ -33,6 +36,7 @@ import aiohttp
 import numpy as np
 from PIL import Image
 
+from common.rewards import rewards_url
 from common.wire import SafeUnpickler
 
 DEFAULT_FRAME_INTERVAL = 4
@@ -118,12 +122,17 @@ async def compute_score(
     extra_info: dict[str, Any] | None = None,
     image_format: str = "JPEG",
     metadata: dict[str, Any] | None = None,
+    weights: dict[str, float] | None = None,
+    optional: list[str] | None = None,
     **kwargs: Any,
 ) -> dict[str, float]:
     """Score one sample (image or video) and its prompt on the scorer at ``server_url``;
     returns ``{"score": float}``, as VeRL-Omni's ``http_scorer_client.compute_score``.
     ``metadata`` goes with the request (the stock client sends none), e.g. OCR options or
-    ``{"video_rule": "video_ocr"}``."""
+    ``{"video_rule": "video_ocr"}``; ``weights`` (and ``optional``) go in the URL's query, for
+    a ``multi`` service."""
+    if weights:
+        server_url = rewards_url(server_url, weights, optional or ())
     if max_retries < 0:
         raise ValueError(f"max_retries must be non-negative, got {max_retries}")
     if retry_backoff < 0:

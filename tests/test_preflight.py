@@ -41,6 +41,13 @@ def test_every_services_check_runs_without_installed_packages(service: str, tmp_
     elif service == "code":
         assert done.returncode == 1 and "SCORER_CODE_INFRA_FAILURE_SCORE" in done.stderr
         assert bare_preflight(service, {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan"}).returncode == 0
+    elif service == "multi":  # no reward listed; then a listed reward's own check, named
+        assert done.returncode == 1 and "SCORER_MULTI_REWARDS" in done.stderr, done.stderr
+        env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1", "SCORER_MULTI_REWARDS": "ocr,pickscore"}
+        listed = bare_preflight(service, env)
+        assert listed.returncode == 1 and "pickscore: " in listed.stderr, listed.stderr
+        assert "not in the local hub cache" in listed.stderr
+        assert bare_preflight(service, {**env, "SCORER_MULTI_REWARDS": "ocr"}).returncode == 0
     else:
         assert done.returncode == 0, done.stderr
 

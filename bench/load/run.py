@@ -61,7 +61,8 @@ class VerlOmniClient:
 
 
 async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmniClient) -> dict[str, Any]:
-    """Send every body, ``concurrency`` requests in flight; count outcomes instead of raising."""
+    """Send every body to ``url`` as a trainer gives it (a path, a query: ``http://node:18100/?ocr=1``),
+    ``concurrency`` requests in flight; count outcomes instead of raising."""
     first: Counter[str] = Counter()
     final: Counter[str] = Counter()
     attempts_made: Counter[int] = Counter()
@@ -76,7 +77,7 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmn
         async def attempt(body: bytes) -> str:
             nonlocal wrong
             try:
-                async with session.post(url + "/", data=body) as response:
+                async with session.post(url, data=body) as response:
                     content = await response.read()
                     answer = parse_answer(content, response.headers.get("Content-Type", ""))
                     if response.status == 200:
@@ -168,7 +169,7 @@ async def _load_with_slow_clients(
     holders = asyncio.ensure_future(hold_slow_connections(server.port, slow, stop, answers))
     await asyncio.sleep(2)  # all held before the load starts
     try:
-        result = await _load(server.url, bodies, concurrency, client)
+        result = await _load(server.url + "/", bodies, concurrency, client)
     finally:
         stop.set()
         await holders
@@ -202,13 +203,13 @@ def main() -> None:
             print(f"{scenario}: {args.requests} requests at concurrency {args.concurrency}", flush=True)
             load_before = os.getloadavg()[0]  # the machine is shared: how busy it was
             if scenario == "steady":
-                result = asyncio.run(_load(server.url, bodies, args.concurrency, client))
+                result = asyncio.run(_load(server.url + "/", bodies, args.concurrency, client))
             elif scenario == "chaos":
                 stop, killed = threading.Event(), []
                 killer = threading.Thread(target=kill_workers, args=(server, args.kill_every, stop, killed))
                 killer.start()
                 try:
-                    result = asyncio.run(_load(server.url, bodies, args.concurrency, client))
+                    result = asyncio.run(_load(server.url + "/", bodies, args.concurrency, client))
                 finally:
                     stop.set()
                     killer.join()

@@ -17,7 +17,7 @@ from typing import Any
 from common.config import env_name
 from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
 from common.protocols import WireProtocol
-from common.scorer import Result
+from common.scorer import Query, Result
 from common.wire import JsonCap, decode_body, encode_body
 from services.code.grader import STATUSES
 from services.code.scorer import SECTION, CodeScorer, Graded
@@ -38,7 +38,7 @@ class OpenRLHFProtocol(WireProtocol):
     def parse(self, body: bytes, content_type: str | None) -> dict[str, Any]:
         return decode_body(body, "json", self.json_cap)
 
-    def items(self, payload: dict[str, Any]) -> list[Any]:
+    def items(self, payload: dict[str, Any], query: Query = ()) -> list[Any]:
         key = "query" if "query" in payload else "outputs"
         if key not in payload:
             raise Unprocessable("body needs 'query' (prompt + response) or 'outputs' (responses), and 'prompts'")

@@ -1,0 +1,212 @@
+"""Several image rewards in one call (the ``multi`` service): one upload and one decode per
+image, each reward's own model and batcher, the weighted sum and each reward's own score.
+
+The rewards are the image scorers ``SCORER_MULTI_REWARDS`` lists, each built with its own
+service's settings and run by its own ``ScorerRuntime``, so its batcher gathers the items of
+concurrent requests as when it is served alone. A request's images are parsed, opened and
+checked against every requested reward's bounds (``check_images``), decoded once, and handed to
+every reward's ``prepare_images`` (the decoded images are shared, never modified); the rewards
+then score concurrently, each on its own batcher.
+
+A request names its rewards and weights in the URL's query (``?ocr=0.7&pickscore=0.3``; a
+weight ending ``!optional`` marks its reward optional), else in ``metadata["rewards"]``
+(``{"ocr": 0.7, "pickscore": {"weight": 0.3, "optional": true}}``), else every served reward
+has weight 1. A required reward's failure fails the request as it would fail its own service's;
+an optional reward's failure drops its score from the samples it failed for (``dropped``): a
+sample whose own input it refuses (``check_images``, one sample at a time) alone, every sample
+of the request when it fails while preparing or scoring.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from PIL import Image
+
+from common import metrics, registry
+from common.config import ConfigError
+from common.errors import ScorerError
+from common.images import open_images
+from common.media import MEAN, MediaRequest, VideoRule, parse_media_request
+from common.rewards import Wanted, requested
+from common.runtime import ScorerRuntime
+from common.scorer import Combined, ImageScorer, Query, Result, Samples, Scored, Scorer, combine_frames, decode
+from common.settings import CoreSettings
+
+log = logging.getLogger(__name__)
+
+
+class CombinedScorer(Scorer):
+    """The rewards ``SCORER_MULTI_REWARDS`` lists, behind one request path. Each of a request's
+    images gets one entry per requested reward: the reward's item for it, or the error that
+    reward met for its sample; ``score_request`` turns items into results, errors staying."""
+
+    name = "multi"
+
+    def __init__(self, core: CoreSettings) -> None:
+        super().__init__(core)
+        try:
+            names = registry.multi_rewards()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.rewards: dict[str, ImageScorer] = {name: registry.load_scorer_class(name)(core) for name in names}
+        self.runtimes = {name: ScorerRuntime(scorer) for name, scorer in self.rewards.items()}
+        # The rules a request may name: any reward's; one that a reward does not offer is the mean for it.
+        self.video_rules: dict[str, VideoRule] = {
+            rule.name: rule for scorer in self.rewards.values() for rule in scorer.video_rules.values()
+        }
+        # Every reward of a request but one is scored on a thread of this pool, the last on the
+        # request's own: the rewards wait on their batchers at once, not one after another.
+        self._pool = ThreadPoolExecutor(max(1, core.threads * (len(names) - 1)), thread_name_prefix="multi")
+
+    def setup(self, device: str) -> None:
+        """Load the rewards one after another, each by its own runtime (two loading at once in
+        one process race in transformers' lazy imports); not ready unless all of them are."""
+        for runtime in self.runtimes.values():
+            runtime.start()
+            runtime.wait_setup()
+        failed = [f"{name}: {runtime.setup_error}" for name, runtime in self.runtimes.items() if runtime.setup_error]
+        if failed:
+            raise ConfigError("; ".join(failed))
+
+    def prepare(self, payload: dict[str, Any]) -> list[Any]:
+        return self.prepare_samples(payload).items
+
+    def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
+        request = parse_media_request(payload, self.core, self.video_rules)
+        wanted = requested(query, request.metadata, list(self.rewards))
+        opened = open_images(request.images, self.core, request.names)
+        spans = request.spans
+        entries: list[dict[str, Any]] = [{} for _ in request.images]
+        for name, want in wanted.items():
+            self._check(name, want, opened, request, entries)
+        images = decode(opened, request, self.name)
+        for name, want in wanted.items():
+            self._prepare(name, want, images, request, entries)
+        rules = {name: self.rewards[name].video_rules.get(request.rule.name, MEAN) for name in wanted}
+
+        def combine(results: Sequence[Any]) -> list[Result]:  # each image's results by reward
+            return combined_results(results, wanted, spans, rules if request.frames is not None else None)
+
+        return Samples(entries, combine)
+
+    def _check(
+        self, name: str, want: Wanted, opened: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
+    ) -> None:
+        """The reward's bounds on the request (required), or on each sample alone (optional: a
+        sample it refuses gets the error as its entry)."""
+        scorer = self.rewards[name]
+        if not want.optional:
+            scorer.check_images(opened, request)
+            return
+        for index, span in enumerate(request.spans):
+            try:
+                scorer.check_images([opened[i] for i in span], request.sample(index))
+            except ScorerError as exc:
+                for i in span:
+                    entries[i][name] = exc
+
+    def _prepare(
+        self, name: str, want: Wanted, images: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
+    ) -> None:
+        """The reward's items of the images its check let through, in their entries."""
+        indices = [i for i in range(len(images)) if name not in entries[i]]
+        if not indices:
+            return
+        prompts = request.item_prompts
+        try:
+            items = self.rewards[name].prepare_images(
+                [images[i] for i in indices], [prompts[i] for i in indices], request.metadata
+            )
+        except Exception as exc:
+            if not want.optional:
+                raise
+            log.warning("optional reward %s failed to prepare a request: %s", name, exc)
+            items = [exc] * len(indices)
+        for i, item in zip(indices, items):
+            entries[i][name] = item
+
+    def score_request(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each reward's items through its own runtime, the rewards at once; a reward's error is
+        its result for every item it had."""
+        names = list(dict.fromkeys(name for entry in items for name in entry))
+        results: list[dict[str, Any]] = [dict(entry) for entry in items]
+
+        def score(name: str) -> None:
+            indices = [i for i, entry in enumerate(items) if not isinstance(entry[name], BaseException)]
+            try:
+                scored: list[Any] = self.runtimes[name].score([items[i][name] for i in indices])
+            except Exception as exc:  # raised for a required reward, dropped for an optional one, in ``combine``
+                scored = [exc] * len(indices)
+            for i, result in zip(indices, scored):
+                results[i][name] = result
+
+        others = [self._pool.submit(contextvars.copy_context().run, score, name) for name in names[1:]]
+        if names:
+            score(names[0])
+        for future in others:
+            future.result()
+        return results
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "rewards": {
+                name: {
+                    "scorer": type(scorer).__name__,
+                    "ready": self.runtimes[name].ready,
+                    "setup_error": self.runtimes[name].setup_error,
+                    "batching": self.runtimes[name].batching(),
+                    "model": scorer.info(),
+                }
+                for name, scorer in self.rewards.items()
+            }
+        }
+
+
+def combined_results(
+    images: Sequence[Mapping[str, Any]],
+    wanted: Mapping[str, Wanted],
+    spans: Sequence[range],
+    rules: Mapping[str, VideoRule] | None,
+) -> list[Result]:
+    """Each image's results by reward -> each sample's ``Combined``: each reward's score (a
+    video's by its rule for that reward, ``rules``; None for images), the weighted sum of those
+    that did not fail. A required reward's error is raised; so is the first error of a sample
+    that every reward failed for: there is nothing to measure it by."""
+    combined: list[Result] = []
+    dropped: dict[str, int] = dict.fromkeys(wanted, 0)
+    for span in spans:
+        details: dict[str, float] = {}
+        errors: list[BaseException] = []
+        failed: set[str] = set()
+        for name, want in wanted.items():
+            values = [images[i][name] for i in span]
+            error = next((value for value in values if isinstance(value, BaseException)), None)
+            if error is not None:
+                if not want.optional:
+                    raise error
+                errors.append(error)
+                failed.add(name)
+                details[name] = math.nan
+                dropped[name] += 1
+                continue
+            details[name] = _score(values, rules[name] if rules is not None else None)
+        if len(errors) == len(wanted):
+            raise errors[0]
+        total = math.fsum(wanted[name].weight * score for name, score in details.items() if name not in failed)
+        combined.append(Combined(total, details=details, dropped=bool(errors)))
+    for name, count in dropped.items():
+        if count:
+            metrics.REWARD_DROPPED.labels(name).inc(count)
+    return combined
+
+
+def _score(values: Sequence[Result], rule: VideoRule | None) -> float:
+    """One sample's score from its image's result, or (``rule``) its video's frames' results."""
+    (result,) = values if rule is None else combine_frames(values, [len(values)], rule)
+    return float(result.score if isinstance(result, Scored) else result)
