@@ -119,6 +119,45 @@ LANGUAGES: dict[str, Language] = {
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TimeScale:
+    """A language's share of time: each test's limits (CPU and its own wall time) are the
+    server's ``test_cpu_s``/``test_wall_s`` times ``factor`` plus ``offset_s``, as contest
+    judges give slower runtimes more time (USACO: twice for Java and Python; Baekjoon: a
+    factor plus seconds per language; DMOJ: a limit per problem and language)."""
+
+    factor: float = 1.0
+    offset_s: float = 0.0
+
+    def of(self, seconds: float) -> float:
+        return seconds * self.factor + self.offset_s
+
+
+_SCALE = re.compile(r"([\w+]+)=([0-9.]+)(?:\+([0-9.]+))?")
+
+
+def time_scales(spec: str) -> dict[str, TimeScale]:
+    """Per language, its ``TimeScale`` from ``spec``: ``LANGUAGE=FACTOR[+SECONDS]`` items
+    separated by spaces or commas (``java=1+1 javascript=1+0.25``); a language named by any of
+    its aliases; one not named keeps its limits. Raises ``ValueError`` for anything else."""
+    scales: dict[str, TimeScale] = {}
+    for item in re.split(r"[\s,]+", spec.strip()):
+        if not item:
+            continue
+        found = _SCALE.fullmatch(item)
+        name = language_of(found.group(1)) if found else None
+        if found is None or name is None:
+            raise ValueError(f"{item!r}: expected LANGUAGE=FACTOR[+SECONDS] with a known language")
+        try:
+            scale = TimeScale(float(found.group(2)), float(found.group(3) or 0))
+        except ValueError:
+            raise ValueError(f"{item!r}: the factor and the seconds are numbers") from None
+        if not 0 < scale.factor <= 100 or scale.offset_s > 600:
+            raise ValueError(f"{item!r}: the factor is in (0, 100], the seconds at most 600")
+        scales[name] = scale
+    return scales
+
+
 # A custom checker's language to the entry it is built with.
 CHECKER_LANGUAGES = {"cpp": "checker_cpp", "cpp20": "checker_cpp", PYTHON: "checker_python"}
 

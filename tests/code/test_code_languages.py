@@ -234,3 +234,38 @@ def test_the_code_is_the_last_block_in_a_known_language_or_untagged() -> None:
     assert extract_program("```Rust\nfn main(){}\n```") == ("rust", "fn main(){}\n")
     assert extract_program("```bash\nls\n```") == (None, "ls\n")  # no known block: the last one
     assert extract_program("print(1)") == (None, "print(1)")
+
+
+def test_a_slower_runtime_gets_more_time_and_a_loop_still_times_out(server):
+    """A Java or JavaScript program that needs more CPU than the test limit, but less than its
+    language's scaled limit (``time_scales``), passes where C's same program is a timeout;
+    their endless loops still time out. ``/info`` shows each language's limits. The loops
+    (and C's) load the CPUs meanwhile: the Java program's main thread, not its process's first
+    one, waits for a CPU, and that wait is not its own time."""
+    limits = info(server.url)["time_limits"]
+    cpu = float(ENV["SCORER_CODE_TEST_CPU_S"])
+    spin = 1.25 * cpu  # CPU seconds each program burns before it answers
+    assert limits["c"]["cpu_s"] == limits["python"]["cpu_s"] == cpu
+    assert limits["java"]["cpu_s"] >= spin + 1 and limits["javascript"]["cpu_s"] >= spin + 1
+    java = (
+        "import java.lang.management.*;\nimport java.util.*;\npublic class Main{public static void main(String[] a){"
+        "ThreadMXBean t=ManagementFactory.getThreadMXBean();long x=0;"
+        f"while(t.getCurrentThreadCpuTime()<{int(spin * 1e9)}L)x++;"
+        "Scanner s=new Scanner(System.in);System.out.println(s.nextLong()+s.nextLong()+(x<0?1:0));}}"
+    )
+    javascript = (
+        f"for(;;){{const u=process.cpuUsage();if(u.user+u.system>={int(spin * 1e6)})break;}}"
+        "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(Number);console.log(a+b);"
+    )
+    c = (
+        "#include <stdio.h>\n#include <time.h>\nint main(){"
+        f"while(clock()<{spin}*CLOCKS_PER_SEC);"
+        'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",a+b);}'
+    )
+    loops = [(TAGS[name], dict((n, code) for n, _, code in CASES[name])["loop"]) for name in ("java", "javascript")]
+    label = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    salt = f"\n// {uuid.uuid4().hex}\n"
+    c_loop = ("c", dict((n, code) for n, _, code in C_CASES)["loop"])
+    programs = [("java", java), ("js", javascript), ("c", c), *loops, c_loop, c_loop]
+    out = grade(server.url, [(tag, code + salt) for tag, code in programs], label)
+    assert out["error_types"] == [None, None, "timeout", "timeout", "timeout", "timeout", "timeout"]

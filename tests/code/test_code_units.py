@@ -213,3 +213,20 @@ def test_nan_and_zero(monkeypatch) -> None:
     assert math.isnan(CodeScorer(CoreSettings(service="code")).reward(Verdict("sandbox_error", 0, 1, None)))
     monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "zero")
     assert CodeScorer(CoreSettings(service="code")).reward(Verdict("sandbox_error", 0, 1, None)) == 0.0
+
+
+def test_time_scales_per_language(monkeypatch) -> None:
+    """``LANGUAGE=FACTOR[+SECONDS]`` by any alias; a bad item refuses the start and says why."""
+    from services.code.languages import TimeScale, time_scales
+
+    assert time_scales("Java=2+0.5, node=1.5 c++=1") == {
+        "java": TimeScale(2.0, 0.5), "javascript": TimeScale(1.5, 0.0), "cpp": TimeScale(1.0, 0.0),
+    }  # fmt: skip
+    assert time_scales("") == {} and TimeScale(2, 0.5).of(4) == 8.5
+    for bad in ("cobol=2", "java", "java=0", "java=2+x", "java=2+700", "java=1e9"):
+        with pytest.raises(ValueError):
+            time_scales(bad)
+    monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "nan")
+    monkeypatch.setenv("SCORER_CODE_TIME_SCALES", "java=two")
+    with pytest.raises(ConfigError, match="SCORER_CODE_TIME_SCALES='java=two'"):
+        CodeScorer(CoreSettings(service="code"))
