@@ -301,9 +301,9 @@ def sample_run_delay() -> float:
             continue
         with contextlib.suppress(OSError):
             for task in os.listdir(f"/proc/{name}/task"):
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    with open(f"/proc/{name}/task/{task}/schedstat", "rb") as stat:
-                        longest = max(longest, int(stat.read().split()[1]) / 1e9)
+                stat_path = f"/proc/{name}/task/{task}/schedstat"
+                with contextlib.suppress(OSError, ValueError, IndexError), open(stat_path, "rb") as stat:
+                    longest = max(longest, int(stat.read().split()[1]) / 1e9)
     return longest
 
 
