@@ -97,6 +97,10 @@ OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory alloc
 
 # A stdin test whose program exited cleanly, for the label's custom checker to judge.
 UNCHECKED = "unchecked"
+# What a sample's tests printed waits for its custom checker in this process, then goes to the
+# checker's sandbox as one job: at most this many times ``compared_output_bytes`` in all (a
+# label's own outputs are far smaller); the tests past it are ``output_limit``.
+CHECKED_OUTPUT_FACTOR = 4
 
 
 class JudgeFailure(Exception):
@@ -255,11 +259,16 @@ class Grader:
             # which of its answers were right.
             runs = self.sandbox.run(job, uid, self._trusted(suite))
             try:
+                held = 0  # characters of output waiting for the checker
                 for run in runs:
                     statuses[run.index] = self._judge(suite, run)
                     if statuses[run.index] == UNCHECKED:
                         assert isinstance(run, StdinOutcome)
-                        outputs[run.index] = run.stdout
+                        held += len(run.stdout)
+                        if held > CHECKED_OUTPUT_FACTOR * self._kept_bytes():
+                            statuses[run.index] = "output_limit"
+                        else:
+                            outputs[run.index] = run.stdout
             finally:
                 runs.close()
         points = [float(status == "passed") for status in statuses]

@@ -412,10 +412,13 @@ def run_stdin_test(
     oom_before = cgroup.oom_kills() if cgroup else 0
     pid, fds = _start_test(job, start, workdir)
     started = time.monotonic()
-    # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr, the
-    # start of the result pipe (a compile error); counted: everything, up to the caps.
+    # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr (a
+    # checker's: its start), the start of the result pipe (a compile error); counted:
+    # everything, up to the caps.
     kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
-    keep = {"stdout": job.keep_bytes, "result": RESULT_KEEP}
+    # A checker's report is kept from its start, where testlib writes its points: its tail
+    # may be the program's output the checker quoted.
+    keep = {"stdout": job.keep_bytes, "result": RESULT_KEEP, "stderr": STDERR_TAIL}
     sizes = {"stdout": 0, "stderr": 0, "result": 0}
     caps = {"stdout": job.output_bytes, "stderr": 1 << 62, "result": job.output_bytes}
     over = timed_out = False
@@ -445,7 +448,7 @@ def run_stdin_test(
             if sizes[role] > caps[role]:
                 over = over or role != "stderr"
                 continue
-            if role == "stderr":
+            if role == "stderr" and job.kind != "check":
                 kept["stderr"] = (kept["stderr"] + data)[-STDERR_TAIL:]
             else:
                 kept[role] += data[: keep[role] - len(kept[role])]
