@@ -85,6 +85,9 @@ CPP_CASES = [
      "int main(){return F<100000>::v;}"),
     ("constexpr_bomb", "compile_error", "constexpr long long f(long long n){long long s=0;for(long long i=0;i<n;i++)"
      "s+=i%7;return s;}\nconstexpr long long x=f(1ll<<40);int main(){return x;}"),
+    # Within gcc's own constexpr limits: burns cc1plus's CPU (the driver's child) for minutes.
+    ("constexpr_cpu_bomb", "compile_error", "constexpr long long g(int d){long long s=0;for(int i=0;i<200000;i++)"
+     "s+=i%7;return d?s+g(d-1):s;}\nconstexpr long long x=g(500);int main(){return x;}"),
 ]  # fmt: skip
 JAVA_CASES = [
     ("ok", None, "import java.util.*;\npublic class Main{public static void main(String[] a){"
@@ -269,3 +272,30 @@ def test_a_slower_runtime_gets_more_time_and_a_loop_still_times_out(server):
     programs = [("java", java), ("js", javascript), ("c", c), *loops, c_loop, c_loop]
     out = grade(server.url, [(tag, code + salt) for tag, code in programs], label)
     assert out["error_types"] == [None, None, "timeout", "timeout", "timeout", "timeout", "timeout"]
+
+
+def test_the_same_source_in_two_languages_builds_twice_in_one_group(server):
+    """A group of 8 where one source is sent as C++ and as C, interleaved and at once: each
+    language builds it once (its own key), none waits for or takes the other's build."""
+    source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream") + f"\n// {uuid.uuid4().hex}\n"
+    before = info(server.url)["compile_cache"]
+    out = grade(server.url, [("cpp" if i % 2 else "c", source) for i in range(8)])
+    assert out["error_types"] == ["compile_error", None] * 4
+    assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 2
+
+
+def test_a_program_cannot_read_another_samples_build(server):
+    """A program knows another source's cache key (it is the hash of public parts) but can
+    open neither that entry nor the cache, nor another sample's /tmp through /proc."""
+    victim = CPP_CASES[0][2] + f"\n// {uuid.uuid4().hex}\n"
+    key = languages.program(languages.LANGUAGES["cpp"], victim, languages.tool_paths(), 256).key
+    paths = [f"/judge-cache/{key}/prog", f"/judge-cache/{key}", "/judge-cache", "/proc/1/root/tmp", "/proc/1/cwd"]
+    opens = "||".join(f'open("{path}",O_RDONLY)>=0' for path in paths)
+    spy = (
+        "#include <cstdio>\n#include <fcntl.h>\nint main(){"
+        f"int seen={opens};"
+        'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",seen?0:a+b);}'
+    )
+    assert grade(server.url, [("cpp", victim)])["rewards"] == [1.0]  # its entry is in the cache now
+    out = grade(server.url, [("cpp", spy)])
+    assert out["rewards"] == [1.0], out["error_types"]
