@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -233,6 +234,32 @@ def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
             cache.held("g", lambda: build("g")() or None, 10) as again,
         ):
             assert error == "slow" and again is None
+
+        # ... but the samples already waiting for that very build share its outcome.
+        started, finish, got = threading.Event(), threading.Event(), []
+
+        def slow() -> str:
+            started.set()
+            finish.wait(10)
+            return Unremembered("slow")
+
+        def waiter(build_h) -> None:
+            with cache.held("h", build_h, 10) as error:
+                got.append(error)
+
+        builder = threading.Thread(target=waiter, args=(slow,))
+        builder.start()
+        started.wait(10)
+        waiting = [threading.Thread(target=waiter, args=(lambda: build("h")() or None,)) for _ in range(3)]
+        for thread in waiting:
+            thread.start()
+        time.sleep(0.2)
+        finish.set()
+        for thread in (builder, *waiting):
+            thread.join()
+        assert got == ["slow"] * 4 and "h" not in built
+        with cache.held("h", lambda: build("h")() or None, 10) as error:
+            assert error is None and built[-1] == "h"
 
         def failing() -> None:
             raise SandboxFailure("zygote gone")

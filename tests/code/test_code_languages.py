@@ -85,9 +85,11 @@ CPP_CASES = [
      "int main(){return F<100000>::v;}"),
     ("constexpr_bomb", "compile_error", "constexpr long long f(long long n){long long s=0;for(long long i=0;i<n;i++)"
      "s+=i%7;return s;}\nconstexpr long long x=f(1ll<<40);int main(){return x;}"),
-    # Within gcc's own constexpr limits: burns cc1plus's CPU (the driver's child) for minutes.
-    ("constexpr_cpu_bomb", "compile_error", "constexpr long long g(int d){long long s=0;for(int i=0;i<200000;i++)"
-     "s+=i%7;return d?s+g(d-1):s;}\nconstexpr long long x=g(500);int main(){return x;}"),
+    # Each evaluation stops at gcc's own limit of operations, after ~4 s of cc1plus's CPU (the
+    # driver's child), and each constant gets its own: a minute of CPU, little memory.
+    ("constexpr_cpu_bomb", "compile_error", "constexpr long long g(int k){long long s=0;for(int d=0;d<25;d++)"
+     "for(int i=0;i<200000;i++)s+=(i^k)%7;return s;}\nconstexpr long long "
+     + ",".join(f"x{k}=g({k})" for k in range(16)) + ";int main(){return x0;}"),
 ]  # fmt: skip
 JAVA_CASES = [
     ("ok", None, "import java.util.*;\npublic class Main{public static void main(String[] a){"
@@ -299,3 +301,15 @@ def test_a_program_cannot_read_another_samples_build(server):
     assert grade(server.url, [("cpp", victim)])["rewards"] == [1.0]  # its entry is in the cache now
     out = grade(server.url, [("cpp", spy)])
     assert out["rewards"] == [1.0], out["error_types"]
+
+
+def test_identical_compile_bombs_in_a_group_build_once(server):
+    """A build that runs out of time is not remembered for later samples (the node's load may
+    be why), but the identical programs that waited for that very build share its outcome: a
+    group of bombs costs one build and gets compile_error, not a build each one after the
+    other until the request's deadline leaves them without a verdict."""
+    bomb = dict((name, code) for name, _, code in CPP_CASES)["constexpr_cpu_bomb"] + f"\n// {uuid.uuid4().hex}\n"
+    before = info(server.url)["compile_cache"]
+    out = grade(server.url, [("cpp", bomb)] * 3)
+    assert out["error_types"] == ["compile_error"] * 3
+    assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 1
