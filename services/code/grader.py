@@ -341,14 +341,16 @@ class Grader:
         """What the sandbox gets to run ``code`` in ``language`` against ``suite`` (never the
         expected outputs), each test's time limits scaled for its language."""
         s = self.settings
-        cpu_s, wall_s = self._test_limits(language)
+        scale = self._scale(language)
+        # The sample's wall time scales too, its seconds once per test (each pays a start).
+        sample_s = s.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
         cgroups = self.sandbox.cgroups
         return Job(
             kind=suite.kind, code=code, fn_name=suite.fn_name,
             # Assert tests hold the expected values: they go to the tests' process only (``_trusted``).
             tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
-            cpu_s=cpu_s, wall_s=wall_s,
-            sample_s=max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
+            cpu_s=scale.of(s.test_cpu_s), wall_s=scale.of(s.test_wall_s),
+            sample_s=max(0.1, min(sample_s, deadline - time.monotonic())),
             memory_bytes=s.memory_mb << 20, nofile=s.max_open_files,
             # The rlimit counts a uid's threads too: with a cgroup, the cgroup's task limit decides.
             nproc=s.max_threads if cgroups.version else s.max_processes,
@@ -374,12 +376,12 @@ class Grader:
     def time_limits(self) -> dict[str, dict[str, float]]:
         """Per language graded programs may be written in, each test's CPU and wall limits."""
         names = [PYTHON, *(name for name in LANGUAGES if name not in CHECKER_LANGUAGES.values())]
-        return {name: dict(zip(("cpu_s", "wall_s"), self._test_limits(name), strict=True)) for name in names}
+        s = self.settings
+        return {name: {"cpu_s": self._scale(name).of(s.test_cpu_s), "wall_s": self._scale(name).of(s.test_wall_s)}
+                for name in names}  # fmt: skip
 
-    def _test_limits(self, language: str) -> tuple[float, float]:
-        """A test's CPU and wall limits in ``language``: the settings' scaled by its ``TimeScale``."""
-        scale = self.time_scales.get(language, TimeScale())
-        return scale.of(self.settings.test_cpu_s), scale.of(self.settings.test_wall_s)
+    def _scale(self, language: str) -> TimeScale:
+        return self.time_scales.get(language, TimeScale())
 
     def trial(self, code: str, language: str = PYTHON, inputs: Sequence[str] = ("",)) -> list[StdinOutcome]:
         """What a run of ``code`` in ``language`` (built first when it is compiled) on each of
