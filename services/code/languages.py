@@ -23,6 +23,8 @@ from pathlib import Path
 from services.code.sandboxed.compiled import ARTIFACT_DIR, OUTPUT_DIR
 
 PYTHON = "python"
+# The longest file name Linux file systems take (NAME_MAX).
+MAX_FILE_NAME_BYTES = 255
 # Where a build's source is written, in the sample's /tmp (a language that ships its source
 # writes it in the build's output directory).
 SOURCE_DIR = "/tmp/src"
@@ -232,7 +234,10 @@ def program(language: Language, source: str, tools: dict[str, str], memory_mb: i
     main = ""
     if language.name == "java":
         file_name, main = java_names(source)
-        source_name = f"{file_name}.java"
+        # A name past what a file name may hold keeps the default one: javac then refuses the
+        # public class in it (a compile error, where writing the file would fail the build).
+        if len(f"{file_name}.class".encode()) <= MAX_FILE_NAME_BYTES:
+            source_name = f"{file_name}.java"
     source_path = f"{OUTPUT_DIR if language.ships_source else SOURCE_DIR}/{source_name}"
     fill = {"src": source_path, "out": OUTPUT_DIR, "art": ARTIFACT_DIR, "main": main,
             "memory_mb": str(memory_mb), "gcc": tools.get("gcc", "gcc"), "python": PYTHON_INTERPRETER}  # fmt: skip

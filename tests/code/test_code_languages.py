@@ -108,6 +108,8 @@ JAVA_CASES = [
     ("syntax", "compile_error", "public class Main{public static void main(String[] a){int x = ;}}"),
     ("flood", "output_limit", "public class Main{public static void main(String[] a){"
      "while(true)System.out.println(\"flood\");}}"),
+    ("long_class_name", "compile_error", "public class " + "L" * 300 + "{public static void main(String[] a){"
+     "System.out.println(3);}}"),  # no file may have its name: not a sandbox failure
     ("fork", "runtime_error", "public class Main{public static void main(String[] a)throws Exception{"
      "new ProcessBuilder(\"/bin/true\").start().waitFor();System.out.println(3);}}"),
 ]  # fmt: skip
