@@ -324,3 +324,27 @@ def test_identical_compile_bombs_in_a_group_build_once(server):
     out = grade(server.url, [("cpp", bomb)] * 3)
     assert out["error_types"] == ["compile_error"] * 3
     assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 1
+
+
+def test_runtimes_get_threads_up_to_the_task_limit_and_no_process(server):
+    """The JVM and Go's runtime may run 64 threads of the program's (Go's each locked to an OS
+    thread); a Java thread bomb stops at the sample's task limit without a pass, in seconds."""
+    java_threads = (
+        "public class Main{public static void main(String[] a)throws Exception{Thread[] t=new Thread[64];"
+        "long[] s=new long[64];for(int i=0;i<64;i++){final int k=i;t[i]=new Thread(()->{s[k]=k;});t[i].start();}"
+        "long sum=0;for(int i=0;i<64;i++){t[i].join();sum+=s[i];}java.util.Scanner in=new java.util.Scanner(System.in);"
+        "System.out.println(in.nextLong()+in.nextLong()+sum-2016);}}"
+    )
+    go_threads = (
+        'package main\nimport ("fmt";"runtime";"sync")\nfunc main(){var wg sync.WaitGroup\nfor i:=0;i<64;i++{'
+        "wg.Add(1)\ngo func(){runtime.LockOSThread()\nwg.Done()\nselect{}}()}\nwg.Wait()\nvar a,b int64\n"
+        "fmt.Scan(&a,&b)\nfmt.Println(a+b)}"
+    )
+    java_bomb = (
+        "public class Main{public static void main(String[] a){for(;;){Thread t=new Thread(()->{"
+        "try{Thread.sleep(100000);}catch(Exception e){}});t.setDaemon(true);t.start();}}}"
+    )
+    salt = f"\n// {uuid.uuid4().hex}\n"
+    out = grade(server.url, [("java", java_threads + salt), ("go", go_threads + salt), ("java", java_bomb + salt)])
+    assert out["error_types"][:2] == [None, None] and out["rewards"] == [1.0, 1.0, 0.0], out["error_types"]
+    assert out["error_types"][2] in ("runtime_error", "memory_limit")
