@@ -81,7 +81,7 @@ class CombinedScorer(Scorer):
         request = parse_media_request(payload, self.core, self.video_rules)
         wanted = requested(query, request.metadata, list(self.rewards))
         opened = open_images(request.images, self.core, request.names)
-        spans = request.spans()
+        spans = request.spans
         entries: list[dict[str, Any]] = [{} for _ in request.images]
         for name, want in wanted.items():
             self._check(name, want, opened, request, entries)
@@ -90,7 +90,7 @@ class CombinedScorer(Scorer):
             self._prepare(name, want, images, request, entries)
         rules = {name: self.rewards[name].video_rules.get(request.rule.name, MEAN) for name in wanted}
 
-        def combine(results: Sequence[Result]) -> list[Result]:
+        def combine(results: Sequence[Any]) -> list[Result]:  # each image's results by reward
             return combined_results(results, wanted, spans, rules if request.frames is not None else None)
 
         return Samples(entries, combine)
@@ -104,7 +104,7 @@ class CombinedScorer(Scorer):
         if not want.optional:
             scorer.check_images(opened, request)
             return
-        for index, span in enumerate(request.spans()):
+        for index, span in enumerate(request.spans):
             try:
                 scorer.check_images([opened[i] for i in span], request.sample(index))
             except ScorerError as exc:
@@ -169,7 +169,7 @@ class CombinedScorer(Scorer):
 
 
 def combined_results(
-    results: Sequence[Result],
+    images: Sequence[Mapping[str, Any]],
     wanted: Mapping[str, Wanted],
     spans: Sequence[range],
     rules: Mapping[str, VideoRule] | None,
@@ -178,7 +178,6 @@ def combined_results(
     video's by its rule for that reward, ``rules``; None for images), the weighted sum of those
     that did not fail. A required reward's error is raised; so is the first error of a sample
     that every reward failed for: there is nothing to measure it by."""
-    entries: Sequence[dict[str, Any]] = results  # type: ignore[assignment]
     combined: list[Result] = []
     dropped: dict[str, int] = dict.fromkeys(wanted, 0)
     for span in spans:
@@ -186,7 +185,7 @@ def combined_results(
         errors: list[BaseException] = []
         failed: set[str] = set()
         for name, want in wanted.items():
-            values = [entries[i][name] for i in span]
+            values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
             if error is not None:
                 if not want.optional:

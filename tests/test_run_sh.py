@@ -87,6 +87,15 @@ def manager(fake: Path, name: str) -> None:
     _write(fake / "bin" / name, MANAGER.format(arms=arms))
 
 
+def stand_in_for_root_only_commands(fake: Path, hide: list[str]) -> None:
+    """A stand-in on the fake PATH for each system command root has and ``hide`` keeps: a
+    toolchain installed under root's home (rustup's ``~/.cargo/bin``) is present for the
+    machine but out of another user's reach, and the test is about the hidden ones."""
+    for command in set(SYSTEM_COMMANDS.values()) - set(hide):
+        if shutil.which(command) and not (fake / "bin" / command).exists():
+            _write(fake / "bin" / command, "#!/bin/sh\n")
+
+
 def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subprocess.CompletedProcess[str]:
     """``bash run.sh ARGS`` with the commands ``hide`` gone from this mount namespace."""
     hidden = fake / "hidden"
@@ -98,6 +107,8 @@ def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subpr
         for directory in dict.fromkeys(SEARCHED)
         if directory and os.path.isfile(f"{directory}/{command}")
     ]
+    if user:
+        stand_in_for_root_only_commands(fake, hide)
     drop = f"setpriv --reuid={user} --regid={user} --clear-groups " if user else ""
     script = " && ".join([*mounts, f"cd {fake}/repo && exec {drop}bash run.sh {' '.join(args)}"])
     env = {"PATH": f"{fake}/bin:{os.environ['PATH']}", "FAKE": str(fake), "HOME": str(fake)}
@@ -214,6 +225,26 @@ def test_flags_come_from_the_registry(fake: Path) -> None:
     assert "SCORER_SERVICE=code" in lines
     refused = run_sh(fake, ["code", "--clip", "x"], hide=[])
     assert refused.returncode == 2 and "unknown flag --clip" in refused.stderr
+
+
+def test_multi_builds_one_environment_of_its_rewards_requirements(fake: Path) -> None:
+    """``--rewards`` is read before the set-up, which it decides: the environment holds the
+    listed rewards' requirements; without one, nothing is set up (PaddleOCR's refusal:
+    tests/test_multi_requests.py)."""
+    settings = {"SCORER_MULTI_REWARDS": "ocr,pickscore"}
+    setup = setup_of("multi", settings)
+    venv = fake / "repo" / setup.venv
+    (venv / "bin").mkdir(parents=True)
+    _write(venv / "bin" / "python", '#!/bin/sh\necho "$*"; env | grep ^SCORER_ | sort\n')
+    stamp = hashlib.sha256(b"".join((fake / "repo" / f).read_bytes() for f in setup.requirements)).hexdigest()
+    (venv / ".installed").write_text(stamp + "\n")
+    result = run_sh(fake, ["multi", "--rewards", "ocr,pickscore", "--port", "9999"], hide=[])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("-m gunicorn -c ")
+    assert {"SCORER_SERVICE=multi", "SCORER_MULTI_REWARDS=ocr,pickscore", "SCORER_PORT=9999"} <= set(lines)
+    unlisted = run_sh(fake, ["multi"], hide=[])
+    assert unlisted.returncode == 2 and "SCORER_MULTI_REWARDS" in unlisted.stderr
 
 
 def test_each_package_manager_gets_its_own_names(fake: Path) -> None:

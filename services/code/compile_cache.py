@@ -4,8 +4,9 @@
 source's hash (``languages.Language.key``): root's, mode 0700, outside every sample's
 writable space. A build installs its entry there (``sandboxed.compiled.install``); a run's
 supervisor shows its one entry read-only to the program, which never sees the others. The
-identical programs of a GRPO group wait for one build (single flight) and share it; a
-compile error is remembered too. The cache is bounded (``max_bytes``): the least recently used
+identical programs of a GRPO group wait for one build (single flight) and share it, its
+compile error too; a compile error is remembered for later samples, unless the build ran out
+of time. The cache is bounded (``max_bytes``): the least recently used
 entries no run holds are removed.
 
 ``Builds`` runs the build of a sample (a job of kind ``build`` in a slot of its own, with the
@@ -48,6 +49,15 @@ COMPILER_OUTPUT_BYTES = 1 << 20
 BUILD_TASKS = 128
 
 
+class _Flight:
+    """One build under way; those waiting for it share its compile error, even one the cache
+    does not remember (``Unremembered``)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: str | None = None
+
+
 class CompileCache:
     """Builds on disk by key (bounded, least recently used first out), compile errors in memory."""
 
@@ -59,7 +69,7 @@ class CompileCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, int] = OrderedDict()  # key -> bytes, least recent first
         self._errors: OrderedDict[str, str] = OrderedDict()
-        self._building: dict[str, threading.Event] = {}
+        self._building: dict[str, _Flight] = {}
         self._users: dict[str, int] = {}
         self.counters = {"builds": 0, "hits": 0, "compile_errors": 0, "evicted": 0}
 
@@ -105,12 +115,17 @@ class CompileCache:
                     return self._errors[key]
                 running = self._building.get(key)
                 if running is None:
-                    running = self._building[key] = threading.Event()
+                    running = self._building[key] = _Flight()
                     break
-            if not running.wait(max(0.0, deadline - time.monotonic())):
+            if not running.done.wait(max(0.0, deadline - time.monotonic())):
                 raise SandboxFailure("a build of this source did not finish before the request deadline")
+            if running.error is not None:  # not remembered, but what this very build answered
+                with self._lock:
+                    self.counters["hits"] += 1
+                return running.error
         try:
             error = build()
+            running.error = error
             with self._lock:
                 self.counters["builds"] += 1
                 if error is not None:
@@ -130,7 +145,7 @@ class CompileCache:
         finally:
             with self._lock:
                 del self._building[key]
-            running.set()
+            running.done.set()
 
     def _evict(self) -> None:
         """Drop least recently used entries no run holds until the cache fits (lock held)."""

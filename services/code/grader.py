@@ -19,7 +19,7 @@ from common.batching import Deadline
 from services.code import checkers
 from services.code.compile_cache import Builds
 from services.code.labels import Suite, result_matches, stdout_matches
-from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program
+from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
 from services.code.sandbox import Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
@@ -97,6 +97,10 @@ OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory alloc
 
 # A stdin test whose program exited cleanly, for the label's custom checker to judge.
 UNCHECKED = "unchecked"
+# What a sample's tests printed waits for its custom checker in this process, then goes to the
+# checker's sandbox as one job: at most this many times ``compared_output_bytes`` in all (a
+# label's own outputs are far smaller); the tests past it are ``output_limit``.
+CHECKED_OUTPUT_FACTOR = 4
 
 
 class JudgeFailure(Exception):
@@ -158,6 +162,7 @@ class Grader:
         self.sandbox = sandbox
         self.timeout_s = timeout_s
         self.builds = builds
+        self.time_scales = time_scales(settings.time_scales)
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -246,7 +251,7 @@ class Grader:
         with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
-            job = self._job(suite, code, deadline)
+            job = self._job(suite, code, deadline, program.language.name if program else PYTHON)
             if program is not None:
                 assert self.builds is not None
                 job = self.builds.run_job(program, job, self._cgroups())
@@ -254,11 +259,16 @@ class Grader:
             # which of its answers were right.
             runs = self.sandbox.run(job, uid, self._trusted(suite))
             try:
+                held = 0  # characters of output waiting for the checker
                 for run in runs:
                     statuses[run.index] = self._judge(suite, run)
                     if statuses[run.index] == UNCHECKED:
                         assert isinstance(run, StdinOutcome)
-                        outputs[run.index] = run.stdout
+                        held += len(run.stdout)
+                        if held > CHECKED_OUTPUT_FACTOR * self._kept_bytes():
+                            statuses[run.index] = "output_limit"
+                        else:
+                            outputs[run.index] = run.stdout
             finally:
                 runs.close()
         points = [float(status == "passed") for status in statuses]
@@ -303,7 +313,8 @@ class Grader:
             if error is not None:
                 raise JudgeFailure(f"the checker does not compile: {error[:300]}")
             files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
-            job = self.builds.check_job(program, self._job(Suite("stdin", [""] * len(order), [""]), "", deadline),
+            job = self.builds.check_job(program, self._job(Suite("stdin", [""] * len(order), [""]), "", deadline,
+                                                                    language.name),
                                         files, self._cgroups())  # fmt: skip
             found: dict[int, tuple[str, float]] = {}
             with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
@@ -326,16 +337,20 @@ class Grader:
             raise JudgeFailure("the checker's runs ended early")
         return found
 
-    def _job(self, suite: Suite, code: str, deadline: float) -> Job:
-        """What the sandbox gets to run ``code`` against ``suite`` (never the expected outputs)."""
+    def _job(self, suite: Suite, code: str, deadline: float, language: str = PYTHON) -> Job:
+        """What the sandbox gets to run ``code`` in ``language`` against ``suite`` (never the
+        expected outputs), each test's time limits scaled for its language."""
         s = self.settings
+        scale = self._scale(language)
+        # The sample's wall time scales too, its seconds once per test (each pays a start).
+        sample_s = s.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
         cgroups = self.sandbox.cgroups
         return Job(
             kind=suite.kind, code=code, fn_name=suite.fn_name,
             # Assert tests hold the expected values: they go to the tests' process only (``_trusted``).
             tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
-            cpu_s=s.test_cpu_s, wall_s=s.test_wall_s,
-            sample_s=max(0.1, min(s.sample_wall_s, deadline - time.monotonic())),
+            cpu_s=scale.of(s.test_cpu_s), wall_s=scale.of(s.test_wall_s),
+            sample_s=max(0.1, min(sample_s, deadline - time.monotonic())),
             memory_bytes=s.memory_mb << 20, nofile=s.max_open_files,
             # The rlimit counts a uid's threads too: with a cgroup, the cgroup's task limit decides.
             nproc=s.max_threads if cgroups.version else s.max_processes,
@@ -358,21 +373,40 @@ class Grader:
         """How much of a stdin test's stdout or a call's answer is kept for comparison."""
         return min(self.settings.compared_output_bytes, self.settings.max_output_bytes)
 
-    def trial(self, code: str) -> StdinOutcome:
-        """What one run of ``code`` (empty stdin) reported, unjudged: for the startup checks."""
+    def time_limits(self) -> dict[str, dict[str, float]]:
+        """Per language graded programs may be written in, each test's CPU and wall limits."""
+        names = [PYTHON, *(name for name in LANGUAGES if name not in CHECKER_LANGUAGES.values())]
+        s = self.settings
+        return {name: {"cpu_s": self._scale(name).of(s.test_cpu_s), "wall_s": self._scale(name).of(s.test_wall_s)}
+                for name in names}  # fmt: skip
+
+    def _scale(self, language: str) -> TimeScale:
+        return self.time_scales.get(language, TimeScale())
+
+    def trial(self, code: str, language: str = PYTHON, inputs: Sequence[str] = ("",)) -> list[StdinOutcome]:
+        """What a run of ``code`` in ``language`` (built first when it is compiled) on each of
+        ``inputs`` reported, unjudged: for the startup checks and the benches."""
         deadline = time.monotonic() + self.timeout_s
-        job = self._job(Suite("stdin", [""], [""]), code, deadline)
-        with self.sandbox.slot(object(), self.timeout_s) as uid:
+        request = object()
+        job = self._job(Suite("stdin", list(inputs), [""] * len(inputs)), code, deadline, language)
+        job = dataclasses.replace(job, keep_bytes=self.settings.max_output_bytes)
+        if language == PYTHON:
+            return self._trial_runs(job, request)
+        assert self.builds is not None
+        program = self.builds.program(LANGUAGES[language], code, self.settings.memory_mb)
+        with self._built(program, deadline, request) as error:
+            if error is not None:
+                raise SandboxFailure(f"a trial program does not build: {error[:300]}")
+            return self._trial_runs(self.builds.run_job(program, job, self._cgroups()), request)
+
+    def _trial_runs(self, job: Job, request: object) -> list[StdinOutcome]:
+        with self.sandbox.slot(request, self.timeout_s) as uid:
             if uid is None:
                 raise SandboxFailure("no run slot came free")
-            runs = self.sandbox.run(dataclasses.replace(job, keep_bytes=self.settings.max_output_bytes), uid)
-            try:
-                run = next(runs)
-                if not isinstance(run, StdinOutcome):
-                    raise SandboxFailure(f"a trial run answered {run}")
-                return run
-            finally:
-                runs.close()
+            runs = list(self.sandbox.run(job, uid))
+        if not all(isinstance(run, StdinOutcome) for run in runs):
+            raise SandboxFailure(f"a trial run answered {runs}")
+        return runs  # type: ignore[return-value]
 
     def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""

@@ -23,6 +23,8 @@ from pathlib import Path
 from services.code.sandboxed.compiled import ARTIFACT_DIR, OUTPUT_DIR
 
 PYTHON = "python"
+# The longest file name Linux file systems take (NAME_MAX).
+MAX_FILE_NAME_BYTES = 255
 # Where a build's source is written, in the sample's /tmp (a language that ships its source
 # writes it in the build's output directory).
 SOURCE_DIR = "/tmp/src"
@@ -119,6 +121,45 @@ LANGUAGES: dict[str, Language] = {
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TimeScale:
+    """A language's share of time: each test's limits (CPU and its own wall time) are the
+    server's ``test_cpu_s``/``test_wall_s`` times ``factor`` plus ``offset_s``, as contest
+    judges give slower runtimes more time (USACO: twice for Java and Python; Baekjoon: a
+    factor plus seconds per language; DMOJ: a limit per problem and language)."""
+
+    factor: float = 1.0
+    offset_s: float = 0.0
+
+    def of(self, seconds: float) -> float:
+        return seconds * self.factor + self.offset_s
+
+
+_SCALE = re.compile(r"([\w+]+)=([0-9.]+)(?:\+([0-9.]+))?")
+
+
+def time_scales(spec: str) -> dict[str, TimeScale]:
+    """Per language, its ``TimeScale`` from ``spec``: ``LANGUAGE=FACTOR[+SECONDS]`` items
+    separated by spaces or commas (``java=1+1 javascript=1+0.25``); a language named by any of
+    its aliases; one not named keeps its limits. Raises ``ValueError`` for anything else."""
+    scales: dict[str, TimeScale] = {}
+    for item in re.split(r"[\s,]+", spec.strip()):
+        if not item:
+            continue
+        found = _SCALE.fullmatch(item)
+        name = language_of(found.group(1)) if found else None
+        if found is None or name is None:
+            raise ValueError(f"{item!r}: expected LANGUAGE=FACTOR[+SECONDS] with a known language")
+        try:
+            scale = TimeScale(float(found.group(2)), float(found.group(3) or 0))
+        except ValueError:
+            raise ValueError(f"{item!r}: the factor and the seconds are numbers") from None
+        if not 0 < scale.factor <= 100 or scale.offset_s > 600:
+            raise ValueError(f"{item!r}: the factor is in (0, 100], the seconds at most 600")
+        scales[name] = scale
+    return scales
+
+
 # A custom checker's language to the entry it is built with.
 CHECKER_LANGUAGES = {"cpp": "checker_cpp", "cpp20": "checker_cpp", PYTHON: "checker_python"}
 
@@ -193,7 +234,10 @@ def program(language: Language, source: str, tools: dict[str, str], memory_mb: i
     main = ""
     if language.name == "java":
         file_name, main = java_names(source)
-        source_name = f"{file_name}.java"
+        # A name past what a file name may hold keeps the default one: javac then refuses the
+        # public class in it (a compile error, where writing the file would fail the build).
+        if len(f"{file_name}.class".encode()) <= MAX_FILE_NAME_BYTES:
+            source_name = f"{file_name}.java"
     source_path = f"{OUTPUT_DIR if language.ships_source else SOURCE_DIR}/{source_name}"
     fill = {"src": source_path, "out": OUTPUT_DIR, "art": ARTIFACT_DIR, "main": main,
             "memory_mb": str(memory_mb), "gcc": tools.get("gcc", "gcc"), "python": PYTHON_INTERPRETER}  # fmt: skip

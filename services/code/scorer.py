@@ -161,7 +161,7 @@ class CodeScorer(Scorer):
         cannot see the checkout."""
         assert self.grader is not None
         modules = (*STDLIB_MODULES, *packages.top_level_modules(self.settings.sandbox_packages))
-        run = self.grader.trial(STARTUP_PROBE.format(modules=modules, repository=str(REPOSITORY)))
+        [run] = self.grader.trial(STARTUP_PROBE.format(modules=modules, repository=str(REPOSITORY)))
         said = run.stdout.strip()
         if said == "ok" or (self.isolation != "bwrap" and said.startswith("can see the checkout")):
             return
@@ -266,6 +266,7 @@ class CodeScorer(Scorer):
             "resource_limits": self.sandbox.cgroups.describe() if self.sandbox else None,
             "languages": self.grader.builds.availability() if self.grader and self.grader.builds else None,
             "compile_cache": self.grader.builds.cache.stats() if self.grader and self.grader.builds else None,
+            "time_limits": self.grader.time_limits() if self.grader else None,
             "parallel": self.settings.parallel,
             "environment": self.settings.env or None,
             "environments": environments.names(),

@@ -28,6 +28,11 @@ class CodeSettings:
     # a CPU others hold does not count); per sample: wall seconds.
     test_cpu_s: float = 4.0
     test_wall_s: float = 10.0
+    # Per language, its share of those two test limits (``languages.time_scales``): items
+    # LANGUAGE=FACTOR[+SECONDS], a test of that language getting the limit x FACTOR + SECONDS;
+    # a language not named gets them as they are. The defaults pay for what a runtime spends
+    # before and around the program (bench/code/startup.py measures it).
+    time_scales: str = "java=2+0.5 javascript=2+0.5"
     sample_wall_s: float = 60.0
     # Limits of each test process.
     memory_mb: int = 1024

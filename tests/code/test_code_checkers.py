@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -146,6 +147,35 @@ def test_a_failing_checker_leaves_no_verdict(server: Server, checker: str) -> No
     assert out["error_types"] == ["judge_failure"] and out["rewards"][0] != out["rewards"][0]  # NaN
 
 
+# A partial checker that echoes what the program printed after the points it gives (as a
+# checker may quote the output it judges).
+ACCEPT_PY = "import sys\nsys.exit(0)"
+ECHOING_PY = "import sys\nsys.stderr.write('0 you printed: ' + open(sys.argv[2]).read())\nsys.exit(7)"
+
+
+def test_a_checkers_points_come_from_the_start_of_its_report(server: Server) -> None:
+    """testlib's points lead its report; a report longer than what is kept of a stream must
+    not let the program's own text, quoted by the checker, take their place."""
+    label = {"inputs": [""], "outputs": ["x"], "checker": {"program": ECHOING_PY, "language": "python"}}
+    forged = "print(' ' * 8000 + '1')"  # quoted last: its '1' would lead the report's tail
+    out = grade(server.url, [("python", forged), ("python", "print('short')")], label)
+    assert out["rewards"] == [0.0, 0.0], out["error_types"]
+
+
+def test_outputs_kept_for_a_checker_are_bounded_per_sample(server: Server) -> None:
+    """A custom checker judges after the program's runs: what they printed waits in the server
+    and goes to the checker's sandbox as one job. A program printing near the kept limit on
+    every test of a long label must not grow that without bound (the server's memory, the
+    checker's supervisor killed: no verdict instead of its 0): past a per-sample total its
+    tests are ``output_limit``."""
+    kept = min(int(ENV["SCORER_CODE_MAX_OUTPUT_BYTES"]), 4 << 20)
+    tests = 48
+    label = {"inputs": [""] * tests, "outputs": ["1"] * tests, "checker": {"program": ACCEPT_PY, "language": "python"}}
+    flood = f"import sys\nsys.stdout.write('\\0' * {kept - 16})"  # JSON writes each NUL as six bytes
+    out = grade(server.url, [("python", flood), ("python", "print(1)")], label)
+    assert out["error_types"] == ["output_limit", None] and out["rewards"][0] < 1.0, out
+
+
 def test_subtasks_score_a_group_only_when_all_its_tests_pass(server: Server) -> None:
     label = {
         "inputs": ["1", "2", "3", "4"],
@@ -204,6 +234,32 @@ def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
             cache.held("g", lambda: build("g")() or None, 10) as again,
         ):
             assert error == "slow" and again is None
+
+        # ... but the samples already waiting for that very build share its outcome.
+        started, finish, got = threading.Event(), threading.Event(), []
+
+        def slow() -> str:
+            started.set()
+            finish.wait(10)
+            return Unremembered("slow")
+
+        def waiter(build_h) -> None:
+            with cache.held("h", build_h, 10) as error:
+                got.append(error)
+
+        builder = threading.Thread(target=waiter, args=(slow,))
+        builder.start()
+        started.wait(10)
+        waiting = [threading.Thread(target=waiter, args=(lambda: build("h")() or None,)) for _ in range(3)]
+        for thread in waiting:
+            thread.start()
+        time.sleep(0.2)
+        finish.set()
+        for thread in (builder, *waiting):
+            thread.join()
+        assert got == ["slow"] * 4 and "h" not in built
+        with cache.held("h", lambda: build("h")() or None, 10) as error:
+            assert error is None and built[-1] == "h"
 
         def failing() -> None:
             raise SandboxFailure("zygote gone")

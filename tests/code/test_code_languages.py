@@ -85,6 +85,11 @@ CPP_CASES = [
      "int main(){return F<100000>::v;}"),
     ("constexpr_bomb", "compile_error", "constexpr long long f(long long n){long long s=0;for(long long i=0;i<n;i++)"
      "s+=i%7;return s;}\nconstexpr long long x=f(1ll<<40);int main(){return x;}"),
+    # Each evaluation stops at gcc's own limit of operations, after ~4 s of cc1plus's CPU (the
+    # driver's child), and each constant gets its own: a minute of CPU, little memory.
+    ("constexpr_cpu_bomb", "compile_error", "constexpr long long g(int k){long long s=0;for(int d=0;d<25;d++)"
+     "for(int i=0;i<200000;i++)s+=(i^k)%7;return s;}\nconstexpr long long "
+     + ",".join(f"x{k}=g({k})" for k in range(16)) + ";int main(){return x0;}"),
 ]  # fmt: skip
 JAVA_CASES = [
     ("ok", None, "import java.util.*;\npublic class Main{public static void main(String[] a){"
@@ -103,6 +108,8 @@ JAVA_CASES = [
     ("syntax", "compile_error", "public class Main{public static void main(String[] a){int x = ;}}"),
     ("flood", "output_limit", "public class Main{public static void main(String[] a){"
      "while(true)System.out.println(\"flood\");}}"),
+    ("long_class_name", "compile_error", "public class " + "L" * 300 + "{public static void main(String[] a){"
+     "System.out.println(3);}}"),  # no file may have its name: not a sandbox failure
     ("fork", "runtime_error", "public class Main{public static void main(String[] a)throws Exception{"
      "new ProcessBuilder(\"/bin/true\").start().waitFor();System.out.println(3);}}"),
 ]  # fmt: skip
@@ -234,3 +241,110 @@ def test_the_code_is_the_last_block_in_a_known_language_or_untagged() -> None:
     assert extract_program("```Rust\nfn main(){}\n```") == ("rust", "fn main(){}\n")
     assert extract_program("```bash\nls\n```") == (None, "ls\n")  # no known block: the last one
     assert extract_program("print(1)") == (None, "print(1)")
+
+
+def test_a_slower_runtime_gets_more_time_and_a_loop_still_times_out(server):
+    """A Java or JavaScript program that needs more CPU than the test limit, but less than its
+    language's scaled limit (``time_scales``), passes where C's same program is a timeout;
+    their endless loops still time out. ``/info`` shows each language's limits. The loops
+    (and C's) load the CPUs meanwhile: the Java program's main thread, not its process's first
+    one, waits for a CPU, and that wait is not its own time."""
+    limits = info(server.url)["time_limits"]
+    cpu = float(ENV["SCORER_CODE_TEST_CPU_S"])
+    spin = 1.25 * cpu  # CPU seconds each program burns before it answers
+    assert limits["c"]["cpu_s"] == limits["python"]["cpu_s"] == cpu
+    assert limits["java"]["cpu_s"] >= spin + 1 and limits["javascript"]["cpu_s"] >= spin + 1
+    java = (
+        "import java.lang.management.*;\nimport java.util.*;\npublic class Main{public static void main(String[] a){"
+        "ThreadMXBean t=ManagementFactory.getThreadMXBean();long x=0;"
+        f"while(t.getCurrentThreadCpuTime()<{int(spin * 1e9)}L)x++;"
+        "Scanner s=new Scanner(System.in);System.out.println(s.nextLong()+s.nextLong()+(x<0?1:0));}}"
+    )
+    javascript = (
+        f"for(;;){{const u=process.cpuUsage();if(u.user+u.system>={int(spin * 1e6)})break;}}"
+        "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(Number);console.log(a+b);"
+    )
+    c = (
+        "#include <stdio.h>\n#include <time.h>\nint main(){"
+        f"while(clock()<{spin}*CLOCKS_PER_SEC);"
+        'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",a+b);}'
+    )
+    loops = [(TAGS[name], dict((n, code) for n, _, code in CASES[name])["loop"]) for name in ("java", "javascript")]
+    label = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    salt = uuid.uuid4().hex
+    # Python contest code often runs its solution in a thread (for a bigger stack): its main
+    # thread only waits, the other one waits for a CPU.
+    python = (
+        "import threading, time\ndef main():\n"
+        f"    while time.process_time() < {0.8 * cpu}:\n        pass\n"
+        "    a, b = map(int, input().split())\n    print(a + b)\n"
+        "t = threading.Thread(target=main)\nt.start()\nt.join()"
+    )
+    c_loop = ("c", dict((n, code) for n, _, code in C_CASES)["loop"])
+    programs = [("java", java), ("js", javascript), ("c", c), *loops, c_loop, c_loop]
+    sent = [(tag, f"{code}\n// {salt}") for tag, code in programs] + [("python", f"{python}\n# {salt}")]
+    out = grade(server.url, sent, label)
+    assert out["error_types"] == [None, None, "timeout", "timeout", "timeout", "timeout", "timeout", None]
+
+
+def test_the_same_source_in_two_languages_builds_twice_in_one_group(server):
+    """A group of 8 where one source is sent as C++ and as C, interleaved and at once: each
+    language builds it once (its own key), none waits for or takes the other's build."""
+    source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream") + f"\n// {uuid.uuid4().hex}\n"
+    before = info(server.url)["compile_cache"]
+    out = grade(server.url, [("cpp" if i % 2 else "c", source) for i in range(8)])
+    assert out["error_types"] == ["compile_error", None] * 4
+    assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 2
+
+
+def test_a_program_cannot_read_another_samples_build(server):
+    """A program knows another source's cache key (it is the hash of public parts) but can
+    open neither that entry nor the cache, nor another sample's /tmp through /proc."""
+    victim = CPP_CASES[0][2] + f"\n// {uuid.uuid4().hex}\n"
+    key = languages.program(languages.LANGUAGES["cpp"], victim, languages.tool_paths(), 256).key
+    paths = [f"/judge-cache/{key}/prog", f"/judge-cache/{key}", "/judge-cache", "/proc/1/root/tmp", "/proc/1/cwd"]
+    opens = "||".join(f'open("{path}",O_RDONLY)>=0' for path in paths)
+    spy = (
+        "#include <cstdio>\n#include <fcntl.h>\nint main(){"
+        f"int seen={opens};"
+        'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",seen?0:a+b);}'
+    )
+    assert grade(server.url, [("cpp", victim)])["rewards"] == [1.0]  # its entry is in the cache now
+    out = grade(server.url, [("cpp", spy)])
+    assert out["rewards"] == [1.0], out["error_types"]
+
+
+def test_identical_compile_bombs_in_a_group_build_once(server):
+    """A build that runs out of time is not remembered for later samples (the node's load may
+    be why), but the identical programs that waited for that very build share its outcome: a
+    group of bombs costs one build and gets compile_error, not a build each one after the
+    other until the request's deadline leaves them without a verdict."""
+    bomb = dict((name, code) for name, _, code in CPP_CASES)["constexpr_cpu_bomb"] + f"\n// {uuid.uuid4().hex}\n"
+    before = info(server.url)["compile_cache"]
+    out = grade(server.url, [("cpp", bomb)] * 3)
+    assert out["error_types"] == ["compile_error"] * 3
+    assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 1
+
+
+def test_runtimes_get_threads_up_to_the_task_limit_and_no_process(server):
+    """The JVM and Go's runtime may run 64 threads of the program's (Go's each locked to an OS
+    thread); a Java thread bomb stops at the sample's task limit without a pass, in seconds."""
+    java_threads = (
+        "public class Main{public static void main(String[] a)throws Exception{Thread[] t=new Thread[64];"
+        "long[] s=new long[64];for(int i=0;i<64;i++){final int k=i;t[i]=new Thread(()->{s[k]=k;});t[i].start();}"
+        "long sum=0;for(int i=0;i<64;i++){t[i].join();sum+=s[i];}java.util.Scanner in=new java.util.Scanner(System.in);"
+        "System.out.println(in.nextLong()+in.nextLong()+sum-2016);}}"
+    )
+    go_threads = (
+        'package main\nimport ("fmt";"runtime";"sync")\nfunc main(){var wg sync.WaitGroup\nfor i:=0;i<64;i++{'
+        "wg.Add(1)\ngo func(){runtime.LockOSThread()\nwg.Done()\nselect{}}()}\nwg.Wait()\nvar a,b int64\n"
+        "fmt.Scan(&a,&b)\nfmt.Println(a+b)}"
+    )
+    java_bomb = (
+        "public class Main{public static void main(String[] a){for(;;){Thread t=new Thread(()->{"
+        "try{Thread.sleep(100000);}catch(Exception e){}});t.setDaemon(true);t.start();}}}"
+    )
+    salt = f"\n// {uuid.uuid4().hex}\n"
+    out = grade(server.url, [("java", java_threads + salt), ("go", go_threads + salt), ("java", java_bomb + salt)])
+    assert out["error_types"][:2] == [None, None] and out["rewards"] == [1.0, 1.0, 0.0], out["error_types"]
+    assert out["error_types"][2] in ("runtime_error", "memory_limit")

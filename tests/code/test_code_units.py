@@ -213,3 +213,39 @@ def test_nan_and_zero(monkeypatch) -> None:
     assert math.isnan(CodeScorer(CoreSettings(service="code")).reward(Verdict("sandbox_error", 0, 1, None)))
     monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "zero")
     assert CodeScorer(CoreSettings(service="code")).reward(Verdict("sandbox_error", 0, 1, None)) == 0.0
+
+
+def test_time_scales_per_language(monkeypatch) -> None:
+    """``LANGUAGE=FACTOR[+SECONDS]`` by any alias; a bad item refuses the start and says why."""
+    from services.code.languages import TimeScale, time_scales
+
+    assert time_scales("Java=2+0.5, node=1.5 c++=1") == {
+        "java": TimeScale(2.0, 0.5), "javascript": TimeScale(1.5, 0.0), "cpp": TimeScale(1.0, 0.0),
+    }  # fmt: skip
+    assert time_scales("") == {} and TimeScale(2, 0.5).of(4) == 8.5
+    for bad in ("cobol=2", "java", "java=0", "java=2+x", "java=2+700", "java=1e9"):
+        with pytest.raises(ValueError):
+            time_scales(bad)
+    monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "nan")
+    monkeypatch.setenv("SCORER_CODE_TIME_SCALES", "java=two")
+    with pytest.raises(ConfigError, match="SCORER_CODE_TIME_SCALES='java=two'"):
+        CodeScorer(CoreSettings(service="code"))
+
+
+def test_a_languages_time_scale_sets_its_tests_and_sample_limits() -> None:
+    """Each test's CPU and wall limits are scaled; the sample's wall time by the factor, with
+    the seconds once per test (each test pays a runtime's start)."""
+    jobs = []
+
+    class Recording(FailingSandbox):
+        def run(self, job, uid, trusted=None):
+            jobs.append(job)
+            return super().run(job, uid, trusted)
+
+    settings = CodeSettings(infra_failure_score="zero", test_cpu_s=2, test_wall_s=4, sample_wall_s=30,
+                            time_scales="python=2+0.5")  # fmt: skip
+    grader = Grader(settings, Recording(0), 150.0)
+    assert grader.grade([Sample("x", SUITE)])[0].score == 1.0
+    assert (jobs[0].cpu_s, jobs[0].wall_s, jobs[0].sample_s) == (4.5, 8.5, 61.0)
+    assert grader.time_limits()["python"] == {"cpu_s": 4.5, "wall_s": 8.5}
+    assert grader.time_limits()["c"] == {"cpu_s": 2, "wall_s": 4}

@@ -289,15 +289,21 @@ def sample_cpu_seconds() -> float:
 
 
 def sample_run_delay() -> float:
-    """The longest a live process of this sample (but its init) has waited for a CPU while
-    runnable: the time others' load took from a program of several processes (one waiting
-    on its starved children waits for its own reasons)."""
+    """The longest a live thread of this sample (but its init's) has waited for a CPU while
+    runnable: the time others' load took from a program of several processes or threads (one
+    waiting on its starved children or threads waits for its own reasons). Per thread: a
+    process's own ``schedstat`` is its first thread's, which in the JVM only waits for the
+    thread running ``main``."""
     longest = 0.0
     me = str(os.getpid())
     for name in os.listdir("/proc"):
-        if name.isdigit() and name != me:
-            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{name}/schedstat", "rb") as stat:
-                longest = max(longest, int(stat.read().split()[1]) / 1e9)
+        if not name.isdigit() or name == me:
+            continue
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{name}/task"):
+                stat_path = f"/proc/{name}/task/{task}/schedstat"
+                with contextlib.suppress(OSError, ValueError, IndexError), open(stat_path, "rb") as stat:
+                    longest = max(longest, int(stat.read().split()[1]) / 1e9)
     return longest
 
 

@@ -406,16 +406,20 @@ def run_stdin_test(
     the index of the next test.
 
     Its processes together get ``cpu_s`` (read every ``CPU_TICK_S``) and ``wall_s`` of their
-    own time (time one of them waited for a CPU others held does not count).
+    own time (the longest time one of their threads waited for a CPU others held does not
+    count, read as often: a thread's wait still counts after it ended).
     """
     cpu_before = confine.sample_cpu_seconds()
     oom_before = cgroup.oom_kills() if cgroup else 0
     pid, fds = _start_test(job, start, workdir)
     started = time.monotonic()
-    # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr, the
-    # start of the result pipe (a compile error); counted: everything, up to the caps.
+    # Kept: stdout up to ``keep_bytes`` (what comparison needs), the tail of stderr (a
+    # checker's: its start), the start of the result pipe (a compile error); counted:
+    # everything, up to the caps.
     kept = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
-    keep = {"stdout": job.keep_bytes, "result": RESULT_KEEP}
+    # A checker's report is kept from its start, where testlib writes its points: its tail
+    # may be the program's output the checker quoted.
+    keep = {"stdout": job.keep_bytes, "result": RESULT_KEEP, "stderr": STDERR_TAIL}
     sizes = {"stdout": 0, "stderr": 0, "result": 0}
     caps = {"stdout": job.output_bytes, "stderr": 1 << 62, "result": job.output_bytes}
     over = timed_out = False
@@ -423,15 +427,18 @@ def run_stdin_test(
     for fd in fds:
         sel.register(fd, selectors.EVENT_READ)
     cpu_read = started
+    waited = 0.0  # the longest wait for a CPU of any of its threads, those that ended included
     while sel.get_map() and not over:
         now = time.monotonic()
         remaining = min(job.wall_s - (now - started), deadline - now)
         if remaining <= 0 and now < deadline:  # past the wall backstop: its own time only
-            remaining = min(job.wall_s - (now - started - confine.sample_run_delay()), deadline - now)
+            waited = max(waited, confine.sample_run_delay())
+            remaining = min(job.wall_s - (now - started - waited), deadline - now)
         over_cpu = False
         if now - cpu_read >= CPU_TICK_S:
             cpu_read = now
             over_cpu = confine.sample_cpu_seconds() - cpu_before > job.cpu_s
+            waited = max(waited, confine.sample_run_delay())
         if remaining <= 0 or over_cpu:
             timed_out = True
             break
@@ -445,7 +452,7 @@ def run_stdin_test(
             if sizes[role] > caps[role]:
                 over = over or role != "stderr"
                 continue
-            if role == "stderr":
+            if role == "stderr" and job.kind != "check":
                 kept["stderr"] = (kept["stderr"] + data)[-STDERR_TAIL:]
             else:
                 kept[role] += data[: keep[role] - len(kept[role])]
