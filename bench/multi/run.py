@@ -15,10 +15,11 @@ scored three ways, in a different order each round:
 
 Per way: request bytes uploaded per sample (the bodies; headers left out), images decoded per
 sample (``scorer_images_decoded_total`` in the services' ``/metrics``), the services' CPU
-seconds per sample, samples/s (every reward of every sample answered), p50/p99 of a sample's
-latency (its first request sent to its last answer in); each the median over rounds. Every
-combined answer is checked: each ``details`` entry against what that reward's own service
-answered for the sample in the same round, ``scores`` against the weighted sum.
+seconds per sample and the cores they had (CPU seconds over wall time), samples/s (every
+reward of every sample answered), p50/p99 of a sample's latency (its first request sent to its
+last answer in); each the median over rounds. Every combined answer is checked: each
+``details`` entry against what that reward's own service answered for the sample in the same
+round, ``scores`` against the weighted sum.
 
     .venv/bin/python -m bench.multi.run [--requests 64] [--rounds 3] [--sets ocr+pickscore,ocr+pickscore+aesthetic]
 """
@@ -150,6 +151,8 @@ def measure_way(way: Callable[[], Calls], servers: Sequence[Server], samples: in
         "download_bytes_per_sample": sum(len(answer) for r in calls.bursts for answer in r["answers"]) / samples,
         "decodes_per_sample": decoded / samples,
         "server_cpu_s_per_sample": cpu / samples,
+        # The cores the services had: on a shared machine, what other jobs left them.
+        "server_cores": cpu / calls.wall_s,
     }, calls
 
 
@@ -249,15 +252,16 @@ def table(report: dict[str, Any]) -> str:
         lines += [
             f"\n{name} ({result['check']['wrong']} wrong; largest details difference "
             f"{result['check']['max_detail_diff']:.2g})\n",
-            "| way | samples/s | p50 s | p99 s | uploaded bytes/sample | decodes/sample | server CPU s/sample |",
-            "|---|---|---|---|---|---|---|",
+            "| way | samples/s | p50 s | p99 s | uploaded bytes/sample | decodes/sample | server CPU s/sample |"
+            " cores |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for way in WAYS:
             m = result["median"][way]
             lines.append(
                 f"| {way} | {m['samples_per_s']:.2f} | {m['p50_s']:.2f} | {m['p99_s']:.2f} | "
                 f"{m['upload_bytes_per_sample']:.0f} | {m['decodes_per_sample']:.2f} | "
-                f"{m['server_cpu_s_per_sample']:.3f} |"
+                f"{m['server_cpu_s_per_sample']:.3f} | {m['server_cores']:.2f} |"
             )
         lines.append("\n" + ", ".join(f"{key} {value:.2f}" for key, value in result["median"]["ratios"].items()))
     return "\n".join(lines)
