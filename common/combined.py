@@ -47,6 +47,7 @@ class CombinedScorer(Scorer):
     reward met for its sample; ``score_request`` turns items into results, errors staying."""
 
     name = "multi"
+    reads_query = True
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)

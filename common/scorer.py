@@ -79,6 +79,10 @@ class Scorer(ABC):
 
     name: ClassVar[str]
     max_batch: ClassVar[int] = 16
+    # Whether the URL's query carries options (``multi``'s rewards). A service that reads none
+    # refuses one with a 422: weights sent to a single reward's port would otherwise be
+    # ignored and its plain score taken for the combination.
+    reads_query: ClassVar[bool] = False
     max_wait_ms: ClassVar[float] = 5.0
 
     def __init__(self, core: CoreSettings) -> None:
