@@ -475,48 +475,26 @@ def run_stdin_test(
     return start + 1
 
 
-def prepare_and_supervise(listener: socket.socket, accepted: int, cgroups: dict) -> None:
-    """Prepare a sample's namespaces and cgroup (``cgroups``: the version and the worker's
-    directories by role, empty without), then let its init take the next connection (and
-    say so on ``accepted``: another is prepared meanwhile) and ``supervise`` it.
+def prepare_and_supervise(listener: socket.socket, accepted: int, cgroup: confine.SampleCgroup | None) -> None:
+    """As a sample's init (pid 1 of a PID namespace of its own, forked by the zygote): join
+    the sample's cgroup (``None`` without cgroups) and make its other namespaces, then take
+    the next connection (and say so on ``accepted``, held open until this process exits:
+    another is prepared meanwhile) and ``supervise`` it.
 
     What cannot be prepared fails the next connection at once (it is closed unanswered).
     """
     try:
-        cgroup = confine.SampleCgroup(cgroups["version"], cgroups["dirs"]) if cgroups["dirs"] else None
+        if cgroup is not None:
+            cgroup.make_and_join()
         confine.private_namespaces()
     except BaseException:
         conn, _ = listener.accept()
         os.write(accepted, b"!")  # a failure: the zygote pauses before the next one
         raise
-    go_read, go_write = os.pipe()
-    init = os.fork()
-    if init == 0:
-        code = 1
-        try:
-            os.close(go_write)
-            if os.read(go_read, 2) == b"go":  # in its cgroup (if any): it may start
-                confine.enter_own_pids()
-                conn, _ = listener.accept()
-                listener.close()
-                os.write(accepted, b".")
-                os.close(accepted)
-                supervise(conn, cgroup)
-                code = 0
-        finally:
-            os._exit(code)
-    os.close(go_read)
+    conn, _ = listener.accept()
     listener.close()
-    os.close(accepted)
-    try:
-        if cgroup is not None:
-            cgroup.add(init)
-        os.write(go_write, b"go")
-    finally:
-        os.close(go_write)
-        os.waitpid(init, 0)
-        if cgroup is not None:
-            cgroup.remove()
+    os.write(accepted, b".")
+    supervise(conn, cgroup)
 
 
 def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
