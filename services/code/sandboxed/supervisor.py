@@ -16,6 +16,7 @@ import selectors
 import signal
 import socket
 import time
+import typing
 
 from services.code.sandboxed import compiled, confine, harness, wire
 from services.code.sandboxed.wire import (
@@ -71,7 +72,7 @@ class CallRun:
     """
 
     def __init__(
-        self, job: Job, conn: socket.socket, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
+        self, job: Job, conn: wire.Outbox, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
     ) -> None:
         self.job, self.conn, self.workdir, self.deadline, self.cgroup = job, conn, workdir, deadline, cgroup
         self.total = len(job.tests)
@@ -175,7 +176,7 @@ class CallRun:
             harness.run_tests(trusted)
 
         fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
-        fds[TRUSTED_FD] = conn.fileno()
+        fds[TRUSTED_FD] = conn.sock.fileno()
         pid = confine.spawn(job, job.test_uid, fds, "/", body, tests=len(job.tests))
         for fd in (null, requests[1], answers[0]):
             os.close(fd)
@@ -389,9 +390,7 @@ def _complete_lines(pending: bytearray, data: bytes) -> list[bytes]:
     return lines
 
 
-def _run_calls(
-    job: Job, conn: socket.socket, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
-) -> None:
+def _run_calls(job: Job, conn: wire.Outbox, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
     run = CallRun(job, conn, workdir, deadline, cgroup)
     try:
         run.run()
@@ -400,7 +399,7 @@ def _run_calls(
 
 
 def run_stdin_test(
-    job: Job, start: int, workdir: str, deadline: float, conn: socket.socket, cgroup: confine.SampleCgroup | None
+    job: Job, start: int, workdir: str, deadline: float, conn: typing.Any, cgroup: confine.SampleCgroup | None
 ) -> int:
     """Run stdin test ``start`` in a process of its own, send what it produced, and return
     the index of the next test.
@@ -508,10 +507,14 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
         cgroup.set_limits(job)
     confine.private_tmp(job)
     compiled.mount_artifact(job)
-    _run_sample(job, conn, deadline, cgroup)
+    outbox = wire.Outbox(conn)
+    try:
+        _run_sample(job, outbox, deadline, cgroup)
+    finally:
+        outbox.flush()
 
 
-def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
+def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
     """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
     workdir = "/tmp"
     try:
