@@ -110,7 +110,6 @@ class CallRun:
         os.set_blocking(calls[1], False)
         self.candidate = {"pid": pid, "calls": calls[1], "answers": answers[0], "loaded": False,
                           "pending": bytearray(), "cpu": 0.0, "delay": 0.0, "stdout_bytes": 0,
-                          "stat": os.open(f"/proc/{pid}/stat", os.O_RDONLY),
                           "schedstat": os.open(f"/proc/{pid}/schedstat", os.O_RDONLY),
                           "oom_kills": self.cgroup.oom_kills() if self.cgroup else 0}  # fmt: skip
         for fd, role in ((answers[0], "answers"), (out[0], "stdout"), (err[0], "stderr")):
@@ -122,8 +121,8 @@ class CallRun:
         """The running candidate's CPU time so far (its last reading if it just ended)."""
         if self.candidate is None:
             return 0.0
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            self.candidate["cpu"] = confine.cpu_seconds(self.candidate["stat"])
+        with contextlib.suppress(OSError):
+            self.candidate["cpu"] = confine.cpu_seconds(self.candidate["pid"])
         return self.candidate["cpu"]
 
     def _candidate_delay(self) -> float:
@@ -153,7 +152,6 @@ class CallRun:
             os.close(cand[role])
         self._drop_outbox(cand["calls"])
         os.close(cand["calls"])
-        os.close(cand["stat"])
         os.close(cand["schedstat"])
         self.failure = self.failure or failure
         if not cand["loaded"]:  # it never got to answer: every test still to run fails alike
