@@ -133,7 +133,8 @@ SECCOMP_EPERM, SECCOMP_ENOSYS = 0x50000 | EPERM, 0x50000 | ENOSYS
 def forbid_new_processes() -> None:
     """A seccomp filter: no fork, vfork or clone without ``CLONE_THREAD`` (``clone3`` answers
     ENOSYS, so threads fall back to ``clone``). The candidate's process is then the only one
-    its code runs in, and its CPU time, threads included, is all in ``/proc/<pid>/stat``."""
+    its code runs in, and its CPU time, threads included, is all in its process CPU clock
+    (``cpu_seconds``)."""
     _install(_new_processes_filter())
 
 
