@@ -50,7 +50,8 @@ MEMORY_SLACK = (
 )
 CPYTHON = (
     "time: 31.5 s and 33.4 s of CPython 3.11's CPU on secret/11-lollipop-1 against the package's 8 s "
-    "(the contest's judge ran Python 3 faster, as PyPy); a Python time factor of 4 would not be enough"
+    "(the contest's judge accepted it within 8 s: a faster Python, PyPy, or machine); a Python "
+    "time factor of 4 would not be enough"
 )
 PYTHON_3_9 = "data: written for Python < 3.9 (fractions.gcd, removed in 3.9); an ImportError on 3.11"
 KNOWN_DISAGREEMENTS: dict[str, str] = {
@@ -58,6 +59,15 @@ KNOWN_DISAGREEMENTS: dict[str, str] = {
     "rmrc2022/profitabletrip/accepted/profitabletrip-zf.py": CPYTHON,
     "rmrc2022/profitabletrip/accepted/profitabletrip-2-zf.py": CPYTHON,
     "rmrc2018/forestforthetrees/accepted/trees-db.py": PYTHON_3_9,
+}
+
+# Verdicts within a few percent of the limit, the machine's rather than the judge's: left out
+# of the full run's comparison. drivinglanes-zf.py (filed as too slow) needs 1.80 s of
+# CPython's CPU on secret/30 against 2 s (here, outside the sandbox); hello_alarm.c spins
+# until alarm(1) fires, about 1 s of CPU on an idle core against 1 s.
+MACHINE_DEPENDENT = {
+    "rmrc2018/drivinglanes/time_limit_exceeded/drivinglanes-zf.py",
+    "problemtools/hello/accepted/hello_alarm.c",
 }
 
 

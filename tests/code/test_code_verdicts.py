@@ -68,9 +68,10 @@ def test_full_corpus_agrees_but_for_known_causes(tmp_path) -> None:
     (tests/conftest.py)."""
     missing = sorted({item.language for item in ITEMS.values() if not installed(item.language)})
     assert missing == [], "toolchains not installed (bash run.sh code installs them)"
-    found = verdicts.judge(list(ITEMS.values()), tmp_path)
+    items = {ident: item for ident, item in ITEMS.items() if ident not in verdicts.MACHINE_DEPENDENT}
+    found = verdicts.judge(list(items.values()), tmp_path)
     new, fixed = [], []
-    for ident, item in ITEMS.items():
+    for ident, item in items.items():
         agree = verdicts.agrees(item, *found[ident])
         if not agree and ident not in verdicts.KNOWN_DISAGREEMENTS:
             new.append(f"{ident}: filed under {item.expected}, ours {found[ident]}")
