@@ -44,10 +44,6 @@ CUSTOM_AS = {
 }
 
 # Every submission we grade otherwise than it is filed, with the cause.
-MEMORY_SLACK = (
-    "ours: a sample's cgroup holds MEMORY_MB + TMP_MB + 64 MiB (README: Running), so a program "
-    "that touches MEMORY_MB (512 MiB) and a little more is not stopped"
-)
 CPYTHON = (
     "time: 31.5 s and 33.4 s of CPython 3.11's CPU on secret/11-lollipop-1 against the package's 8 s "
     "(the contest's judge accepted it within 8 s: a faster Python, PyPy, or machine); a Python "
@@ -55,7 +51,6 @@ CPYTHON = (
 )
 PYTHON_3_9 = "data: written for Python < 3.9 (fractions.gcd, removed in 3.9); an ImportError on 3.11"
 KNOWN_DISAGREEMENTS: dict[str, str] = {
-    "problemtools/hello/run_time_error/memory_limit.cc": MEMORY_SLACK,
     "rmrc2022/profitabletrip/accepted/profitabletrip-zf.py": CPYTHON,
     "rmrc2022/profitabletrip/accepted/profitabletrip-2-zf.py": CPYTHON,
     "rmrc2018/forestforthetrees/accepted/trees-db.py": PYTHON_3_9,

@@ -456,11 +456,12 @@ def run_stdin_test(
     sel.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
+    _, status, usage = os.wait4(pid, 0)  # its peak resident memory among its processes
     confine.clean_up(job.uid)
     for fd in fds:
         os.close(fd)
     exit_code = os.waitstatus_to_exitcode(status)
+    oom_killed = cgroup is not None and cgroup.oom_kills() > oom_before
     cpu = confine.sample_cpu_seconds() - cpu_before
     ended = StdinOutcome(
         index=start,
@@ -473,7 +474,7 @@ def run_stdin_test(
         stdout=kept["stdout"].decode(errors="replace"),
         stderr=kept["stderr"].decode(errors="replace"),
         result=kept["result"].decode(errors="replace"),
-        oom_killed=cgroup is not None and cgroup.oom_kills() > oom_before,
+        over_memory=oom_killed or 0 < job.judged_memory_bytes < usage.ru_maxrss << 10,
     )
     wire.send(conn, ended)
     return start + 1

@@ -40,7 +40,7 @@ class Job:
     cpu_s: float
     wall_s: float
     sample_s: float
-    memory_bytes: int
+    memory_bytes: int  # the address-space rlimit (RLIM_INFINITY: none, the cgroup bounds it)
     nproc: int
     nofile: int
     fsize: int
@@ -55,6 +55,10 @@ class Job:
     cgroup_version: int = 0
     cgroup_memory_bytes: int = 0
     cgroup_tasks: int = 0
+    # The memory limit a stdin test is judged by, as a contest judge does: its processes' peak
+    # resident memory, whatever the sample's cgroup (which also holds /tmp and the supervisor)
+    # lets through. 0: not judged (builds and checkers).
+    judged_memory_bytes: int = 0
     # A compiled language (``compiled``): the command a test (or, for kind "build", the
     # compiler) execs and what it adds to the environment; a build's source file and the cache
     # entry it installs into; a run's cache entry, shown read-only at ``compiled.ARTIFACT_DIR``.
@@ -90,7 +94,9 @@ class StdinOutcome:
     stdout: str
     stderr: str
     result: str  # what the harness reported before the program ran (a compile error)
-    oom_killed: bool = False  # the kernel killed a process of it at the sample's memory limit
+    # The kernel killed a process of it at the sample's memory limit, or its peak resident
+    # memory went over the job's: a judge's limit is the program's alone.
+    over_memory: bool = False
 
 
 @dataclass
