@@ -78,6 +78,8 @@ class Scorer(ABC):
     """
 
     name: ClassVar[str]
+    # Whether ``prepare_samples`` reads the URL's query (``multi``); the others' requests may have none.
+    reads_query: ClassVar[bool] = False
     max_batch: ClassVar[int] = 16
     max_wait_ms: ClassVar[float] = 5.0
 
