@@ -11,6 +11,7 @@ requests fill a reward's queue.
 from __future__ import annotations
 
 import base64
+import io
 import math
 import pickle
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import requests
 import torch
+from PIL import Image
 
 from services.aesthetic.settings import DEFAULT_HEAD
 from testing.images import render_text
@@ -34,6 +36,7 @@ REFUSED_BY_OCR = 'a sign that says ""'
 TOKEN = "attack-multi-secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUEUE = 3
+WORK_BYTES = 256 * 2**20
 
 
 def nan_head(path: Path) -> Path:
@@ -54,6 +57,15 @@ def multi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     }
     logs = tmp_path_factory.mktemp("logs")
     with multi_server(["ocr", "pickscore", "aesthetic"], models, env, threads=32, log_dir=logs) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def clip_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """PickScore and the aesthetic score (its shipped head), with 256 MiB of request work."""
+    models, logs = tmp_path_factory.mktemp("pair-models"), tmp_path_factory.mktemp("pair-logs")
+    env = {"SCORER_MAX_QUEUE_BYTES": str(WORK_BYTES)}
+    with multi_server(["pickscore", "aesthetic"], models, env, threads=8, log_dir=logs) as server:
         yield server
 
 
@@ -142,6 +154,32 @@ def test_an_optional_reward_whose_queue_is_full_is_retried_not_dropped(multi: Se
     # Alone, the same request is scored whole.
     status, answer = post(multi.url, "?ocr=1&pickscore=1!optional")
     assert status == 200 and answer["dropped"] == [], answer
+
+
+def tiny_pngs(count: int) -> list[bytes]:
+    """``count`` distinct 8x8 PNGs, ~70 bytes each."""
+    pngs = []
+    for index in range(count):
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), (index % 256, index // 256, 90)).save(buffer, "PNG")
+        pngs.append(buffer.getvalue())
+    return pngs
+
+
+def test_each_rewards_model_inputs_count_in_the_work_bytes(clip_pair: Server) -> None:
+    """150 8x8 PNGs (12 KB): 115 KB of decoded pixels, but each CLIP reward makes a 1.2 MB input
+    of each (224x224x3 float32, stacked once more into its batch), 180 MB a reward. Was a 200
+    for both rewards (the inputs not counted: a few KB of body held gigabytes, 1,024 such images
+    took a worker 1.6 GB higher); now one reward fits the 256 MiB, two are a 413 that names them."""
+    count = 150
+    body = pickle.dumps({"images": tiny_pngs(count), "prompts": ["a red square"] * count})
+    assert len(body) < 16_000
+    answer = requests.post(f"{clip_pair.url}/?pickscore=1", data=body, timeout=300)
+    assert answer.status_code == 200, pickle.loads(answer.content)
+    answer = requests.post(f"{clip_pair.url}/?pickscore=1&aesthetic=1", data=body, timeout=300)
+    error = pickle.loads(answer.content)
+    assert answer.status_code == 413, error
+    assert "aesthetic inputs" in error["error"] and "SCORER_MAX_QUEUE_BYTES" in error["error"]
 
 
 def test_no_token_is_a_401_before_the_query_is_read_and_info_masks_the_token(multi: Server) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from common.batching import hold_work
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import Unprocessable
@@ -72,8 +73,11 @@ class AestheticScorer(ImageScorer):
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """CLIP resizes the shortest edge up to its input size: a 1 x 300,000 PNG would grow to
-        billions of pixels, so refuse shapes whose resized size passes the pixel limit."""
+        billions of pixels, so refuse shapes whose resized size passes the pixel limit. The model
+        inputs are held against the work bytes first, one per image (an 8x8 image's are 1,500
+        times its decoded bytes)."""
         assert self.model is not None
+        hold_work(len(images) * self.model.input_bytes, "aesthetic inputs")
         shortest = self.model.shortest_edge
         if not shortest:
             return

@@ -23,6 +23,14 @@ from PIL import Image
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
 
+def input_bytes(processor: Any) -> int:
+    """The most memory one image's model input takes while a request holds it, whatever the
+    image's size: its (3, crop) float32 array, twice (the processor's per-image arrays beside
+    the batch it stacks them into)."""
+    crop = processor.crop_size
+    return 2 * 3 * int(crop["height"]) * int(crop["width"]) * 4
+
+
 def resized_size(width: int, height: int, shortest_edge: int) -> tuple[int, int]:
     """(width, height) after resizing the shortest edge to ``shortest_edge`` (the longer edge
     truncated, as torchvision and transformers both do)."""

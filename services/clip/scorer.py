@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from PIL import Image
 
+from common.batching import hold_work
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import Unprocessable
@@ -109,8 +110,10 @@ class ClipRewardScorer(ImageScorer):
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """The resize to the shortest edge blows a 1 x 300,000 image up to billions of pixels:
-        refuse shapes whose resized size passes the pixel limit."""
+        refuse shapes whose resized size passes the pixel limit. The model inputs are held against
+        the work bytes first, one per image (an 8x8 image's are 1,500 times its decoded bytes)."""
         assert self.model is not None
+        hold_work(len(images) * self.model.input_bytes, f"{self.name} inputs")
         for image, name in zip(images, request.names):
             shown = shown_size(image)
             width, height = resized_size(*shown, self.model.shortest_edge)
