@@ -88,7 +88,7 @@ class CombinedScorer(Scorer):
         request = parse_media_request(payload, self.core, self.video_rules)
         wanted = requested(query, request.metadata, list(self.rewards))
         opened = open_images(request.images, self.core, request.names)
-        spans = request.spans()
+        spans = request.spans
         entries: list[dict[str, Any]] = [{} for _ in request.images]
         for name, want in wanted.items():
             self._check(name, want, opened, request, entries)
@@ -97,7 +97,7 @@ class CombinedScorer(Scorer):
             self._prepare(name, want, images, request, entries)
         rules = {name: self.rewards[name].video_rules.get(request.rule.name, MEAN) for name in wanted}
 
-        def combine(results: Sequence[Result]) -> list[Result]:
+        def combine(results: Sequence[Any]) -> list[Result]:  # each image's results by reward
             return combined_results(results, wanted, spans, rules if request.frames is not None else None)
 
         return Samples(entries, combine)
@@ -111,7 +111,7 @@ class CombinedScorer(Scorer):
         if not want.optional:
             scorer.check_images(opened, request)
             return
-        for index, span in enumerate(request.spans()):
+        for index, span in enumerate(request.spans):
             try:
                 scorer.check_images([opened[i] for i in span], request.sample(index))
             except ScorerError as exc:
@@ -178,7 +178,7 @@ class CombinedScorer(Scorer):
 
 
 def combined_results(
-    results: Sequence[Result],
+    images: Sequence[Mapping[str, Any]],
     wanted: Mapping[str, Wanted],
     spans: Sequence[range],
     rules: Mapping[str, VideoRule] | None,
@@ -190,7 +190,6 @@ def combined_results(
     is the first error of a sample whose rewards left carry no weight (every one failed, or
     those left weigh 0): there is nothing to measure it by. A sum past the largest float is a
     422: the weights are too large."""
-    entries: Sequence[dict[str, Any]] = results  # type: ignore[assignment]
     combined: list[Result] = []
     dropped: dict[str, int] = dict.fromkeys(wanted, 0)
     for index, span in enumerate(spans):
@@ -198,7 +197,7 @@ def combined_results(
         errors: list[BaseException] = []
         weighted: list[float] = []
         for name, want in wanted.items():
-            values = [entries[i][name] for i in span]
+            values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
             if error is None:
                 score = _score(values, rules[name] if rules is not None else None)

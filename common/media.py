@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -68,6 +69,7 @@ class MediaRequest:
     frames: list[list[int]] | None
     rule: VideoRule
 
+    @functools.cached_property
     def spans(self) -> list[range]:
         """Which of ``images`` each sample has: its image, or its video's chosen frames."""
         if self.frames is None:
@@ -79,7 +81,7 @@ class MediaRequest:
 
     def sample(self, index: int) -> MediaRequest:
         """Sample ``index`` alone, as a request of its own (its images keep their names)."""
-        span = self.spans()[index]
+        span = self.spans[index]
         return MediaRequest(
             [self.images[i] for i in span],
             [self.names[i] for i in span],

@@ -28,16 +28,25 @@ class Wanted:
 
 
 def _weight(value: Any, where: str) -> float:
-    """A finite number, or its text (a bool is not one); 422 otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    """A finite number (a bool is not one); 422 otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Unprocessable(f"{where} = {quote(value)} must be a finite number")
     try:
         number = float(value)
-    except (ValueError, OverflowError):
-        raise Unprocessable(f"{where} = {quote(value)} is not a finite number") from None
+    except OverflowError:  # an int past float's range
+        number = math.inf
     if not math.isfinite(number):
         raise Unprocessable(f"{where} = {quote(value)} must be a finite number")
     return number
+
+
+def _query_weight(text: str, where: str) -> float:
+    """The query's text of a finite number; 422 otherwise."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise Unprocessable(f"{where} = {quote(text)} is not a number") from None
+    return _weight(number, where)
 
 
 def _served(name: Any, served: Sequence[str], where: str) -> str:
@@ -55,7 +64,7 @@ def from_query(query: Sequence[tuple[str, str]], served: Sequence[str]) -> dict[
         if name in wanted:
             raise Unprocessable(f"the URL's query gives {name!r} twice")
         optional = value.endswith(OPTIONAL)
-        wanted[name] = Wanted(_weight(value.removesuffix(OPTIONAL), f"the URL's {name}"), optional)
+        wanted[name] = Wanted(_query_weight(value.removesuffix(OPTIONAL), f"the URL's {name}"), optional)
     return wanted
 
 

@@ -216,6 +216,26 @@ def test_flags_come_from_the_registry(fake: Path) -> None:
     assert refused.returncode == 2 and "unknown flag --clip" in refused.stderr
 
 
+def test_multi_builds_one_environment_of_its_rewards_requirements(fake: Path) -> None:
+    """``--rewards`` is read before the set-up, which it decides: the environment holds the
+    listed rewards' requirements; without one, nothing is set up (PaddleOCR's refusal:
+    tests/test_multi_requests.py)."""
+    settings = {"SCORER_MULTI_REWARDS": "ocr,pickscore"}
+    setup = setup_of("multi", settings)
+    venv = fake / "repo" / setup.venv
+    (venv / "bin").mkdir(parents=True)
+    _write(venv / "bin" / "python", '#!/bin/sh\necho "$*"; env | grep ^SCORER_ | sort\n')
+    stamp = hashlib.sha256(b"".join((fake / "repo" / f).read_bytes() for f in setup.requirements)).hexdigest()
+    (venv / ".installed").write_text(stamp + "\n")
+    result = run_sh(fake, ["multi", "--rewards", "ocr,pickscore", "--port", "9999"], hide=[])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("-m gunicorn -c ")
+    assert {"SCORER_SERVICE=multi", "SCORER_MULTI_REWARDS=ocr,pickscore", "SCORER_PORT=9999"} <= set(lines)
+    unlisted = run_sh(fake, ["multi"], hide=[])
+    assert unlisted.returncode == 2 and "SCORER_MULTI_REWARDS" in unlisted.stderr
+
+
 def test_each_package_manager_gets_its_own_names(fake: Path) -> None:
     """The code verifier's toolchains are named per package manager (Debian's in the registry)."""
     manager(fake, "dnf")

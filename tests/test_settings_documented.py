@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.settings import CoreSettings
+from common.settings import CoreSettings, MultiSettings
 from services.aesthetic.settings import AestheticSettings
 from services.clip.settings import WEIGHTS
 from services.code.settings import CodeSettings
@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTED: list[tuple[str, type, str]] = [
     ("SCORER_", CoreSettings, "README.md"),
     ("SCORER_OCR_", OcrSettings, "README.md"),
+    ("SCORER_MULTI_", MultiSettings, "README.md"),
     ("SCORER_AESTHETIC_", AestheticSettings, "services/aesthetic/README.md"),
     *((f"SCORER_{name.upper()}_", spec.settings_class, "services/clip/README.md") for name, spec in WEIGHTS.items()),
     ("SCORER_HPSV3_", HPSv3Settings, "services/hpsv3/README.md"),

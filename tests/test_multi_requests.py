@@ -1,0 +1,126 @@
+"""The ``multi`` service's pieces in process: the rewards a request names (URL query, metadata),
+the query the clients build, which rewards a node can serve together and the environment
+``run.sh multi`` builds for them, and how each image's results make each sample's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from common import registry
+from common.combined import combined_results
+from common.errors import PayloadTooLarge, Unprocessable
+from common.media import MEAN, MediaRequest
+from common.rewards import Wanted, from_query, requested, rewards_url
+from common.scorer import Combined, ImageScorer
+
+pytestmark = pytest.mark.unit
+
+SERVED = ["ocr", "pickscore", "aesthetic"]
+
+
+def test_the_url_wins_then_metadata_then_every_reward_at_one() -> None:
+    metadata = {"rewards": {"ocr": 0.2, "pickscore": {"weight": 0.8, "optional": True}}}
+    assert requested([("aesthetic", "2")], metadata, SERVED) == {"aesthetic": Wanted(2.0)}
+    assert requested([], metadata, SERVED) == {"ocr": Wanted(0.2), "pickscore": Wanted(0.8, optional=True)}
+    assert requested([], {}, SERVED) == {name: Wanted(1.0) for name in SERVED}
+
+
+def test_query_weights_and_the_optional_mark() -> None:
+    assert from_query([("ocr", "0.7"), ("pickscore", "-0.3!optional")], SERVED) == {
+        "ocr": Wanted(0.7),
+        "pickscore": Wanted(-0.3, optional=True),
+    }
+
+
+@pytest.mark.parametrize(
+    "query",
+    [[("ocr", "inf")], [("ocr", "1e999")], [("ocr", "!optional")], [("ocr", "1!optional!optional")], [("", "1")]],
+)
+def test_bad_query_weights_are_refused(query: list[tuple[str, str]]) -> None:
+    with pytest.raises(Unprocessable):
+        from_query(query, SERVED)
+
+
+@pytest.mark.parametrize(
+    "weight",
+    [10**400, float("nan"), None, "1", [1], {"weight": 1, "extra": 2}, {"optional": True}, {"weight": "1"}],
+)
+def test_bad_metadata_weights_are_refused(weight: object) -> None:
+    with pytest.raises(Unprocessable):
+        requested([], {"rewards": {"ocr": weight}}, SERVED)
+
+
+def test_the_clients_query() -> None:
+    assert rewards_url("http://node:18100") == "http://node:18100/"
+    url = rewards_url("http://node:18100/", {"ocr": 0.7, "pickscore": 0.3}, optional=["pickscore"])
+    assert url == "http://node:18100/?ocr=0.7&pickscore=0.3!optional"
+    assert rewards_url("http://node:18100/?ocr=1", {"aesthetic": 2}) == "http://node:18100/?ocr=1&aesthetic=2.0"
+    with pytest.raises(ValueError, match="no weight"):
+        rewards_url("http://node:18100", {"ocr": 1}, optional=["pickscore"])
+
+
+def test_which_rewards_a_node_serves_together() -> None:
+    assert registry.multi_rewards({"SCORER_MULTI_REWARDS": " ocr, pickscore "}) == ("ocr", "pickscore")
+    for listed, message in (
+        ("", "serves no reward"),
+        ("ocr,code", "not an image scorer"),
+        ("ocr,ocr", "twice"),
+        ("multi", "not an image scorer"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            registry.multi_rewards({"SCORER_MULTI_REWARDS": listed})
+    # PaddleOCR's packages clash with RapidOCR's and the CLIP family's: its own environment only.
+    with pytest.raises(ValueError, match=r"SCORER_OCR_ENGINE=paddleocr .* cannot serve it"):
+        registry.multi_rewards({"SCORER_MULTI_REWARDS": "ocr,pickscore", "SCORER_OCR_ENGINE": "paddleocr"})
+
+
+def test_the_image_entries_are_image_scorers() -> None:
+    """What the multi service may list: each is an ``ImageScorer`` (one decode shared by all)."""
+    images = [name for name, service in registry.SERVICES.items() if service.image]
+    assert images == ["ocr", "aesthetic", "pickscore", "clipscore", "hpsv2", "hpsv3"]
+    assert all(issubclass(registry.load_scorer_class(name), ImageScorer) for name in images)
+
+
+def test_run_sh_builds_one_environment_of_the_listed_rewards_requirements() -> None:
+    setup = registry.setup_of("multi", {"SCORER_MULTI_REWARDS": "ocr,pickscore,aesthetic"})
+    assert setup.venv == ".venv-multi" and setup.port == 18100
+    assert setup.requirements == ("requirements.txt", "requirements-ocr.txt", "requirements-clip.txt")
+    assert setup.no_deps == registry.SERVICES["ocr"].no_deps
+    assert setup.gpu_requirements == ("requirements-ocr-torch.txt",)
+    assert setup.flags == ("--rewards=SCORER_MULTI_REWARDS",)
+    torch_ocr = registry.setup_of("multi", {"SCORER_MULTI_REWARDS": "ocr", "SCORER_OCR_ENGINE": "torch"})
+    assert "requirements-ocr-torch.txt" in torch_ocr.requirements
+    assert registry.flags_shell("multi") == "FLAGS=(--rewards=SCORER_MULTI_REWARDS)"
+
+
+def test_each_samples_result_from_its_images_results() -> None:
+    wanted = {"ocr": Wanted(0.5, optional=True), "pickscore": Wanted(2.0)}
+    failure = PayloadTooLarge("too many quoted targets")
+    images = [{"ocr": 1.0, "pickscore": 0.25}, {"ocr": failure, "pickscore": 0.5}]
+    first, second = combined_results(images, wanted, [range(0, 1), range(1, 2)], None)
+    assert first == Combined(1.0, details={"ocr": 1.0, "pickscore": 0.25}, dropped=False)
+    assert isinstance(second, Combined) and second.score == 1.0 and second.dropped
+    assert math.isnan(second.details["ocr"])
+    # A video: each reward's frames by its rule, then the sum.
+    frames = [{"ocr": 1.0, "pickscore": 0.0}, {"ocr": 0.0, "pickscore": 1.0}]
+    (video,) = combined_results(frames, wanted, [range(0, 2)], {"ocr": MEAN, "pickscore": MEAN})
+    assert video.score == pytest.approx(0.5 * 0.5 + 2.0 * 0.5)
+    # A required reward's failure, or a sample every reward failed for, is the request's error.
+    with pytest.raises(PayloadTooLarge):
+        combined_results([{"ocr": 1.0, "pickscore": failure}], wanted, [range(0, 1)], None)
+    with pytest.raises(PayloadTooLarge):
+        combined_results([{"ocr": failure}], {"ocr": Wanted(1.0, optional=True)}, [range(0, 1)], None)
+
+
+def test_each_samples_images_and_a_sample_alone() -> None:
+    """What an optional reward's check sees of one sample: its image, or its video's chosen frames."""
+    videos = MediaRequest(
+        [b"a", b"b", b"c"], ["videos[0][0]", "videos[0][2]", "videos[1][0]"], ["p", "q"], {}, [[0, 2], [0]], MEAN
+    )
+    assert videos.spans == [range(0, 2), range(2, 3)]
+    alone = videos.sample(1)
+    assert (alone.images, alone.names, alone.prompts, alone.frames) == ([b"c"], ["videos[1][0]"], ["q"], [[0]])
+    images = MediaRequest([b"a", b"b"], ["images[0]", "images[1]"], ["p", "q"], {}, None, MEAN)
+    assert images.spans == [range(0, 1), range(1, 2)] and images.sample(1).names == ["images[1]"]
