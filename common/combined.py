@@ -105,12 +105,18 @@ class CombinedScorer(Scorer):
     def _check(
         self, name: str, want: Wanted, opened: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
     ) -> None:
-        """The reward's bounds on the request (required), or on each sample alone (optional: a
-        sample it refuses gets the error as its entry)."""
+        """The reward's bounds on the request. An optional reward's refusal is then looked for in
+        each sample alone: a sample it refuses gets the error as its entry; none: the refusal is
+        the request's (a bound on its samples together), every sample's entry."""
         scorer = self.rewards[name]
-        if not want.optional:
+        try:
             scorer.check_images(opened, request)
             return
+        except ScorerError as exc:
+            if not want.optional or isinstance(exc, FROM_THE_LOAD):
+                raise
+            refusal = exc
+        alone = False
         for index, span in enumerate(request.spans):
             try:
                 scorer.check_images([opened[i] for i in span], request.sample(index))
@@ -119,6 +125,10 @@ class CombinedScorer(Scorer):
                     raise
                 for i in span:
                     entries[i][name] = exc
+                alone = True
+        if not alone:
+            for entry in entries:
+                entry[name] = refusal
 
     def _prepare(
         self, name: str, want: Wanted, images: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]

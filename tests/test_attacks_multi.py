@@ -182,16 +182,19 @@ def test_each_rewards_model_inputs_count_in_the_work_bytes(clip_pair: Server) ->
     assert "aesthetic inputs" in error["error"] and "SCORER_MAX_QUEUE_BYTES" in error["error"]
 
 
-def test_the_pixels_clip_resizes_to_count_in_the_requests_pixels(clip_pair: Server) -> None:
+@pytest.mark.parametrize("query", ["?pickscore=1", "?pickscore=1!optional"])
+def test_the_pixels_clip_resizes_to_count_in_the_requests_pixels(clip_pair: Server, query: str) -> None:
     """A 1x50 PNG (70 bytes) referenced 64 times: 3,200 pixels by the request's limits, but CLIP
     resizes each to 224x11200 (2.5 Mpx, ~0.1 s of one core) before its centre crop, once per
     reference and per reward. Was a 200 after seconds of CPU for a 400-byte body (1,024 such
-    references: over 100 s a reward); now a 413 from the headers, as 160 Mpx of images are."""
+    references: over 100 s a reward); now a 413 from the headers, as 160 Mpx of images are. An
+    optional reward's bounds were checked one sample at a time, each within every bound: the
+    request's bounds are checked first, a refusal no sample earns alone is the request's."""
     buffer = io.BytesIO()
     Image.new("RGB", (1, 50), (200, 10, 10)).save(buffer, "PNG")
     body = pickle.dumps({"images": [buffer.getvalue()] * 64, "prompts": ["a red line"] * 64})
     assert len(body) < 1_000
-    answer = requests.post(f"{clip_pair.url}/?pickscore=1", data=body, timeout=300)
+    answer = requests.post(f"{clip_pair.url}/{query}", data=body, timeout=300)
     error = pickle.loads(answer.content)
     assert answer.status_code == 413, error
     assert "SCORER_MAX_REQUEST_PIXELS" in error["error"] and "224x11200" in error["error"]
