@@ -99,12 +99,17 @@ def test_an_overflowing_sum_is_refused_in_json_too(multi: Server) -> None:
     assert "Infinity" not in response.text
 
 
-def test_a_single_service_refuses_a_rewards_query_it_would_ignore(single_ocr: Server) -> None:
-    """VeRL-Omni pointed at the OCR service with a multi service's URL: was a 200 with OCR's own
-    score (1.0) where the trainer expects 0.5 x OCR + 0.5 x PickScore."""
+def test_a_single_service_refuses_the_rewards_it_would_ignore(single_ocr: Server) -> None:
+    """VeRL-Omni pointed at the OCR service with a multi service's URL, or flow_grpo with its
+    metadata: was a 200 with OCR's own score (1.0) where the trainer expects 0.5 x OCR + 0.5 x
+    PickScore."""
     status, answer = post(single_ocr.url, "?ocr=0.5&pickscore=0.5")
     assert status == 422, answer
     assert "query" in answer["error"] and "multi" in answer["error"]
+    # flow_grpo's form of the same request
+    status, answer = post(single_ocr.url, metadata={"rewards": {"ocr": 0.5, "pickscore": 0.5}})
+    assert status == 422, answer
+    assert "metadata['rewards']" in answer["error"] and "multi" in answer["error"]
     status, answer = post(single_ocr.url)
     assert status == 200 and answer["scores"] == [1.0], answer
 
