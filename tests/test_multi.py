@@ -318,15 +318,3 @@ def test_a_reward_that_cannot_load_keeps_the_service_not_ready(tmp_path: Path) -
         images, prompts = samples(1)
         status, answer = post(server.url, {"images": images, "prompts": prompts}, "?ocr=1")
         assert status == 503 and "SCORER_PICKSCORE_MODEL" in answer["error"]
-
-
-def test_a_single_service_refuses_weights_in_its_url(singles: dict[str, Server]) -> None:
-    """Weights sent to one reward's port would be ignored and its plain score taken for the
-    combination: a 422 naming the multi service, for either wire format."""
-    images, prompts = samples(2)
-    for fmt in ("pickle", "json"):
-        sent = [base64.b64encode(image).decode() for image in images] if fmt == "json" else images
-        payload = {"images": sent, "prompts": prompts}
-        status, answer = post(singles["ocr"].url, payload, "?ocr=0.5&pickscore=0.5", fmt)
-        assert status == 422 and "multi" in answer["error"] and "pickscore" in answer["error"], answer
-    assert alone(singles["ocr"], {"images": images, "prompts": prompts})  # the same request without it
