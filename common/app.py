@@ -22,7 +22,7 @@ from common.auth import bearer_token_matches
 from common.batching import Deadline, request_deadline
 from common.config import describe, from_env
 from common.devices import GPU_ENV
-from common.errors import PayloadTooLarge, ScorerError, Unauthorized, describe_error
+from common.errors import PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
 from common.protocols import WireProtocol
 from common.runtime import RequestLimits, ScorerRuntime
 from common.scorer import Scorer
@@ -116,8 +116,15 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         """The one request path, for every protocol: body, payload, readiness, items, results, answer."""
 
         def view() -> Response:
-            payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
             query = list(request.args.items(multi=True))
+            if query and not scorer.reads_query:
+                # A trainer given a multi service's URL (``?ocr=0.5&pickscore=0.5``) would get
+                # this scorer's score alone for the weighted sum it asked for.
+                raise Unprocessable(
+                    f"the {service} service reads nothing in the URL's query (it has {quote(dict(query))}); "
+                    f"rewards and weights there are the multi service's (port {registry.get('multi').port})"
+                )
+            payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
             runtime.wait_ready()
             # The bytes its items hold (decoded images, model inputs) count from when they are
             # declared until its results are in.

@@ -14,7 +14,8 @@ weight ending ``!optional`` marks its reward optional), else in ``metadata["rewa
 has weight 1. A required reward's failure fails the request as it would fail its own service's;
 an optional reward's failure drops its score from the samples it failed for (``dropped``): a
 sample whose own input it refuses (``check_images``, one sample at a time) alone, every sample
-of the request when it fails while preparing or scoring.
+of the request when it fails while preparing or scoring. A refusal for the node's load (503) is
+never dropped, and a sample left with no weighted reward is never answered 0.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from PIL import Image
 
 from common import metrics, registry
 from common.config import ConfigError
-from common.errors import ScorerError
+from common.errors import InternalError, NotReady, Overloaded, ScorerError, Unprocessable, quote
 from common.images import open_images
 from common.media import MEAN, MediaRequest, VideoRule, parse_media_request
 from common.rewards import Wanted, requested
@@ -40,6 +41,11 @@ from common.settings import CoreSettings
 
 log = logging.getLogger(__name__)
 
+# A reward's refusals that tell of the node's load (a full queue, the deadline, the work bytes
+# held by other requests) or its readiness, not of the sample: the request fails with the 503
+# its client retries, optional reward or not, so that a sample's sum never depends on the load.
+FROM_THE_LOAD = (Overloaded, NotReady)
+
 
 class CombinedScorer(Scorer):
     """The rewards ``SCORER_MULTI_REWARDS`` lists, behind one request path. Each of a request's
@@ -47,6 +53,7 @@ class CombinedScorer(Scorer):
     reward met for its sample; ``score_request`` turns items into results, errors staying."""
 
     name = "multi"
+    reads_query = True
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
@@ -98,18 +105,30 @@ class CombinedScorer(Scorer):
     def _check(
         self, name: str, want: Wanted, opened: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
     ) -> None:
-        """The reward's bounds on the request (required), or on each sample alone (optional: a
-        sample it refuses gets the error as its entry)."""
+        """The reward's bounds on the request. An optional reward's refusal is then looked for in
+        each sample alone: a sample it refuses gets the error as its entry; none: the refusal is
+        the request's (a bound on its samples together), every sample's entry."""
         scorer = self.rewards[name]
-        if not want.optional:
+        try:
             scorer.check_images(opened, request)
             return
+        except ScorerError as exc:
+            if not want.optional or isinstance(exc, FROM_THE_LOAD):
+                raise
+            refusal = exc
+        alone = False
         for index, span in enumerate(request.spans):
             try:
                 scorer.check_images([opened[i] for i in span], request.sample(index))
             except ScorerError as exc:
+                if isinstance(exc, FROM_THE_LOAD):
+                    raise
                 for i in span:
                     entries[i][name] = exc
+                alone = True
+        if not alone:
+            for entry in entries:
+                entry[name] = refusal
 
     def _prepare(
         self, name: str, want: Wanted, images: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
@@ -124,7 +143,7 @@ class CombinedScorer(Scorer):
                 [images[i] for i in indices], [prompts[i] for i in indices], request.metadata
             )
         except Exception as exc:
-            if not want.optional:
+            if not want.optional or isinstance(exc, FROM_THE_LOAD):
                 raise
             log.warning("optional reward %s failed to prepare a request: %s", name, exc)
             items = [exc] * len(indices)
@@ -176,34 +195,53 @@ def combined_results(
 ) -> list[Result]:
     """Each image's results by reward -> each sample's ``Combined``: each reward's score (a
     video's by its rule for that reward, ``rules``; None for images), the weighted sum of those
-    that did not fail. A required reward's error is raised; so is the first error of a sample
-    that every reward failed for: there is nothing to measure it by."""
+    that did not fail. A score that is not a finite number (a model's NaN) is its reward's
+    failure. A required reward's error is raised, and any reward's 503 (``FROM_THE_LOAD``); so
+    is the first error of a sample whose rewards left carry no weight (every one failed, or
+    those left weigh 0): there is nothing to measure it by. A sum past the largest float is a
+    422: the weights are too large."""
     combined: list[Result] = []
     dropped: dict[str, int] = dict.fromkeys(wanted, 0)
-    for span in spans:
+    for index, span in enumerate(spans):
         details: dict[str, float] = {}
         errors: list[BaseException] = []
-        failed: set[str] = set()
+        weighted: list[float] = []
         for name, want in wanted.items():
             values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
-            if error is not None:
-                if not want.optional:
-                    raise error
-                errors.append(error)
-                failed.add(name)
-                details[name] = math.nan
-                dropped[name] += 1
-                continue
-            details[name] = _score(values, rules[name] if rules is not None else None)
-        if len(errors) == len(wanted):
+            if error is None:
+                score = _score(values, rules[name] if rules is not None else None)
+                if math.isfinite(score):
+                    details[name] = score
+                    weighted.append(want.weight * score)
+                    continue
+                error = InternalError(f"{name} scored sample {index} {score}, not a finite number: its model's fault")
+            if not want.optional or isinstance(error, FROM_THE_LOAD):
+                raise error
+            errors.append(error)
+            details[name] = math.nan
+            dropped[name] += 1
+        if errors and not any(wanted[name].weight for name, score in details.items() if not math.isnan(score)):
             raise errors[0]
-        total = math.fsum(wanted[name].weight * score for name, score in details.items() if name not in failed)
-        combined.append(Combined(total, details=details, dropped=bool(errors)))
+        combined.append(Combined(_sum(weighted, index), details=details, dropped=bool(errors)))
     for name, count in dropped.items():
         if count:
             metrics.REWARD_DROPPED.labels(name).inc(count)
     return combined
+
+
+def _sum(weighted: Sequence[float], index: int) -> float:
+    """Sample ``index``'s weighted scores summed; a 422 when the sum is past the largest float."""
+    try:
+        total = math.fsum(weighted)
+    except (OverflowError, ValueError):  # an intermediate sum past the largest float; inf - inf
+        total = math.inf
+    if not math.isfinite(total):
+        raise Unprocessable(
+            f"sample {index}'s weighted sum overflows a float (its weighted scores: {quote(weighted)}); "
+            "the weights are too large"
+        )
+    return total
 
 
 def _score(values: Sequence[Result], rule: VideoRule | None) -> float:

@@ -68,6 +68,9 @@ class MediaRequest:
     metadata: dict[str, Any]
     frames: list[list[int]] | None
     rule: VideoRule
+    # The index in the client's request of ``prompts[0]`` (a sample taken alone keeps its own:
+    # an error names the prompt the client sent).
+    first_prompt: int = 0
 
     @functools.cached_property
     def spans(self) -> list[range]:
@@ -89,6 +92,7 @@ class MediaRequest:
             self.metadata,
             None if self.frames is None else [self.frames[index]],
             self.rule,
+            self.first_prompt + index,
         )
 
     @property

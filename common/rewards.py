@@ -8,6 +8,7 @@ the VeRL-Omni drop-in imports it in the trainer's environment."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +41,16 @@ def _weight(value: Any, where: str) -> float:
     return number
 
 
+# A weight in the URL: a plain decimal number, as a JSON number is written (``float`` also takes
+# ``1_0``, spaces and digits of other scripts, which no client means).
+DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+
+
 def _query_weight(text: str, where: str) -> float:
-    """The query's text of a finite number; 422 otherwise."""
-    try:
-        number = float(text)
-    except ValueError:
-        raise Unprocessable(f"{where} = {quote(text)} is not a number") from None
-    return _weight(number, where)
+    """The query's text of a finite decimal number; 422 otherwise."""
+    if not DECIMAL.fullmatch(text):
+        raise Unprocessable(f"{where} = {quote(text)} is not a number")
+    return _weight(float(text), where)
 
 
 def _served(name: Any, served: Sequence[str], where: str) -> str:

@@ -20,6 +20,7 @@ from PIL import Image
 
 from common import metrics
 from common.batching import BatchedCall, DynamicBatcher
+from common.errors import Unprocessable
 from common.images import load_images, open_images
 from common.media import MEAN, MediaRequest, VideoRule, parse_media_request
 from common.settings import CoreSettings
@@ -78,6 +79,8 @@ class Scorer(ABC):
     """
 
     name: ClassVar[str]
+    # Whether ``prepare_samples`` reads the URL's query (``multi``); the others' requests may have none.
+    reads_query: ClassVar[bool] = False
     max_batch: ClassVar[int] = 16
     max_wait_ms: ClassVar[float] = 5.0
 
@@ -196,6 +199,12 @@ class ImageScorer(Scorer):
 
     def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
         request = parse_media_request(payload, self.core, self.video_rules)
+        if "rewards" in request.metadata:
+            # As a query's rewards (common/app.py): this reward's score alone is no weighted sum.
+            raise Unprocessable(
+                f"metadata['rewards'] names the rewards of a multi service; the {self.name} service scores "
+                f"{self.name} alone"
+            )
         opened = open_images(request.images, self.core, request.names)
         self.check_images(opened, request)
         images = decode(opened, request, self.name)

@@ -229,10 +229,12 @@ def test_an_optional_reward_failing_while_it_scores_drops_it_from_the_request(mu
 
 
 def test_a_sample_no_reward_could_score_fails_the_request(multi: Server) -> None:
+    """The error names the prompt as the client sent it (an optional reward checks each sample
+    alone, which must not renumber it)."""
     images, prompts = samples(2)
-    prompts[0] = 'a shop sign that says ""'
+    prompts[1] = 'a shop sign that says ""'
     status, answer = post(multi.url, {"images": images, "prompts": prompts}, "?ocr=1!optional")
-    assert status == 422 and "prompts[0]" in answer["error"], answer
+    assert status == 422 and "prompts[1]" in answer["error"], answer
 
 
 def test_videos_are_combined_per_reward_by_its_own_rule(multi: Server, singles: dict[str, Server]) -> None:

@@ -32,12 +32,18 @@ def test_query_weights_and_the_optional_mark() -> None:
         "ocr": Wanted(0.7),
         "pickscore": Wanted(-0.3, optional=True),
     }
+    plain = from_query([("ocr", "+.5"), ("pickscore", "2.e-1")], SERVED)
+    assert plain == {"ocr": Wanted(0.5), "pickscore": Wanted(0.2)}
 
 
 @pytest.mark.parametrize(
     "query",
-    [[("ocr", "inf")], [("ocr", "1e999")], [("ocr", "!optional")], [("ocr", "1!optional!optional")], [("", "1")]],
-)
+    [
+        [("ocr", "inf")], [("ocr", "1e999")], [("ocr", "!optional")], [("ocr", "1!optional!optional")], [("", "1")],
+        # Texts Python's float reads that no client means by a weight.
+        [("ocr", "1_0")], [("ocr", " 1")], [("ocr", "\u0661")], [("ocr", "\uff11")], [("ocr", "0x1")], [("ocr", "nan")],
+    ],
+)  # fmt: skip
 def test_bad_query_weights_are_refused(query: list[tuple[str, str]]) -> None:
     with pytest.raises(Unprocessable):
         from_query(query, SERVED)

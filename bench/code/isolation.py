@@ -7,7 +7,8 @@ cgroups) and in this one with and without cgroups, rounds interleaved, medians.
 
 Rows: a stdin sample of one test (``print(input())``), the coin_change reference as a
 call-based sample (25 calls), and an assert sample whose one call answers a 15 MiB string
-(the supervisor relays it to the tests' process).
+(the supervisor relays it to the tests' process; since ``compared_output_bytes`` (4 MiB)
+bounds an answer, it ends as ``output_limit`` once 4 MiB have crossed).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main() -> None:
     parser.add_argument("--uid-base", type=int, default=400000)
     args = parser.parse_args()
     designs = {
-        "before (namespaces per zygote)": (args.before, "-"),
+        f"before ({args.before})": (args.before, "-"),
         "after, cgroups off": (ROOT, "off"),
         "after, cgroups (auto)": (ROOT, "auto"),
     }

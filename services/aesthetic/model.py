@@ -15,6 +15,7 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
 
+from services.clip.preprocess import input_bytes
 from services.clip.towers import DTYPES, image_features, normalised
 from services.clip.weights import local_first
 
@@ -52,6 +53,7 @@ class AestheticModel:
         size = getattr(self.processor, "size", None) or {}
         # CLIP resizes the shortest edge to this, then centre-crops.
         self.shortest_edge: int | None = size.get("shortest_edge")
+        self.input_bytes = input_bytes(self.processor)
 
     def _load_clip(self, source: str) -> tuple[CLIPModel, Any]:
         return local_first(lambda offline: self._from_pretrained(source, local_files_only=offline))

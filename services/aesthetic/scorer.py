@@ -10,7 +10,6 @@ ready tensors and runs the model, in micro-batches.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +17,11 @@ from PIL import Image
 
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
-from common.errors import Unprocessable
-from common.images import shown_size
 from common.media import MediaRequest
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.aesthetic.settings import CLIP_HINT, SECTION, missing, read_settings
+from services.clip.preprocess import check_clip_inputs
 
 if TYPE_CHECKING:
     from services.aesthetic.model import AestheticModel
@@ -71,21 +69,11 @@ class AestheticScorer(ImageScorer):
         log.info("aesthetic: CLIP %s, head %s, on %s in %s", settings.clip, settings.head, device, model.dtype)
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
-        """CLIP resizes the shortest edge up to its input size: a 1 x 300,000 PNG would grow to
-        billions of pixels, so refuse shapes whose resized size passes the pixel limit."""
+        """The pixels of CLIP's resize to the shortest edge, and the model inputs (one per image:
+        an 8x8 image's are 1,500 times its decoded bytes), bounded."""
         assert self.model is not None
-        shortest = self.model.shortest_edge
-        if not shortest:
-            return
-        for image, name in zip(images, request.names):
-            width, height = shown_size(image)
-            longest = math.ceil(max(width, height) * shortest / max(1, min(width, height)))
-            if shortest * longest > self.core.max_pixels:
-                raise Unprocessable(
-                    f"{name} is {width}x{height}: resized to a shortest edge of {shortest} it would "
-                    f"have {shortest * longest} pixels, over the limit of {self.core.max_pixels}; "
-                    "the aspect ratio is too extreme"
-                )
+        model = self.model
+        check_clip_inputs(images, request.names, model.shortest_edge, model.input_bytes, "aesthetic inputs", self.core)
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"

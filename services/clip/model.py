@@ -18,7 +18,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from services.clip.open_clip_checkpoint import load_open_clip_checkpoint, read_config
-from services.clip.preprocess import FloatTransform, open_clip_text
+from services.clip.preprocess import FloatTransform, input_bytes, open_clip_text
 from services.clip.towers import DTYPES, image_features, normalised, text_features
 from services.clip.weights import local_first
 
@@ -73,6 +73,7 @@ class ClipRewardModel:
             FloatTransform.from_processor(self.image_processor, recipe.float_resize) if recipe.float_resize else None
         )
         self.shortest_edge: int = int(self.image_processor.size["shortest_edge"])
+        self.input_bytes = input_bytes(self.image_processor)
         self.context_length: int = clip.config.text_config.max_position_embeddings
         scale = clip.logit_scale.detach().float().exp().item() if recipe.logit_scale else 1.0
         self.factor = scale / divisor

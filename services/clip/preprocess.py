@@ -14,13 +14,63 @@ Two image recipes, as the reference scorers apply them:
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from common.batching import hold_work
+from common.config import env_name
+from common.errors import PayloadTooLarge, Unprocessable
+from common.images import shown_size
+from common.settings import CoreSettings
+
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def check_clip_inputs(
+    images: Sequence[Image.Image],
+    names: Sequence[str],
+    shortest_edge: int | None,
+    nbytes: int,
+    what: str,
+    core: CoreSettings,
+) -> None:
+    """A CLIP reward's bounds on a request's images, from their headers: CLIP resizes the shortest
+    edge to ``shortest_edge`` (None: to a fixed size) before its centre crop, so a 1 x 300,000
+    PNG would grow to billions of pixels (422 past ``SCORER_MAX_PIXELS``), and a 70-byte 1 x 50
+    one to 2.5 Mpx, a 0.1 s resize: the resized pixels of the request, each reference counted,
+    are bounded as its decoded pixels are (413 past ``SCORER_MAX_REQUEST_PIXELS``). The model
+    inputs, ``nbytes`` an image (``input_bytes``), are held against the work bytes first."""
+    hold_work(len(images) * nbytes, what)
+    if not shortest_edge:
+        return
+    total = 0
+    for image, name in zip(images, names):
+        shown = shown_size(image)
+        width, height = resized_size(*shown, shortest_edge)
+        if width * height > core.max_pixels:
+            raise Unprocessable(
+                f"{name} is {shown[0]}x{shown[1]}: resized to a shortest edge of {shortest_edge} it would have "
+                f"{width * height} pixels, over the limit of {core.max_pixels}; the aspect ratio is too extreme"
+            )
+        total += width * height
+        if total > core.max_request_pixels:
+            raise PayloadTooLarge(
+                f"the request's images resized to a shortest edge of {shortest_edge} ({name}: {shown[0]}x{shown[1]} "
+                f"to {width}x{height}) have over {core.max_request_pixels} pixels together; the limit is "
+                f"{core.max_request_pixels} ({env_name('', 'max_request_pixels')})"
+            )
+
+
+def input_bytes(processor: Any) -> int:
+    """The most memory one image's model input takes while a request holds it, whatever the
+    image's size: its (3, crop) float32 array, twice (the processor's per-image arrays beside
+    the batch it stacks them into)."""
+    crop = processor.crop_size
+    return 2 * 3 * int(crop["height"]) * int(crop["width"]) * 4
 
 
 def resized_size(width: int, height: int, shortest_edge: int) -> tuple[int, int]:

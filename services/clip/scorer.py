@@ -22,12 +22,10 @@ from PIL import Image
 
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
-from common.errors import Unprocessable
-from common.images import shown_size
 from common.media import MediaRequest
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
-from services.clip.preprocess import resized_size
+from services.clip.preprocess import check_clip_inputs
 from services.clip.settings import HPS_FILE, WEIGHTS, missing, model_hint, processor_source, read_settings
 from services.clip.weights import local_first
 
@@ -108,18 +106,13 @@ class ClipRewardScorer(ImageScorer):
         return [Pair(pixels, tokens) for pixels, tokens in zip(model.preprocess(images), model.tokenize(prompts))]
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
-        """The resize to the shortest edge blows a 1 x 300,000 image up to billions of pixels:
-        refuse shapes whose resized size passes the pixel limit."""
+        """The pixels of the resize to the shortest edge, and the model inputs (one per image:
+        an 8x8 image's are 1,500 times its decoded bytes), bounded."""
         assert self.model is not None
-        for image, name in zip(images, request.names):
-            shown = shown_size(image)
-            width, height = resized_size(*shown, self.model.shortest_edge)
-            if width * height > self.core.max_pixels:
-                raise Unprocessable(
-                    f"{name} is {shown[0]}x{shown[1]}: resized to a shortest edge of "
-                    f"{self.model.shortest_edge} it would have {width * height} pixels, over the limit of "
-                    f"{self.core.max_pixels}; the aspect ratio is too extreme"
-                )
+        model = self.model
+        check_clip_inputs(
+            images, request.names, model.shortest_edge, model.input_bytes, f"{self.name} inputs", self.core
+        )
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         assert self.model is not None, "setup() has not run"

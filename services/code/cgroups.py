@@ -3,7 +3,8 @@
 A worker makes one directory of its own (``scorer-code-<pid>``) under its own cgroup, per
 controller (cgroup v1: ``memory``) or once (cgroup v2, with the
 ``memory`` and ``pids`` controllers enabled for it); each sample's supervisor makes the
-sample's cgroup in it (``sandboxed.confine.SampleCgroup``) and removes it after. Where none
+sample's cgroup in it and joins it (``sandboxed.confine.SampleCgroup``), and the zygote
+removes it after. Where none
 can be made (no writable cgroupfs, controllers missing or not delegable, or
 ``SCORER_CODE_CGROUPS=off``), the sandbox falls back to rlimits (``describe`` says which).
 """

@@ -206,7 +206,7 @@ class Builds:
         return dataclasses.replace(
             job, kind="build", code=program.source, tests=[""], cpu_s=lim.cpu_s, wall_s=lim.wall_s,
             nproc=max(job.nproc, BUILD_TASKS),
-            memory_bytes=resource.RLIM_INFINITY if cgroups else lim.memory_mb << 20,
+            memory_bytes=resource.RLIM_INFINITY if cgroups else lim.memory_mb << 20, judged_memory_bytes=0,
             output_bytes=COMPILER_OUTPUT_BYTES, keep_bytes=COMPILER_KEEP_BYTES, tmp_bytes=lim.tmp_mb << 20,
             cgroup_memory_bytes=supervisor + ((lim.memory_mb + lim.tmp_mb) << 20),
             command=program.build, env=program.env, source_path=program.source_path,
@@ -228,7 +228,9 @@ class Builds:
         """``job`` (one empty stdin test per check) turned into runs of the checker ``program``,
         each as ``checker input output answer`` on the files of its entry of ``files``."""
         run = self.run_job(program, job, cgroups)
-        return dataclasses.replace(run, kind="check", checks=files, command=[*program.run, *CHECK_FILES])
+        return dataclasses.replace(
+            run, kind="check", checks=files, command=[*program.run, *CHECK_FILES], judged_memory_bytes=0
+        )
 
     @staticmethod
     def compile_error(outcome: object) -> str | None:

@@ -76,9 +76,10 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
         return "timeout"
     if run.output_exceeded:
         return "output_limit"
+    if run.over_memory:
+        return "memory_limit"
     if run.exit != 0:
-        out_of_memory = run.oom_killed or any(sign in run.stderr for sign in OUT_OF_MEMORY)
-        return "memory_limit" if out_of_memory else "runtime_error"
+        return "memory_limit" if any(sign in run.stderr for sign in OUT_OF_MEMORY) else "runtime_error"
     if run.stdout_truncated:
         return "wrong_answer"
     checker, want = suite.checker, suite.expected[run.index]
@@ -351,7 +352,7 @@ class Grader:
             tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
             cpu_s=scale.of(s.test_cpu_s), wall_s=scale.of(s.test_wall_s),
             sample_s=max(0.1, min(sample_s, deadline - time.monotonic())),
-            memory_bytes=s.memory_mb << 20, nofile=s.max_open_files,
+            memory_bytes=s.memory_mb << 20, judged_memory_bytes=s.memory_mb << 20, nofile=s.max_open_files,
             # The rlimit counts a uid's threads too: with a cgroup, the cgroup's task limit decides.
             nproc=s.max_threads if cgroups.version else s.max_processes,
             fsize=s.max_file_bytes, output_bytes=s.max_output_bytes, tmp_bytes=s.tmp_mb << 20,

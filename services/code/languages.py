@@ -12,6 +12,7 @@ one is reported in ``/info`` and its samples get ``language_unavailable`` (no ve
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import re
@@ -186,30 +187,60 @@ def missing_tools(language: Language, tools: dict[str, str]) -> list[str]:
     return [tool for tool in language.tools if tool not in tools]
 
 
-# A Java source's top-level type declarations and its package.
+# A Java source's type declarations (their modifiers on the line: a scan that spans lines is
+# retried from every later line), its main method and its package.
 _JAVA_TYPE = re.compile(
-    r"^[ \t]*((?:(?:public|final|abstract|strictfp|static|sealed)\s+)*)(?:class|interface|enum|record)\s+([\w$]+)", re.M
+    r"^[ \t]*((?:(?:public|final|abstract|strictfp|static|sealed)[ \t]+)*)"
+    r"(?:class|interface|enum|record)\s+([\w$]+)",
+    re.M,
 )
 _JAVA_MAIN = re.compile(r"\bstatic\s+(?:(?:public|final|synchronized|strictfp)\s+)*void\s+main\s*\(")
 _JAVA_PACKAGE = re.compile(r"^\s*package\s+([\w.]+)\s*;", re.M)
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# Comments and string, text block and char literals: blanked before braces are counted. Each
+# alternative matches wherever it starts (an unclosed one runs to the end of its line or of
+# the source), so the scan is linear: a failed match would be retried at every later opener.
+_JAVA_NOT_CODE = re.compile(
+    r'"""(?:\\.|[^\\])*?(?:"""|\Z)|//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"?|\'(?:\\.|[^\'\\\n])*\'?', re.S
+)
 
 
 def java_names(source: str) -> tuple[str, str]:
     """(file name without ``.java``, class to run) of a Java source.
 
-    javac wants a public class in a file of its name; the class to run is the one whose body
-    holds ``static void main`` (the type declared last before it), qualified by the package.
+    javac wants a public top-level class in a file of its name; the class to run is the
+    innermost type whose body holds ``static void main`` (``Outer$Inner`` when nested),
+    qualified by the package. Linear in the source's length (it is a sample's to choose).
     """
-    text = _COMMENTS.sub(lambda m: " " * len(m.group()), source)
-    types = list(_JAVA_TYPE.finditer(text))
-    public = next((m.group(2) for m in types if "public" in m.group(1).split()), None)
+    text = _JAVA_NOT_CODE.sub(lambda m: " " * len(m.group()), source)
+    opens: list[int] = []
+    closes: list[int] = []
+    closing: dict[int, int] = {}  # an opening brace's closing one
+    open_now: list[int] = []
+    for brace in re.finditer(r"[{}]", text):
+        if brace.group() == "{":
+            opens.append(brace.start())
+            open_now.append(brace.start())
+        else:
+            closes.append(brace.start())
+            if open_now:
+                closing[open_now.pop()] = brace.start()
+
+    def body(after: int) -> tuple[int, int]:
+        """The braces of the type declared before ``after`` (to the end when unclosed)."""
+        first = bisect.bisect_left(opens, after)
+        return (opens[first], closing.get(opens[first], len(text))) if first < len(opens) else (after, after)
+
+    def top_level(at: int) -> bool:
+        return bisect.bisect_left(opens, at) == bisect.bisect_left(closes, at)
+
+    types = [(m.group(2), m.group(1).split(), top_level(m.start()), body(m.end())) for m in _JAVA_TYPE.finditer(text)]
+    public = next((name for name, modifiers, top, _ in types if top and "public" in modifiers), None)
     main_at = _JAVA_MAIN.search(text)
-    holder = None
-    if main_at is not None:
-        before = [m for m in types if m.start() < main_at.start()]
-        holder = before[-1].group(2) if before else None
-    holder = holder or public or (types[0].group(2) if types else "Main")
+    # Every type whose body holds main, outermost first (types are in source order).
+    holder = "$".join(
+        name for name, _, _, (start, end) in types if main_at is not None and start < main_at.start() <= end
+    )
+    holder = holder or public or next((name for name, _, top, _ in types if top), "Main")
     package = _JAVA_PACKAGE.search(text)
     return public or holder, (f"{package.group(1)}." if package else "") + holder
 

@@ -114,7 +114,7 @@ class OCRScorer(ImageScorer):
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """The prompts' targets, and the engine's input size of each image from its header."""
         options = self.options.override(request.metadata.get("ocr"))
-        for index, prompt in enumerate(request.prompts):
+        for index, prompt in enumerate(request.prompts, request.first_prompt):
             self._targets(prompt, options, index)
         sizes = [self._check_input_size(image, name) for image, name in zip(images, request.names)]
         hold_work(sum(width * height for width, height in sizes) * self.engine.work_bytes_per_pixel, "OCR inputs")

@@ -99,6 +99,11 @@ JAVA_CASES = [
      "public static void main(String[] args)throws IOException{BufferedReader r=new BufferedReader("
      "new InputStreamReader(System.in));StringTokenizer t=new StringTokenizer(r.readLine());"
      "System.out.println(Helper.add(Long.parseLong(t.nextToken()),Long.parseLong(t.nextToken())));}}"),
+    # A type declared inside the main class before main (ICPC Rocky Mountain 2022's profitabletrip_zf.java).
+    ("nested_first", None, "import java.util.*;\npublic class Trip{\n"
+     "  static class Edge{long v;Edge(long v){this.v=v;}}\n"
+     "  public static void main(String[] a){Scanner s=new Scanner(System.in);\n"
+     "    System.out.println(new Edge(s.nextLong()).v+new Edge(s.nextLong()).v);}\n}"),
     ("wrong", "wrong_answer", "public class Main{public static void main(String[] a){System.out.println(42);}}"),
     ("loop", "timeout", "public class Main{public static void main(String[] a){long x=0;while(true){x++;}}}"),
     ("alloc", "memory_limit", "public class Main{public static void main(String[] a){byte[] b=new byte[1<<30];b[7]=1;"
@@ -195,6 +200,15 @@ def test_a_group_of_identical_programs_compiles_once(server):
     assert tampered["rewards"] == [1.0], tampered["error_types"]
 
 
+def test_a_java_source_the_class_finder_would_rescan_is_judged_at_once(server):
+    """Finding the class to run reads the source once: 900 KB of unclosed comments, or of
+    modifiers no type follows, each scanned to the end from every later opener or line
+    before, held a worker's thread (and the GIL) for a quarter of an hour or more."""
+    for source in ("/* " * 300_000, "public\n" * 130_000 + "int x;"):
+        out = grade(server.url, [("java", source)])
+        assert out["error_types"] == ["compile_error"]
+
+
 def test_language_from_label_request_or_tag(server):
     """The label's language wins over the request's, which wins over the fence's tag."""
     c_source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream")  # C++ only
@@ -228,6 +242,20 @@ def test_language_from_label_request_or_tag(server):
         ),
         ("package judge;\n// class Fake\nfinal class P { public static void main(String[] a) {} }", ("P", "judge.P")),
         ("/* public class Hidden */ class Q { public static final void main(String[] a) {} }", ("Q", "Q")),
+        # The type whose body holds main, not the type declared last before it.
+        (
+            "public class Trip {\n  static class Edge { int v; }\n  public static void main(String[] a) {}\n}",
+            ("Trip", "Trip"),
+        ),
+        (
+            "public class S {\n  static String t = \"}{\";\n  interface I { char c = '}'; }\n"
+            "  enum E { A; }\n  public static void main(String[] a) {}\n}",
+            ("S", "S"),
+        ),
+        (
+            "public class Outer {\n  static class Inner {\n    public static void main(String[] a) {}\n  }\n}",
+            ("Outer", "Outer$Inner"),
+        ),
     ],
 )
 def test_java_file_and_main_class(source: str, names: tuple[str, str]) -> None:

@@ -96,10 +96,10 @@ def build(job: Job, conn: typing.Any, run_test: typing.Callable[[typing.Any], in
     held = _Held()
     run_test(held)
     outcome = StdinOutcome(**_fields(held.data))
-    failed = outcome.timed_out or outcome.output_exceeded or outcome.exit != 0 or outcome.oom_killed
+    failed = outcome.timed_out or outcome.output_exceeded or outcome.exit != 0 or outcome.over_memory
     if failed:
         why = next((w for w, hit in (("time", outcome.timed_out), ("output", outcome.output_exceeded),
-                                      ("memory", outcome.oom_killed)) if hit), "")  # fmt: skip
+                                      ("memory", outcome.over_memory)) if hit), "")  # fmt: skip
         message = (f"the compiler exceeded its {why} limit\n" if why else "") + (outcome.stdout + outcome.stderr)
         outcome.result = json.dumps({"compile_error": message[-8192:]})
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import resource
 import signal
@@ -38,6 +39,9 @@ SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 TMP_INODES = 4096
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The clock id of another process's CPU time is made of its pid and this (the kernel's
+# ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``: the time its threads ran, in nanoseconds).
+CPUCLOCK_SCHED = 2
 # A program's stack to begin with; it may raise it (the hard limit is unlimited: its address
 # space and its sample's memory cgroup bound it).
 STACK_BYTES = 64 << 20
@@ -46,20 +50,45 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(option, value, 0, 0, 0)
+    _LIBC.prctl(option, value, 0, 0, 0)
+
+
+def own_pid_namespace() -> int:
+    """An fd of this process's PID namespace, to come back to after ``fork_into_new_pids``."""
+    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def fork_into_new_pids(own: int) -> int:
+    """``os.fork``, the child being the init (pid 1) of a new PID namespace, while this
+    process stays in ``own`` (``own_pid_namespace``) and forks its children there again. (The
+    zygote forks each sample's init itself: no process between them to fork, run and exit.)"""
+    _check(_LIBC.unshare(CLONE_NEWPID), "unshare a PID namespace")
+    try:
+        pid = os.fork()
+    except BaseException:
+        _back_to_pids(own)
+        raise
+    if pid:  # the parent (the child is in the new namespace, and cannot leave it)
+        _back_to_pids(own)
+    return pid
+
+
+def _back_to_pids(own: int) -> None:
+    _check(_LIBC.setns(own, CLONE_NEWPID), "back to the zygote's PID namespace")
 
 
 def private_namespaces() -> None:
-    """Give the next sample namespaces of its own, made for it and gone with it.
+    """Give this process, a sample's init (``fork_into_new_pids``), namespaces of its own,
+    made for it and gone with it.
 
     Network: only a loopback of its own (no address, abstract socket or port another sample
-    sees). IPC: SysV and POSIX queues of its own. Mounts: its own (``private_tmp``). PID: the
-    next process forked is the sample's init (``enter_own_pids``), whose exit kills every
-    process left in it.
+    sees). IPC: SysV and POSIX queues of its own. Mounts: its own (``private_tmp``), with a
+    ``/proc`` that lists only the sample's processes. UTS: its own host name. PID: it is the
+    namespace's init, whose exit kills every process left in it.
     """
-    _check(_LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWUTS), "unshare")
+    _check(_LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS), "unshare")
     _check(_LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+    _check(_LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
 
@@ -75,13 +104,6 @@ def private_tmp(job: Job) -> None:
     for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
         with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
             sysctl.write(str(value))
-
-
-def enter_own_pids() -> None:
-    """In the sample's init (the first process of its PID namespace): a ``/proc`` that lists
-    only the sample's processes."""
-    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-    _check(_LIBC.mount(b"proc", b"/proc", b"proc", flags, None), "mount /proc")
 
 
 def _check(result: int, what: str) -> None:
@@ -111,8 +133,9 @@ SECCOMP_EPERM, SECCOMP_ENOSYS = 0x50000 | EPERM, 0x50000 | ENOSYS
 def forbid_new_processes() -> None:
     """A seccomp filter: no fork, vfork or clone without ``CLONE_THREAD`` (``clone3`` answers
     ENOSYS, so threads fall back to ``clone``). The candidate's process is then the only one
-    its code runs in, and its CPU time, threads included, is all in ``/proc/<pid>/stat``."""
-    _seccomp(_refusing(("fork", "vfork"), clone_allowed_only_with=CLONE_THREAD))
+    its code runs in, and its CPU time, threads included, is all in its process CPU clock
+    (``cpu_seconds``)."""
+    _install(_new_processes_filter())
 
 
 def forbid_shared_kernel_state(memfd: bool) -> None:
@@ -122,8 +145,34 @@ def forbid_shared_kernel_state(memfd: bool) -> None:
     threads and ``posix_spawn`` fall back to ``clone``. Unprivileged, a user namespace would
     give a program its own mounts (a tmpfs past every limit); the kernel's key store is kept
     per uid, not per namespace, so a key would outlive its sample for the next one."""
+    _install(_kernel_state_filter(memfd))
+
+
+def build_filters() -> None:
+    """Build every seccomp filter once, in the zygote: each process forked after only installs
+    one (building one costs more than forking a process)."""
+    _new_processes_filter()
+    for memfd in (False, True):
+        _kernel_state_filter(memfd)
+
+
+class _Instruction(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Instruction))]
+
+
+@functools.cache
+def _new_processes_filter() -> _Program:
+    return _compiled(_refusing(("fork", "vfork"), clone_allowed_only_with=CLONE_THREAD))
+
+
+@functools.cache
+def _kernel_state_filter(memfd: bool) -> _Program:
     refused = ("unshare", "setns", "add_key", "request_key", "keyctl") + (() if memfd else ("memfd_create",))
-    _seccomp(_refusing(refused, clone_refused_with=CLONE_NEW_ANY))
+    return _compiled(_refusing(refused, clone_refused_with=CLONE_NEW_ANY))
 
 
 def _refusing(
@@ -160,18 +209,14 @@ def _refusing(
     return program
 
 
-def _seccomp(program: list[tuple[int, int, int, int]]) -> None:
-    """Install a seccomp filter (BPF instructions: code, jump if true, jump if false, k)."""
+def _compiled(program: list[tuple[int, int, int, int]]) -> _Program:
+    """A seccomp filter's program (BPF instructions: code, jump if true, jump if false, k) as
+    the kernel takes it (the program keeps its instructions alive)."""
+    return _Program(len(program), (_Instruction * len(program))(*(_Instruction(*insn) for insn in program)))
 
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
 
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
-
-    filters = (Filter * len(program))(*(Filter(*insn) for insn in program))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), filters)), 0, 0) != 0:
+def _install(program: _Program) -> None:
+    if _LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "seccomp filter refused")
 
 
@@ -230,10 +275,11 @@ def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callab
     return pid
 
 
-def cpu_seconds(stat: int) -> float:
-    """CPU time so far of a process and all its threads, from its ``/proc/<pid>/stat`` (open)."""
-    fields = os.pread(stat, 1024, 0).rpartition(b")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+def cpu_seconds(pid: int) -> float:
+    """CPU time so far of process ``pid`` (a child: its pid is not reused before it is
+    reaped) and all its threads: its process CPU clock, which the kernel reads in a few
+    microseconds where formatting its ``/proc/<pid>/stat`` takes 15."""
+    return time.clock_gettime((~pid << 3) | CPUCLOCK_SCHED)
 
 
 def kill_uid(uid: int) -> None:
@@ -327,17 +373,17 @@ class SampleCgroup:
     """A sample's cgroup, made for it before it arrives and removed after its last process.
 
     Bounds the sample as a whole: its memory, shared memory (tmpfs, memfd, SysV) included,
-    and its tasks (processes and threads). Its init joins it once per hierarchy, before the
-    sample arrives: moving a process between cgroups waits for an RCU grace period
-    (milliseconds), so the sample's processes are born in it instead of joining it.
+    and its tasks (processes and threads). The sample's init makes it and joins it (once per
+    hierarchy) as it prepares, before the sample arrives: moving a process between cgroups
+    waits for an RCU grace period (milliseconds), so the sample's processes are born in it
+    instead of joining it. The zygote, which named it, removes it once the init has exited.
     """
 
     def __init__(self, version: int, parents: dict[str, str]) -> None:
+        """Where the next sample's cgroup goes (its init makes it: ``make_and_join``)."""
         self.version, self.files = version, CGROUP_FILES[version]
         name = f"sample-{os.getpid()}-{time.monotonic_ns()}"
         self.dirs = {role: os.path.join(parent, name) for role, parent in parents.items()}
-        for path in dict.fromkeys(self.dirs.values()):
-            os.mkdir(path)
 
     def set_limits(self, job: Job) -> None:
         self._write(self.dirs["memory"], self.files["memory"], job.cgroup_memory_bytes)
@@ -352,27 +398,28 @@ class SampleCgroup:
         with open(os.path.join(directory, name), "w") as file:
             file.write(str(value))
 
-    def add(self, pid: int) -> None:
-        """Put process ``pid`` (and so what it forks from now on) in the sample's cgroup."""
+    def make_and_join(self) -> None:
+        """Make the cgroup and put this process (and so what it forks from now on) in it."""
         for path in dict.fromkeys(self.dirs.values()):
-            self._write(path, "cgroup.procs", pid)
+            os.mkdir(path)
+            self._write(path, "cgroup.procs", 0)
 
     def oom_kills(self) -> int:
         """How many of the sample's processes the kernel killed at its memory limit so far."""
         with open(os.path.join(self.dirs["memory"], self.files["events"])) as file:
             return int(_field(file.read(), "oom_kill") or 0)
 
-    def remove(self) -> None:
-        """Remove the cgroup (its processes are gone: the kernel may take a moment to see it)."""
+    def remove(self) -> bool:
+        """Remove the cgroup; ``False`` while the kernel still counts a process of it (its
+        processes are gone: it may take a moment to see it)."""
         for path in dict.fromkeys(self.dirs.values()):
-            for _ in range(100):
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+        return True
 
 
 def _field(text: str, key: str) -> str | None:

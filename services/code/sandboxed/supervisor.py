@@ -16,6 +16,7 @@ import selectors
 import signal
 import socket
 import time
+import typing
 
 from services.code.sandboxed import compiled, confine, harness, wire
 from services.code.sandboxed.wire import (
@@ -71,7 +72,7 @@ class CallRun:
     """
 
     def __init__(
-        self, job: Job, conn: socket.socket, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
+        self, job: Job, conn: wire.Outbox, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
     ) -> None:
         self.job, self.conn, self.workdir, self.deadline, self.cgroup = job, conn, workdir, deadline, cgroup
         self.total = len(job.tests)
@@ -109,7 +110,6 @@ class CallRun:
         os.set_blocking(calls[1], False)
         self.candidate = {"pid": pid, "calls": calls[1], "answers": answers[0], "loaded": False,
                           "pending": bytearray(), "cpu": 0.0, "delay": 0.0, "stdout_bytes": 0,
-                          "stat": os.open(f"/proc/{pid}/stat", os.O_RDONLY),
                           "schedstat": os.open(f"/proc/{pid}/schedstat", os.O_RDONLY),
                           "oom_kills": self.cgroup.oom_kills() if self.cgroup else 0}  # fmt: skip
         for fd, role in ((answers[0], "answers"), (out[0], "stdout"), (err[0], "stderr")):
@@ -121,8 +121,8 @@ class CallRun:
         """The running candidate's CPU time so far (its last reading if it just ended)."""
         if self.candidate is None:
             return 0.0
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            self.candidate["cpu"] = confine.cpu_seconds(self.candidate["stat"])
+        with contextlib.suppress(OSError):
+            self.candidate["cpu"] = confine.cpu_seconds(self.candidate["pid"])
         return self.candidate["cpu"]
 
     def _candidate_delay(self) -> float:
@@ -152,7 +152,6 @@ class CallRun:
             os.close(cand[role])
         self._drop_outbox(cand["calls"])
         os.close(cand["calls"])
-        os.close(cand["stat"])
         os.close(cand["schedstat"])
         self.failure = self.failure or failure
         if not cand["loaded"]:  # it never got to answer: every test still to run fails alike
@@ -175,7 +174,7 @@ class CallRun:
             harness.run_tests(trusted)
 
         fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
-        fds[TRUSTED_FD] = conn.fileno()
+        fds[TRUSTED_FD] = conn.sock.fileno()
         pid = confine.spawn(job, job.test_uid, fds, "/", body, tests=len(job.tests))
         for fd in (null, requests[1], answers[0]):
             os.close(fd)
@@ -389,9 +388,7 @@ def _complete_lines(pending: bytearray, data: bytes) -> list[bytes]:
     return lines
 
 
-def _run_calls(
-    job: Job, conn: socket.socket, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None
-) -> None:
+def _run_calls(job: Job, conn: wire.Outbox, workdir: str, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
     run = CallRun(job, conn, workdir, deadline, cgroup)
     try:
         run.run()
@@ -400,7 +397,7 @@ def _run_calls(
 
 
 def run_stdin_test(
-    job: Job, start: int, workdir: str, deadline: float, conn: socket.socket, cgroup: confine.SampleCgroup | None
+    job: Job, start: int, workdir: str, deadline: float, conn: typing.Any, cgroup: confine.SampleCgroup | None
 ) -> int:
     """Run stdin test ``start`` in a process of its own, send what it produced, and return
     the index of the next test.
@@ -459,11 +456,12 @@ def run_stdin_test(
     sel.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
+    _, status, usage = os.wait4(pid, 0)  # its peak resident memory among its processes
     confine.clean_up(job.uid)
     for fd in fds:
         os.close(fd)
     exit_code = os.waitstatus_to_exitcode(status)
+    oom_killed = cgroup is not None and cgroup.oom_kills() > oom_before
     cpu = confine.sample_cpu_seconds() - cpu_before
     ended = StdinOutcome(
         index=start,
@@ -476,54 +474,32 @@ def run_stdin_test(
         stdout=kept["stdout"].decode(errors="replace"),
         stderr=kept["stderr"].decode(errors="replace"),
         result=kept["result"].decode(errors="replace"),
-        oom_killed=cgroup is not None and cgroup.oom_kills() > oom_before,
+        over_memory=oom_killed or 0 < job.judged_memory_bytes < usage.ru_maxrss << 10,
     )
     wire.send(conn, ended)
     return start + 1
 
 
-def prepare_and_supervise(listener: socket.socket, accepted: int, cgroups: dict) -> None:
-    """Prepare a sample's namespaces and cgroup (``cgroups``: the version and the worker's
-    directories by role, empty without), then let its init take the next connection (and
-    say so on ``accepted``: another is prepared meanwhile) and ``supervise`` it.
+def prepare_and_supervise(listener: socket.socket, accepted: int, cgroup: confine.SampleCgroup | None) -> None:
+    """As a sample's init (pid 1 of a PID namespace of its own, forked by the zygote): join
+    the sample's cgroup (``None`` without cgroups) and make its other namespaces, then take
+    the next connection (and say so on ``accepted``, held open until this process exits:
+    another is prepared meanwhile) and ``supervise`` it.
 
     What cannot be prepared fails the next connection at once (it is closed unanswered).
     """
     try:
-        cgroup = confine.SampleCgroup(cgroups["version"], cgroups["dirs"]) if cgroups["dirs"] else None
+        if cgroup is not None:
+            cgroup.make_and_join()
         confine.private_namespaces()
     except BaseException:
         conn, _ = listener.accept()
         os.write(accepted, b"!")  # a failure: the zygote pauses before the next one
         raise
-    go_read, go_write = os.pipe()
-    init = os.fork()
-    if init == 0:
-        code = 1
-        try:
-            os.close(go_write)
-            if os.read(go_read, 2) == b"go":  # in its cgroup (if any): it may start
-                confine.enter_own_pids()
-                conn, _ = listener.accept()
-                listener.close()
-                os.write(accepted, b".")
-                os.close(accepted)
-                supervise(conn, cgroup)
-                code = 0
-        finally:
-            os._exit(code)
-    os.close(go_read)
+    conn, _ = listener.accept()
     listener.close()
-    os.close(accepted)
-    try:
-        if cgroup is not None:
-            cgroup.add(init)
-        os.write(go_write, b"go")
-    finally:
-        os.close(go_write)
-        os.waitpid(init, 0)
-        if cgroup is not None:
-            cgroup.remove()
+    os.write(accepted, b".")
+    supervise(conn, cgroup)
 
 
 def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
@@ -537,10 +513,14 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
         cgroup.set_limits(job)
     confine.private_tmp(job)
     compiled.mount_artifact(job)
-    _run_sample(job, conn, deadline, cgroup)
+    outbox = wire.Outbox(conn)
+    try:
+        _run_sample(job, outbox, deadline, cgroup)
+    finally:
+        outbox.flush()
 
 
-def _run_sample(job: Job, conn: socket.socket, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
+def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
     """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
     workdir = "/tmp"
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ TESTER_OUT_FD, TESTER_IN_FD, TRUSTED_FD = 3, 4, 5
 LOADED = b'["loaded"]\n'
 # What is kept of a process's stderr (its tail) and of an error's message.
 STDERR_TAIL = 4096
+# The most a supervisor holds of what it sends before it sends it (``Outbox``).
+FLUSH_BYTES = 1 << 20
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Job:
     cpu_s: float
     wall_s: float
     sample_s: float
-    memory_bytes: int
+    memory_bytes: int  # the address-space rlimit (RLIM_INFINITY: none, the cgroup bounds it)
     nproc: int
     nofile: int
     fsize: int
@@ -52,6 +55,10 @@ class Job:
     cgroup_version: int = 0
     cgroup_memory_bytes: int = 0
     cgroup_tasks: int = 0
+    # The memory limit a stdin test is judged by, as a contest judge does: its processes' peak
+    # resident memory, whatever the sample's cgroup (which also holds /tmp and the supervisor)
+    # lets through. 0: not judged (builds and checkers).
+    judged_memory_bytes: int = 0
     # A compiled language (``compiled``): the command a test (or, for kind "build", the
     # compiler) execs and what it adds to the environment; a build's source file and the cache
     # entry it installs into; a run's cache entry, shown read-only at ``compiled.ARTIFACT_DIR``.
@@ -87,7 +94,9 @@ class StdinOutcome:
     stdout: str
     stderr: str
     result: str  # what the harness reported before the program ran (a compile error)
-    oom_killed: bool = False  # the kernel killed a process of it at the sample's memory limit
+    # The kernel killed a process of it at the sample's memory limit, or its peak resident
+    # memory went over the job's: a judge's limit is the program's alone.
+    over_memory: bool = False
 
 
 @dataclass
@@ -118,26 +127,58 @@ Outcome = StdinOutcome | CallOutcome | Skipped
 MESSAGES = {kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Skipped, Done)}
 
 
-def send(sock: socket.socket, message: object) -> None:
+def send(sock: socket.socket | Outbox, message: object) -> None:
     """Send one message (a dataclass above), framed."""
     data = json.dumps({"type": type(message).__name__, **vars(message)}).encode()
     sock.sendall(struct.pack("!I", len(data)) + data)
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+class Outbox:
+    """The supervisor's side of its connection: what it sends is held and goes out together
+    (at ``flush``, or once ``FLUSH_BYTES`` are held). A sample's outcomes then cost the
+    supervisor and the server one write, one read and one wake-up together instead of one
+    each: the server needs them only when the sample is done (a run that fails is re-run
+    whole)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.held = bytearray()
+
+    def sendall(self, data: bytes) -> None:
+        self.held += data
+        if len(self.held) >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.held:
+            self.sock.sendall(self.held)
+            self.held.clear()
+
+
+def _read_exact(source: socket.socket | typing.BinaryIO, n: int) -> bytes:
+    if not isinstance(source, socket.socket):  # a buffered reader: a short read is the end
+        data = source.read(n)
+        if len(data) < n:
+            raise EOFError("the connection closed before the end of a message")
+        return data
     buf = bytearray()
     while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        chunk = source.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise EOFError("the connection closed before the end of a message")
         buf += chunk
     return bytes(buf)
 
 
-def recv(sock: socket.socket) -> Any:
-    """The next message; ``EOFError`` at a closed connection, ``ValueError`` if it is not one."""
-    (length,) = struct.unpack("!I", recv_exact(sock, 4))
-    fields = json.loads(recv_exact(sock, length))
+def recv(source: socket.socket | typing.BinaryIO) -> Any:
+    """The next message; ``EOFError`` at a closed connection, ``ValueError`` if it is not one.
+
+    From a socket, exactly the message is read (what follows is another reader's: the tests'
+    process reads its ``TrustedTests`` after the supervisor's ``Job``); from a buffered
+    reader (the server's, ``socket.makefile``), many messages cost one read.
+    """
+    (length,) = struct.unpack("!I", _read_exact(source, 4))
+    fields = json.loads(_read_exact(source, length))
     kind = MESSAGES.get(fields.pop("type", None)) if isinstance(fields, dict) else None
     if kind is None:
         raise ValueError("not a sandbox message")

@@ -4,9 +4,10 @@ Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <the packa
 <fd> <cgroups> <packages>``, where ``fd`` is a listening Unix socket made by the server,
 ``cgroups`` the JSON of its cgroups, and ``packages`` the directory of the packages programs
 may import ("" for none). Forking a warm interpreter costs a few milliseconds where a fresh
-``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8). It keeps ``SPARES`` supervisors
-forked ahead, each with a sample's namespaces and cgroup made
-(``supervisor.prepare_and_supervise``), waiting for the next connection: one sample each.
+``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8). It keeps ``SPARES`` samples' inits
+forked ahead, each the first process of a PID namespace of its own, with its other
+namespaces and its cgroup made (``supervisor.prepare_and_supervise``), waiting for the next
+connection: one sample each. It removes each sample's cgroup once its init has exited.
 """
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ import socket
 import sys
 import time
 
+from services.code.sandboxed import confine
 from services.code.sandboxed.supervisor import prepare_and_supervise
 
-# Supervisors kept prepared (namespaces and cgroup made) for the next samples, and the pause
-# after one that failed to prepare.
+# Samples' inits kept prepared (namespaces and cgroup made) for the next samples, and the
+# pause after one that failed to prepare.
 SPARES = 4
 FAILED_SPARE_PAUSE_S = 0.5
+# How often a cgroup whose init has exited is tried again until the kernel lets it go, and
+# for how long at most (then the next zygote's start sweeps it).
+REMOVE_RETRY_S = 0.01
+REMOVE_TRIES = 1000
 # Imported once in the zygote so each forked solution finds them warm.
 WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "math", "random", "re", "string")
 
@@ -36,40 +42,63 @@ def main() -> None:
     sys.set_int_max_str_digits(0)  # the server's jobs hold the integers its labels may (scorer.INT_MAX_DIGITS)
     for name in WARM_MODULES:
         __import__(name)
+    confine.build_filters()
     gc.freeze()  # forked children then copy fewer pages when their collector runs
     listener = socket.socket(fileno=int(sys.argv[1]))
     cgroups = json.loads(sys.argv[2])
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    own_pids = confine.own_pid_namespace()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # inits are reaped by the kernel
     print("zygote ready", flush=True)
-    spares: set[int] = set()  # each prepared supervisor's pipe: a byte when it took a connection
+    # Each init's pipe (a byte when it took a connection, its end when it exited) and cgroup:
+    # prepared ones waiting for a connection, running ones, and cgroups left to remove.
+    spares: dict[int, confine.SampleCgroup | None] = {}
+    running: dict[int, confine.SampleCgroup | None] = {}
+    leftover: dict[confine.SampleCgroup, int] = {}
     while True:
         while len(spares) < SPARES:
-            spares.add(_fork_spare(listener, cgroups, spares))
-        ready, _, _ = select.select(list(spares), [], [])
+            fd, cgroup = _fork_init(listener, cgroups, own_pids, [*spares, *running])
+            spares[fd] = cgroup
+        timeout = REMOVE_RETRY_S if leftover else None
+        ready, _, _ = select.select([*spares, *running], [], [], timeout)
+        failed = False
         for fd in ready:
-            took = os.read(fd, 1)
+            said = os.read(fd, 1)
+            if fd in spares and said == b".":
+                running[fd] = spares.pop(fd)
+                continue
+            failed = failed or fd in spares  # it failed to prepare: not at once again
+            cgroup = spares.pop(fd, None) or running.pop(fd, None)
             os.close(fd)
-            spares.discard(fd)
-            if took != b".":  # it failed to prepare: not at once again
-                time.sleep(FAILED_SPARE_PAUSE_S)
+            if cgroup is not None:
+                leftover[cgroup] = 0
+        for cgroup, tries in list(leftover.items()):
+            if cgroup.remove() or tries >= REMOVE_TRIES:
+                del leftover[cgroup]
+            else:
+                leftover[cgroup] = tries + 1
+        if failed:
+            time.sleep(FAILED_SPARE_PAUSE_S)
 
 
-def _fork_spare(listener: socket.socket, cgroups: dict, spares: set[int]) -> int:
-    """Fork a supervisor that prepares a sample's namespaces and cgroup, then takes the next
-    connection; returns the read end of its pipe."""
+def _fork_init(
+    listener: socket.socket, cgroups: dict, own_pids: int, fds: list[int]
+) -> tuple[int, confine.SampleCgroup | None]:
+    """Fork the init of the next sample (pid 1 of a new PID namespace, in a new cgroup), which
+    prepares the rest and takes the next connection; returns the read end of its pipe and its
+    cgroup. ``fds``: the zygote's other inits' pipes, which it closes."""
+    cgroup = confine.SampleCgroup(cgroups["version"], cgroups["dirs"]) if cgroups["dirs"] else None
     accepted_read, accepted_write = os.pipe()
-    if os.fork() == 0:
+    if confine.fork_into_new_pids(own_pids) == 0:
         code = 1
         try:
-            os.close(accepted_read)
-            for fd in spares:
+            for fd in (accepted_read, own_pids, *fds):
                 os.close(fd)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            prepare_and_supervise(listener, accepted_write, cgroups)
+            prepare_and_supervise(listener, accepted_write, cgroup)
             code = 0
         except BaseException:  # the server sees the closed connection
             pass
         finally:
             os._exit(code)
     os.close(accepted_write)
-    return accepted_read
+    return accepted_read, cgroup
