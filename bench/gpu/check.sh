@@ -32,6 +32,11 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bash bench/gpu/check.sh --out DIR [--cpu-smoke] [--no-wheels] [--steps A,B]" >&2; exit 2 ;;
   esac
 done
+STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 multi)
+IFS=, read -r -a wanted <<<"$STEPS"
+for name in ${wanted[@]+"${wanted[@]}"}; do
+  [[ " ${STEP_NAMES[*]} " == *" $name "* ]] || { echo "--steps: no step '$name'; the steps: ${STEP_NAMES[*]}" >&2; exit 2; }
+done
 [ -n "$OUT" ] || { echo "check.sh: --out DIR is required" >&2; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
