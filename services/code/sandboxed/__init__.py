@@ -32,15 +32,18 @@ def bundle() -> str:
 
 
 # Registers each shipped module's source with the import system (empty parent packages), so the
-# modules import each other as they do in the checkout.
+# modules import each other as they do in the checkout. A finder and loader by duck typing:
+# ``importlib.abc`` and ``importlib.util`` would pull ``importlib.resources``, ``pathlib``,
+# ``tempfile``, ``zipimport``, compressors... into the zygote, whose every resident page each
+# sample's fork copies (page tables) and may copy again (copy-on-write).
 BOOT = """
-import importlib.abc, importlib.util, sys
+import importlib, importlib.machinery, sys
 SOURCES = {sources}
 PACKAGES = {packages}
-class _Shipped(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _Shipped:
     def find_spec(self, name, path=None, target=None):
         if name in SOURCES or name in PACKAGES:
-            return importlib.util.spec_from_loader(name, self, is_package=name in PACKAGES)
+            return importlib.machinery.ModuleSpec(name, self, is_package=name in PACKAGES)
         return None
     def create_module(self, spec):
         return None

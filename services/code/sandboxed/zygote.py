@@ -43,6 +43,8 @@ def main() -> None:
     for name in WARM_MODULES:
         __import__(name)
     confine.build_filters()
+    gc.collect()
+    confine.trim_heap()
     gc.freeze()  # forked children then copy fewer pages when their collector runs
     listener = socket.socket(fileno=int(sys.argv[1]))
     cgroups = json.loads(sys.argv[2])
