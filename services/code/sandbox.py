@@ -49,7 +49,7 @@ from services.code.sandboxed.wire import Job, Outcome, TrustedTests
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "unshare", "none")
-ZYGOTE_SOURCE = sandboxed.bundle()
+ZYGOTE_SOURCE = sandboxed.bundle().encode()
 # Root may do these inside bwrap; a test process loses them all when it drops its uid.
 # CAP_SYS_ADMIN lets each supervisor mount its sample's /tmp in a namespace of its own.
 BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
@@ -277,7 +277,7 @@ class Sandbox:
         binds = [*self.cgroups.bwrap_binds(), *self.binds] if self.isolation == "bwrap" else []
         python = os.path.realpath(sys.executable)
         spec = json.dumps({"version": self.cgroups.version, "dirs": self.cgroups.sandbox_dirs(self.isolation)})
-        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", ZYGOTE_SOURCE]
+        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", sandboxed.LOADER]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
@@ -290,7 +290,9 @@ class Sandbox:
             raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start: {proc}")
         self._proc = proc
         self._started_at = time.monotonic()
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError), proc.stdin:  # a zygote gone already says nothing below
+            proc.stdin.write(ZYGOTE_SOURCE)
         if proc.stdout.readline().strip() != b"zygote ready":
             self._stop_locked()
             raise SandboxFailure(f"sandbox zygote ({self.isolation}) failed to start")
@@ -321,7 +323,7 @@ class Sandbox:
     def _keep(command: list[str], listener: socket.socket, spawned: queue.Queue[Any]) -> None:
         try:
             proc = subprocess.Popen(
-                command, pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                command, pass_fds=[listener.fileno()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 env={"PATH": "/usr/bin:/bin"}, start_new_session=True,
             )  # fmt: skip
         except OSError as exc:

@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from services.code.environments import load
+from services.code.sandboxed import LOADER
 from testing.server import ROOT as REPOSITORY
 from testing.server import Server, gunicorn_server
 
@@ -514,7 +515,7 @@ def test_output_is_not_buffered_past_what_comparison_needs(tmp_path) -> None:
         def watch() -> None:
             while not done:
                 for pid, (_, uid, cmdline) in _tree(worker).items():
-                    if uid == 0 and "def supervise" in cmdline:
+                    if uid == 0 and LOADER in cmdline:
                         peak["supervisor"] = max(peak["supervisor"], _kb(pid, "smaps_rollup", "Private_Dirty"))
                 time.sleep(0.1)
 
@@ -541,7 +542,7 @@ def _zygote(root: int) -> int:
     return next(
         pid
         for pid, (parent, uid, cmdline) in tree.items()
-        if uid == 0 and "def supervise" in cmdline and "def supervise" not in tree.get(parent, (0, 0, ""))[2]
+        if uid == 0 and LOADER in cmdline and LOADER not in tree.get(parent, (0, 0, ""))[2]
     )
 
 

@@ -53,6 +53,13 @@ def prctl(option: int, value: int) -> None:
     _LIBC.prctl(option, value, 0, 0, 0)
 
 
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the kernel (``malloc_trim``): what compiling and
+    importing left free would otherwise stay resident in the zygote, and each fork copies the
+    page table entries of every resident page (about 1 MiB less here)."""
+    _LIBC.malloc_trim(0)
+
+
 def own_pid_namespace() -> int:
     """An fd of this process's PID namespace, to come back to after ``fork_into_new_pids``."""
     return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)

@@ -1,13 +1,14 @@
 """The warm fork server that runs inside the sandbox's namespaces (stdlib only).
 
-Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <the package's bundle>
-<fd> <cgroups> <packages>``, where ``fd`` is a listening Unix socket made by the server,
-``cgroups`` the JSON of its cgroups, and ``packages`` the directory of the packages programs
-may import ("" for none). Forking a warm interpreter costs a few milliseconds where a fresh
-``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8). It keeps ``SPARES`` samples' inits
-forked ahead, each the first process of a PID namespace of its own, with its other
-namespaces and its cgroup made (``supervisor.prepare_and_supervise``), waiting for the next
-connection: one sample each. It removes each sample's cgroup once its init has exited.
+Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <the package's LOADER>
+<fd> <cgroups> <packages>``, the package's bundle on its stdin, where ``fd`` is a listening
+Unix socket made by the server, ``cgroups`` the JSON of its cgroups, and ``packages`` the
+directory of the packages programs may import ("" for none). Forking a warm interpreter
+costs a few milliseconds where a fresh ``python3`` costs over 100 ms (docs/ARCHITECTURE.md
+§8). It keeps ``SPARES`` samples' inits forked ahead, each the first process of a PID
+namespace of its own, with its other namespaces and its cgroup made
+(``supervisor.prepare_and_supervise``), waiting for the next connection: one sample each. It
+removes each sample's cgroup once its init has exited.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main() -> None:
     for name in WARM_MODULES:
         __import__(name)
     confine.build_filters()
+    gc.collect()
+    confine.trim_heap()
     gc.freeze()  # forked children then copy fewer pages when their collector runs
     listener = socket.socket(fileno=int(sys.argv[1]))
     cgroups = json.loads(sys.argv[2])
