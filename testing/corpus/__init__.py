@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 
@@ -91,10 +91,18 @@ def load() -> list[Item]:
     return human_eval() + mbpp() + codecontests()
 
 
-def grade(url: str, items: Sequence[Item]) -> list[tuple[float, str | None]]:
-    """Our verifier's (reward, error type) for each item, in one ``/reward/score`` request."""
+class Graded(Protocol):
+    """A program and the label it is graded by (a corpus item, a verdict corpus submission)."""
+
+    code: str
+    label: dict[str, Any]
+
+
+def grade(url: str, items: Sequence[Graded], fence: str = "python") -> list[tuple[float, str | None]]:
+    """Our verifier's (reward, error type) for each item, in one ``/reward/score`` request;
+    each program in a block fenced as ``fence`` (empty: the label names its language)."""
     body = {
-        "outputs": [f"```python\n{item.code}\n```" for item in items],
+        "outputs": [f"```{fence}\n{item.code}\n```" for item in items],
         "prompts": ["p"] * len(items),
         "labels": [item.label for item in items],
     }

@@ -21,8 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import requests
-
+from testing.corpus import grade
 from testing.server import gunicorn_server
 
 DATA = Path(__file__).resolve().parent / "verdicts.jsonl.gz"
@@ -148,19 +147,6 @@ def server_env(limits: tuple[float, int]) -> dict[str, str]:
     }
 
 
-def grade(url: str, items: Sequence[Submission]) -> list[tuple[float, str | None]]:
-    """Our verifier's (reward, error type) for each submission, in one ``/reward/score`` request."""
-    body = {
-        "outputs": [f"```\n{item.code}\n```" for item in items],
-        "prompts": ["p"] * len(items),
-        "labels": [item.label for item in items],
-    }
-    response = requests.post(url + "/reward/score", json=body, timeout=600)
-    response.raise_for_status()
-    out = response.json()
-    return list(zip(out["rewards"], out["error_types"], strict=True))
-
-
 def agrees(item: Submission, score: float, error_type: str | None) -> bool:
     """Whether our verdict is the one the submission is filed under."""
     return error_type in ERROR_TYPES[item.expected] and (score == 1.0) == (item.expected == "accepted")
@@ -177,7 +163,7 @@ def judge(items: Sequence[Submission], log_dir: Path) -> dict[str, tuple[float, 
     for limits, group in sorted(groups.items()):
         with gunicorn_server("code", server_env(limits), threads=64, log_dir=log_dir) as server:
             with ThreadPoolExecutor(4) as pool:
-                graded = list(pool.map(lambda item: grade(server.url, [item])[0], group))
+                graded = list(pool.map(lambda item: grade(server.url, [item], fence="")[0], group))
             for item, verdict in zip(group, graded, strict=True):
-                found[item.id] = verdict if agrees(item, *verdict) else grade(server.url, [item])[0]
+                found[item.id] = verdict if agrees(item, *verdict) else grade(server.url, [item], fence="")[0]
     return found
