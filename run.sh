@@ -15,9 +15,10 @@
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #
 # Services, ports and requirements come from common/registry.py. Missing system packages
-# (bubblewrap for code, nginx for the tests) are installed with apt-get, dnf or apk as root or
-# through passwordless sudo; otherwise run.sh stops with the command to run. Every flag is also
-# a setting (SCORER_PORT, SCORER_WORKERS, SCORER_AESTHETIC_CLIP, ...): see the README.
+# (bubblewrap and the toolchains for code, the toolchains counted only in /usr/bin or /bin,
+# where its sandbox finds them; nginx for the tests) are installed with apt-get, dnf or apk as
+# root or through passwordless sudo; otherwise run.sh stops with the command to run. Every flag
+# is also a setting (SCORER_PORT, SCORER_WORKERS, SCORER_AESTHETIC_CLIP, ...): see the README.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$PWD
@@ -28,31 +29,42 @@ log() { printf '[run.sh] %s\n' "$*" >&2; }
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 # plan COMMAND: what COMMAND sets up, from common/registry.py (VENV, PORT, REQUIREMENTS,
-# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, PREPARE, SYSTEM_COMMANDS).
+# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, PREPARE, SYSTEM_COMMANDS, SYSTEM_COMMAND_DIRS).
 plan() {
   local assignments
   assignments=$("$PYTHON" -m common.registry shell "$1") || exit 2
   eval "$assignments"
 }
 
-# has_command NAME: an executable NAME on PATH or in the sbin directories (where Debian puts
-# nginx, outside a normal user's PATH).
-has_command() {
-  local dir IFS=:
-  for dir in $PATH /usr/sbin /sbin; do
-    [ -f "$dir/$1" ] && [ -x "$dir/$1" ] && return 0
+# command_dir NAME [DIRS]: prints the first of DIRS (colon-separated; empty: PATH, then the
+# sbin directories, where Debian puts nginx outside a normal user's PATH) that holds an
+# executable NAME; fails when none does.
+command_dir() {
+  local dir IFS=: dirs=${2:-$PATH:/usr/sbin:/sbin}
+  for dir in $dirs; do
+    [ -f "$dir/$1" ] && [ -x "$dir/$1" ] && { printf '%s\n' "$dir"; return 0; }
   done
   return 1
 }
 
+# has_command NAME [DIRS]: an executable NAME in DIRS (empty: on PATH or in the sbin directories).
+has_command() { command_dir "$@" >/dev/null; }
+
 # ensure_system_packages COMMAND: installs the distribution packages COMMAND needs when their
-# commands are missing: with apt-get, dnf or apk, as root or through passwordless sudo. Else
+# commands are missing (a code toolchain's: missing where the code sandbox looks,
+# SYSTEM_COMMAND_DIRS): with apt-get, dnf or apk, as root or through passwordless sudo. Else
 # stops with the exact command to run.
 ensure_system_packages() {
   plan "$1"
-  local missing=() missing_at=() i
+  local missing=() missing_at=() i elsewhere
   for i in "${!SYSTEM_PACKAGES[@]}"; do
-    has_command "${SYSTEM_COMMANDS[$i]}" || { missing+=("${SYSTEM_PACKAGES[$i]}"); missing_at+=("$i"); }
+    has_command "${SYSTEM_COMMANDS[$i]}" "${SYSTEM_COMMAND_DIRS[$i]}" && continue
+    # A toolchain outside the code sandbox's directories (rustup's ~/.cargo/bin) is none for it.
+    if [ -n "${SYSTEM_COMMAND_DIRS[$i]}" ] && elsewhere=$(command_dir "${SYSTEM_COMMANDS[$i]}"); then
+      log "${SYSTEM_COMMANDS[$i]} on PATH at $elsewhere is not visible to the code sandbox (which looks in ${SYSTEM_COMMAND_DIRS[$i]}): the package ${SYSTEM_PACKAGES[$i]} is needed"
+    fi
+    missing+=("${SYSTEM_PACKAGES[$i]}")
+    missing_at+=("$i")
   done
   # Debian and Ubuntu ship Python's venv module (and ensurepip) in a package of their own.
   local no_venv=
@@ -98,7 +110,10 @@ ensure_system_packages() {
   if [ ${#update[@]} -gt 0 ]; then "${sudo[@]}" "${update[@]}"; fi
   "${sudo[@]}" "${install[@]}"
   for i in "${!SYSTEM_PACKAGES[@]}"; do
-    has_command "${SYSTEM_COMMANDS[$i]}" || { log "${SYSTEM_PACKAGES[$i]} installed but ${SYSTEM_COMMANDS[$i]} not found"; exit 1; }
+    has_command "${SYSTEM_COMMANDS[$i]}" "${SYSTEM_COMMAND_DIRS[$i]}" || {
+      log "${SYSTEM_PACKAGES[$i]} installed but ${SYSTEM_COMMANDS[$i]} not found${SYSTEM_COMMAND_DIRS[$i]:+ in ${SYSTEM_COMMAND_DIRS[$i]}}"
+      exit 1
+    }
   done
   if [ -n "$no_venv" ] && ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     log "python3-venv installed but $PYTHON still has no venv module"

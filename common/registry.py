@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from common.scorer import Scorer
 
 
+# The directories the code sandbox finds its toolchains in (``services/code/languages.py``):
+# system directories it shows read-only, never a user's ``~/.cargo/bin`` or the like.
+SANDBOX_TOOL_DIRS = "/usr/bin:/bin"
+# The code sandbox's toolchains, the distribution packages of the languages beside Python
+# (apt-get's names).
+CODE_TOOLCHAINS = ("gcc", "g++", "openjdk-17-jdk-headless", "golang-go", "rustc", "nodejs")
+
+
 @dataclass(frozen=True)
 class Service:
     """One scorer service and what it needs on a node."""
@@ -140,8 +148,7 @@ SERVICES: dict[str, Service] = {
             scorer="services.code.scorer:CodeScorer",
             uses_gpu=False,
             requirements=("requirements.txt", "requirements-code.txt"),
-            # bubblewrap, then the toolchains of the languages beside Python (services/code/languages.py).
-            system_packages=("bubblewrap", "gcc", "g++", "openjdk-17-jdk-headless", "golang-go", "rustc", "nodejs"),
+            system_packages=("bubblewrap", *CODE_TOOLCHAINS),
             flags=("infra_failure_score", "env"),
             preflight="services.code.preflight:preflight",
             protocols=("services.code.openrlhf:OpenRLHFProtocol",),
@@ -154,10 +161,14 @@ SERVICES: dict[str, Service] = {
 # The command that shows a system package is installed.
 SYSTEM_COMMANDS: dict[str, str] = {
     "bubblewrap": "bwrap", "nginx": "nginx",
-    # The code sandbox's toolchains (it runs them from /usr/bin alone, never from ~/.cargo or the like).
     "gcc": "gcc", "g++": "g++", "openjdk-17-jdk-headless": "javac", "golang-go": "go", "rustc": "rustc",
     "nodejs": "node",
 }  # fmt: skip
+# Where a package's command counts as installed (colon-separated), where it is not on PATH or
+# in the sbin directories: the code sandbox's toolchains count only where the sandbox finds
+# them, so rustup's rustc in ~/.cargo/bin, an nvm node or a conda gcc does not stop run.sh
+# installing the distribution's.
+SYSTEM_COMMAND_DIRS: dict[str, str] = dict.fromkeys(CODE_TOOLCHAINS, SANDBOX_TOOL_DIRS)
 # A system package's name where dnf's or apk's differs from apt-get's (the registry's names).
 SYSTEM_PACKAGE_NAMES: dict[str, dict[str, str]] = {
     "g++": {"dnf": "gcc-c++"},
@@ -317,7 +328,8 @@ def _multi_setup(environ: Mapping[str, str]) -> Setup:
 
 def shell(command: str) -> str:
     """``setup_of(command)`` as shell assignments for ``eval`` (tuples become bash arrays), plus
-    ``SYSTEM_COMMANDS``: the command that shows each system package installed."""
+    ``SYSTEM_COMMANDS``: the command that shows each system package installed, and
+    ``SYSTEM_COMMAND_DIRS``: where it must be (empty: on PATH or in the sbin directories)."""
     setup = setup_of(command)
     lines = []
     for item in fields(setup):
@@ -327,6 +339,8 @@ def shell(command: str) -> str:
         else:
             lines.append(f"{item.name.upper()}={shlex.quote(str(value))}")
     lines.append(f"SYSTEM_COMMANDS=({' '.join(SYSTEM_COMMANDS[p] for p in setup.system_packages)})")
+    dirs = (shlex.quote(SYSTEM_COMMAND_DIRS.get(p, "")) for p in setup.system_packages)
+    lines.append(f"SYSTEM_COMMAND_DIRS=({' '.join(dirs)})")
     for manager in ("dnf", "apk"):
         names = (SYSTEM_PACKAGE_NAMES.get(p, {}).get(manager, p) for p in setup.system_packages)
         lines.append(f"SYSTEM_PACKAGES_{manager.upper()}=({' '.join(names)})")

@@ -10,6 +10,7 @@ import pytest
 
 from common import registry
 from common.scorer import Scorer
+from services.code import languages
 
 pytestmark = pytest.mark.unit
 
@@ -28,6 +29,7 @@ def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
     assert shell.returncode == 0, shell.stderr
     assert "SYSTEM_PACKAGES=(bubblewrap gcc g++ openjdk-17-jdk-headless golang-go rustc nodejs)" in shell.stdout
     assert "SYSTEM_COMMANDS=(bwrap gcc g++ javac go rustc node)" in shell.stdout
+    assert f"SYSTEM_COMMAND_DIRS=('' {' '.join(['/usr/bin:/bin'] * 6)})" in shell.stdout
     assert "SYSTEM_PACKAGES_DNF=(bubblewrap gcc gcc-c++ java-17-openjdk-devel golang rust nodejs)" in shell.stdout
     unknown = subprocess.run(
         [sys.executable, "-S", "-m", "common.registry", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
@@ -44,6 +46,15 @@ def test_every_entry_is_whole() -> None:
         files = [*service.requirements, *service.gpu_requirements, *sum(service.engine_requirements.values(), ())]
         assert all((ROOT / f).is_file() for f in files), files
         assert set(service.system_packages) <= set(registry.SYSTEM_COMMANDS)
+
+
+def test_run_sh_counts_a_toolchain_only_where_the_code_sandbox_finds_it() -> None:
+    """Each language's packages are code toolchains, whose commands run.sh looks for in the
+    directories the sandbox searches (``languages.tool_paths``), and each such command is one
+    the language needs: a rustc that only rustup's ``~/.cargo/bin`` holds gets installed."""
+    for language in languages.LANGUAGES.values():
+        assert all(registry.SYSTEM_COMMAND_DIRS[p] == registry.SANDBOX_TOOL_DIRS for p in language.packages)
+        assert {registry.SYSTEM_COMMANDS[p] for p in language.packages} <= set(language.tools)
 
 
 def test_what_each_command_sets_up() -> None:

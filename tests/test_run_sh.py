@@ -2,10 +2,12 @@
 
 Each test runs ``run.sh`` from a copy of the repository's set-up files in a private mount
 namespace where the real ``bwrap``/``nginx`` (and, for some, ``apt-get``) are hidden behind
-empty non-executable files, so the machine's own packages stay untouched. The package
-managers are stand-ins on ``PATH`` that record their arguments and "install" a package by
-putting its command on ``PATH``; ``sudo`` is a stand-in too, to test both a user with
-passwordless sudo and one without.
+empty non-executable files, and the code sandbox's directories (``/usr/bin``) are overlays
+whose changes go to a throwaway ``tmpfs``, so the machine's own packages stay untouched. The
+package managers are stand-ins on ``PATH`` that record their arguments and "install" a package
+by putting its command where ``run.sh`` looks for it: a code toolchain in ``/usr/bin``, where
+the sandbox finds it, any other on ``PATH``; ``sudo`` is a stand-in too, to test both a user
+with passwordless sudo and one without.
 """
 
 from __future__ import annotations
@@ -21,21 +23,30 @@ from pathlib import Path
 
 import pytest
 
-from common.registry import SYSTEM_COMMANDS, SYSTEM_PACKAGE_NAMES, setup_of
+from common.registry import SANDBOX_TOOL_DIRS, SYSTEM_COMMAND_DIRS, SYSTEM_COMMANDS, SYSTEM_PACKAGE_NAMES, setup_of
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
 SEARCHED = [*os.environ["PATH"].split(":"), "/usr/sbin", "/sbin"]
+# The code sandbox's directories, each once (/bin is /usr/bin where /usr is merged).
+SANDBOX_DIRS = list(dict.fromkeys(os.path.realpath(d) for d in SANDBOX_TOOL_DIRS.split(":") if os.path.isdir(d)))
+# The code toolchains, whose commands count only in the sandbox's directories: their packages
+# by every manager's name, and their commands.
+TOOLCHAINS = {
+    *SYSTEM_COMMAND_DIRS,
+    *(SYSTEM_PACKAGE_NAMES.get(p, {}).get(m, p) for p in SYSTEM_COMMAND_DIRS for m in ("dnf", "apk")),
+}
+TOOLCHAIN_COMMANDS = {SYSTEM_COMMANDS[p] for p in SYSTEM_COMMAND_DIRS}
 
 # A package manager stand-in: records "<name> <args>", and on install puts each package's
-# command (SYSTEM_COMMANDS) on PATH.
+# command (SYSTEM_COMMANDS) where run.sh looks for it.
 MANAGER = """#!/bin/bash
 echo "$(basename "$0") $*" >>"$FAKE/calls"
 case $1 in install|add)
   for arg in "$@"; do
     cmd=
     case $arg in {arms} python3-venv) touch "$FAKE/venv-installed" ;; esac
-    if [ -n "$cmd" ]; then printf '#!/bin/sh\\n' >"$FAKE/bin/$cmd"; chmod 755 "$FAKE/bin/$cmd"; fi
+    if [ -n "$cmd" ]; then printf '#!/bin/sh\\n' >"$dir/$cmd"; chmod 755 "$dir/$cmd"; fi
   done ;;
 esac
 """
@@ -83,30 +94,76 @@ def manager(fake: Path, name: str) -> None:
         **SYSTEM_COMMANDS,
         **{alt: SYSTEM_COMMANDS[p] for p, alts in SYSTEM_PACKAGE_NAMES.items() for alt in alts.values()},
     }
-    arms = " ".join(f"{package}) cmd={command} ;;" for package, command in names.items())
+    arms = " ".join(
+        f"{package}) cmd={command} dir={SANDBOX_DIRS[0] if package in TOOLCHAINS else '$FAKE/bin'} ;;"
+        for package, command in names.items()
+    )
     _write(fake / "bin" / name, MANAGER.format(arms=arms))
 
 
+def layer(fake: Path, directory: str) -> Path:
+    """The test's own files shown in the sandbox directory ``directory`` (its overlay's top
+    lower layer): a stand-in put there is a toolchain the sandbox would find."""
+    path = fake / "layers" / directory.strip("/")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def stand_in(fake: Path, command: str) -> None:
+    """A stand-in for system command ``command`` where run.sh counts it installed."""
+    directory = layer(fake, SANDBOX_DIRS[0]) if command in TOOLCHAIN_COMMANDS else fake / "bin"
+    _write(directory / command, "#!/bin/sh\n")
+
+
+def stand_in_for_toolchains_outside_the_sandbox(fake: Path, hide: list[str]) -> None:
+    """A stand-in in the sandbox's directory for each code toolchain ``hide`` keeps that the
+    machine has elsewhere only (rustup's ``~/.cargo/bin``): the test is about the hidden ones."""
+    for command in TOOLCHAIN_COMMANDS - set(hide):
+        if not shutil.which(command, path=SANDBOX_TOOL_DIRS):
+            stand_in(fake, command)
+
+
 def stand_in_for_root_only_commands(fake: Path, hide: list[str]) -> None:
-    """A stand-in on the fake PATH for each system command root has and ``hide`` keeps: a
-    toolchain installed under root's home (rustup's ``~/.cargo/bin``) is present for the
-    machine but out of another user's reach, and the test is about the hidden ones."""
-    for command in set(SYSTEM_COMMANDS.values()) - set(hide):
+    """A stand-in on the fake PATH for each system command looked for on PATH that root has
+    and ``hide`` keeps: one installed under root's home is present for the machine but out of
+    another user's reach, and the test is about the hidden ones."""
+    for command in set(SYSTEM_COMMANDS.values()) - TOOLCHAIN_COMMANDS - set(hide):
         if shutil.which(command) and not (fake / "bin" / command).exists():
-            _write(fake / "bin" / command, "#!/bin/sh\n")
+            stand_in(fake, command)
+
+
+def overlays(fake: Path) -> list[str]:
+    """Commands that lay the test's layer over each sandbox directory, its changes (a manager's
+    installs, a hidden command's removal) in a ``tmpfs`` gone with the namespace."""
+    changes = fake / "changes"
+    changes.mkdir(exist_ok=True)
+    commands = [f"mount -t tmpfs tmpfs {changes}"]
+    for i, directory in enumerate(SANDBOX_DIRS):
+        upper, work = changes / f"{i}-upper", changes / f"{i}-work"
+        lower = f"{layer(fake, directory)}:{directory}"
+        commands += [
+            f"mkdir -m 755 {upper} {work}",
+            f"mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={work} {directory}",
+        ]
+    return commands
 
 
 def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subprocess.CompletedProcess[str]:
-    """``bash run.sh ARGS`` with the commands ``hide`` gone from this mount namespace."""
+    """``bash run.sh ARGS`` with the commands ``hide`` gone from this mount namespace: removed
+    from the overlaid sandbox directories, covered elsewhere."""
     hidden = fake / "hidden"
     hidden.touch()
     hidden.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    mounts = [
-        f"mount --bind {hidden} {directory}/{command}"
-        for command in hide
-        for directory in dict.fromkeys(SEARCHED)
-        if directory and os.path.isfile(f"{directory}/{command}")
-    ]
+    mounts = overlays(fake)
+    for command in hide:
+        for directory in dict.fromkeys([*SEARCHED, *SANDBOX_DIRS]):
+            if not directory or not os.path.isfile(f"{directory}/{command}"):
+                continue
+            if os.path.realpath(directory) in SANDBOX_DIRS:
+                mounts.append(f"rm -f {directory}/{command}")
+            else:
+                mounts.append(f"mount --bind {hidden} {directory}/{command}")
+    stand_in_for_toolchains_outside_the_sandbox(fake, hide)
     if user:
         stand_in_for_root_only_commands(fake, hide)
     drop = f"setpriv --reuid={user} --regid={user} --clear-groups " if user else ""
@@ -143,7 +200,7 @@ def test_only_what_the_command_needs(fake: Path) -> None:
 def test_nothing_is_installed_when_present(fake: Path) -> None:
     manager(fake, "apt-get")
     for command in SYSTEM_COMMANDS.values():
-        _write(fake / "bin" / command, "#!/bin/sh\n")
+        stand_in(fake, command)
     assert run_sh(fake, ["system-packages", "test"], hide=["bwrap", "nginx"]).returncode == 0
     assert calls(fake) == []
 
@@ -253,3 +310,22 @@ def test_each_package_manager_gets_its_own_names(fake: Path) -> None:
     result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "g++", "go", "apt-get"])
     assert result.returncode == 0, result.stderr
     assert calls(fake) == ["dnf install -y -q bubblewrap gcc-c++ golang"]
+
+
+def test_a_toolchain_the_code_sandbox_cannot_see_is_installed(fake: Path) -> None:
+    """A rustc on PATH outside ``/usr/bin`` and ``/bin`` (rustup's ``~/.cargo/bin``; here the
+    fake PATH's ``bin``) is out of the code sandbox's sight: run.sh says so and installs the
+    distribution's, then finds it where the sandbox looks; a package that puts it elsewhere is
+    an error, not a service whose Rust samples are all ``language_unavailable``."""
+    manager(fake, "apt-get")
+    _write(fake / "bin" / "rustc", "#!/bin/sh\n")
+    result = run_sh(fake, ["system-packages", "code"], hide=["rustc"])
+    assert result.returncode == 0, result.stderr
+    assert f"rustc on PATH at {fake}/bin is not visible to the code sandbox (which looks in /usr/bin:/bin)" in (
+        result.stderr
+    )
+    assert calls(fake)[-1] == "apt-get install -y -qq --no-install-recommends rustc"
+    _write(fake / "bin" / "apt-get", '#!/bin/bash\necho "apt-get $*" >>"$FAKE/calls"\n')  # installs nothing
+    result = run_sh(fake, ["system-packages", "code"], hide=["rustc"])
+    assert result.returncode == 1
+    assert "rustc installed but rustc not found in /usr/bin:/bin" in result.stderr

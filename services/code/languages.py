@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.registry import SANDBOX_TOOL_DIRS
 from services.code.sandboxed.compiled import ARTIFACT_DIR, OUTPUT_DIR
 
 PYTHON = "python"
@@ -173,11 +174,12 @@ def language_of(name: object) -> str | None:
 
 
 def tool_paths() -> dict[str, str]:
-    """Each toolchain command's real path on this host (absent ones left out): commands run by
-    their real path, so no ``/etc/alternatives`` link is needed in the sandbox."""
+    """Each toolchain command's real path on this host (absent ones left out), looked for
+    where ``run.sh`` counts it installed: commands run by their real path, so no
+    ``/etc/alternatives`` link is needed in the sandbox."""
     found: dict[str, str] = {}
     for tool in {t for lang in LANGUAGES.values() for t in lang.tools}:
-        path = shutil.which(tool, path="/usr/bin:/bin")
+        path = shutil.which(tool, path=SANDBOX_TOOL_DIRS)
         if path is not None:
             found[tool] = os.path.realpath(path)
     return found

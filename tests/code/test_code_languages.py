@@ -8,7 +8,6 @@ compile cache builds a GRPO group of 8 identical programs once.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 
@@ -159,7 +158,7 @@ TAGS = {"c": "c", "cpp": "cpp", "java": "java", "go": "go", "rust": "rust", "jav
 
 
 def installed(language: str) -> bool:
-    return all(shutil.which(tool, path="/usr/bin:/bin") for tool in languages.LANGUAGES[language].tools)
+    return not languages.missing_tools(languages.LANGUAGES[language], languages.tool_paths())
 
 
 @pytest.mark.parametrize("language", list(CASES))
