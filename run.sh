@@ -15,7 +15,7 @@
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #
 # Services, ports and requirements come from common/registry.py. Missing system packages
-# (bubblewrap and the toolchains for code, the toolchains counted only in /usr/bin or /bin,
+# (bubblewrap and the language toolchains for code, which count only in /usr/bin or /bin,
 # where its sandbox finds them; nginx for the tests) are installed with apt-get, dnf or apk as
 # root or through passwordless sudo; otherwise run.sh stops with the command to run. Every flag
 # is also a setting (SCORER_PORT, SCORER_WORKERS, SCORER_AESTHETIC_CLIP, ...): see the README.

@@ -164,10 +164,10 @@ SYSTEM_COMMANDS: dict[str, str] = {
     "gcc": "gcc", "g++": "g++", "openjdk-17-jdk-headless": "javac", "golang-go": "go", "rustc": "rustc",
     "nodejs": "node",
 }  # fmt: skip
-# Where a package's command counts as installed (colon-separated), where it is not on PATH or
-# in the sbin directories: the code sandbox's toolchains count only where the sandbox finds
-# them, so rustup's rustc in ~/.cargo/bin, an nvm node or a conda gcc does not stop run.sh
-# installing the distribution's.
+# Where a package's command must be to count as installed (colon-separated; a package not
+# listed: on PATH or in the sbin directories). The code sandbox's toolchains count only where
+# the sandbox finds them, so rustup's rustc in ~/.cargo/bin, an nvm node or a conda gcc does
+# not stop run.sh installing the distribution's.
 SYSTEM_COMMAND_DIRS: dict[str, str] = dict.fromkeys(CODE_TOOLCHAINS, SANDBOX_TOOL_DIRS)
 # A system package's name where dnf's or apk's differs from apt-get's (the registry's names).
 SYSTEM_PACKAGE_NAMES: dict[str, dict[str, str]] = {
