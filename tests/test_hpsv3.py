@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from common.config import ConfigError
@@ -301,6 +302,31 @@ def test_limits_are_clear_errors(monkeypatch: pytest.MonkeyPatch, tiny: tuple[Pa
         limited.prepare({"images": images[:2], "prompts": ["short", "word " * 1000]})
 
 
+def test_model_inputs_count_in_the_work_bytes(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """An 8x8 PNG (70 bytes) is, at HPSv3's resize, 1,024 patches of float32 pixels (4.8 MB),
+    held by its item and copied once more into its batch: referenced 8 times by the pickle memo,
+    a body of 400 bytes asks for 77 MB. Was uncounted (a few KB of body held gigabytes); now a
+    413 that names them past SCORER_MAX_QUEUE_BYTES (48 MiB here), while 3 references are scored."""
+    checkpoint, base = tiny
+    env = {
+        "SCORER_HPSV3_MODEL": str(checkpoint),
+        "SCORER_HPSV3_BASE": str(base),
+        "SCORER_HPSV3_MAX_TOKENS": MAX_TOKENS,
+        "SCORER_DEVICE": "cpu",
+        "SCORER_MAX_QUEUE_BYTES": str(48 * 2**20),
+    }
+    png = encode(Image.new("RGB", (8, 8), (200, 30, 30)), "PNG")
+    with gunicorn_server("hpsv3", env=env, threads=4, log_dir=tmp_path) as server:
+        scored = answer(post(server.url, {"images": [png] * 3, "prompts": ["a red square"] * 3}))
+        body = pickle.dumps({"images": [png] * 8, "prompts": ["a red square"] * 8})
+        assert len(body) < 400
+        refused = requests.post(server.url, data=body, timeout=120)
+    assert len(scored["scores"]) == 3
+    error = pickle.loads(refused.content)["error"]
+    assert refused.status_code == 413, error
+    assert "hpsv3 inputs" in error and "SCORER_MAX_QUEUE_BYTES" in error
+
+
 def test_missing_files_are_clear_config_errors(
     monkeypatch: pytest.MonkeyPatch, tiny: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -352,6 +378,4 @@ def test_server_without_weights_says_why_and_preflight_skips(tmp_path: Path) -> 
 
 
 def encode_blank() -> bytes:
-    from PIL import Image
-
     return encode(Image.new("RGB", (64, 64), (120, 130, 140)), "PNG")

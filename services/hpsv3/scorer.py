@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from common.batching import hold_work
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import PayloadTooLarge, Unprocessable
@@ -27,7 +28,7 @@ from common.media import MediaRequest
 from common.scorer import ImageScorer, Scored
 from common.settings import CoreSettings
 from services.clip.weights import local_first
-from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, resized, smart_resize
+from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, input_bytes, resized, smart_resize
 from services.hpsv3.settings import CHECKPOINT, missing, read_settings
 
 if TYPE_CHECKING:
@@ -124,9 +125,11 @@ class HPSv3Scorer(ImageScorer):
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """Each image's smart resize (Qwen2-VL refuses extreme shapes: 422) and each sample's
-        sequence length (413), from the headers and the prompts before any pixel is decoded."""
+        sequence length (413), from the headers and the prompts before any pixel is decoded; then
+        the model inputs, each reference's (an 8x8 image's are 4.8 MB twice), held."""
         assert self.layout is not None, "setup() has not run"
         text_tokens: dict[str, int] = {}  # a video's prompt, tokenized once for all its frames
+        nbytes = 0
         for image, prompt, name in zip(images, request.item_prompts, request.names):
             width, height = shown_size(image)
             try:
@@ -142,6 +145,8 @@ class HPSv3Scorer(ImageScorer):
                     f"the prompt of {name} makes a sequence of {tokens} tokens; the limit is "
                     f"{self.settings.max_tokens} ({self.setting('max_tokens')})"
                 )
+            nbytes += input_bytes(resized_height, resized_width, tokens)
+        hold_work(nbytes, f"{self.name} inputs")
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Item]:
         """Each image at its smart-resize size through Qwen2-VL's image processor, and its
