@@ -187,6 +187,20 @@ def test_each_rewards_model_inputs_count_in_the_work_bytes(clip_pair: Server) ->
     assert "aesthetic inputs" in error["error"] and "SCORER_MAX_QUEUE_BYTES" in error["error"]
 
 
+def test_an_image_referenced_many_times_is_preprocessed_once_per_reward(clip_pair: Server) -> None:
+    """One 8x8 PNG referenced 220 times by the pickle memo: decoded once, but each CLIP reward
+    preprocessed it once per reference, 220 equal 1.2 MB inputs (264 MB a reward, the 413 of 220
+    distinct images); now once per reward, its input shared by the references, and the request
+    holds one input a reward."""
+    count = 220
+    body = pickle.dumps({"images": tiny_pngs(1) * count, "prompts": ["a red square"] * count})
+    assert len(body) < 2_000
+    answer = requests.post(f"{clip_pair.url}/?pickscore=1&aesthetic=1", data=body, timeout=300)
+    result = pickle.loads(answer.content)
+    assert answer.status_code == 200, result
+    assert len(set(result["scores"])) == 1 and len(result["scores"]) == count
+
+
 @pytest.mark.parametrize("query", ["?pickscore=1", "?pickscore=1!optional"])
 def test_the_pixels_clip_resizes_to_count_in_the_requests_pixels(clip_pair: Server, query: str) -> None:
     """A 1x50 PNG (70 bytes) referenced 64 times: 3,200 pixels by the request's limits, but CLIP
