@@ -219,6 +219,19 @@ def test_the_pixels_clip_resizes_to_count_in_the_requests_pixels(clip_pair: Serv
     assert "SCORER_MAX_REQUEST_PIXELS" in error["error"] and "224x11200" in error["error"]
 
 
+def test_a_rewards_refusal_names_the_reward(multi: Server) -> None:
+    """Four samples for PickScore's queue of three: was "4 items in one request; the batch queue
+    holds 3", not saying which of the request's rewards refused it (OCR's queue holds three too);
+    now the reward's name first, its status kept; as for a refusal of a sample's input."""
+    for reward in ("pickscore", "ocr"):
+        status, answer = post(multi.url, f"?{reward}=1", [PROMPT] * (QUEUE + 1))
+        assert status == 413, answer
+        assert answer["error"].startswith(f"{reward}: 4 items in one request; the batch queue holds 3"), answer
+    status, answer = post(multi.url, "?ocr=1&pickscore=1", [REFUSED_BY_OCR])
+    assert status == 422, answer
+    assert answer["error"].startswith("ocr: ") and "quoted target" in answer["error"], answer
+
+
 def test_no_token_is_a_401_before_the_query_is_read_and_info_masks_the_token(multi: Server) -> None:
     """Without the token, an unknown reward in the query answers 401 (not the 422 that lists the
     served rewards); ``/info`` shows the token masked."""
