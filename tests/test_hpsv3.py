@@ -182,6 +182,15 @@ def test_special_token_strings_in_a_prompt_are_text(scorer: HPSv3Scorer, images:
     np.testing.assert_allclose(batched, alone, atol=1e-5)
 
 
+def test_an_image_given_several_times_is_preprocessed_once(scorer: HPSv3Scorer, images: list[bytes]) -> None:
+    """Bytes the pickle memo references several times are decoded once, and resized and turned
+    into patches once: the references' items share the pixel values, each with its prompt's ids."""
+    first, second = images[:2]
+    items = scorer.prepare({"images": [first, second, first], "prompts": ["a cat", "a dog", "a red car"]})
+    assert items[0].pixel_values is items[2].pixel_values is not items[1].pixel_values
+    assert items[0].input_ids != items[2].input_ids
+
+
 def test_concurrent_prompt_encoding_is_safe(scorer: HPSv3Scorer) -> None:
     """Request threads encode prompts at once, special-token strings among them."""
     layout = scorer.layout

@@ -116,7 +116,8 @@ def input_bytes(height: int, width: int, tokens: int) -> int:
     sequence of ``tokens`` holds while its request is served: its pixel values twice (the item's,
     and their copy in the batch the inference thread concatenates; 4.8 MB each for 256 tokens'
     worth, whatever the image's own size) and its token ids. The processor's steps on one image
-    at a time come and go within that."""
+    at a time come and go within that. The references of one image share its item's pixel
+    values: counted for each, as if its own, they are over-counted by up to half."""
     return 2 * (height // PATCH) * (width // PATCH) * PATCH_BYTES + ID_BYTES * tokens
 
 

@@ -27,6 +27,7 @@ from common.images import shown_size
 from common.media import MediaRequest
 from common.scorer import ImageScorer, Scored
 from common.settings import CoreSettings
+from services.clip.preprocess import once_per_image
 from services.clip.weights import local_first
 from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, input_bytes, resized, smart_resize
 from services.hpsv3.settings import CHECKPOINT, missing, read_settings
@@ -149,13 +150,13 @@ class HPSv3Scorer(ImageScorer):
         hold_work(nbytes, f"{self.name} inputs")
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Item]:
-        """Each image at its smart-resize size through Qwen2-VL's image processor, and its
-        prompt in HPSv3's instruction and chat template."""
+        """Each image at its smart-resize size through Qwen2-VL's image processor (once per
+        distinct image, its references sharing the pixel values), and its prompt in HPSv3's
+        instruction and chat template."""
         assert self.layout is not None, "setup() has not run"
         items = []
         text_ids: dict[str, list[int]] = {}  # a video's prompt, tokenized once for all its frames
-        for image, prompt in zip(images, prompts):
-            pixels = self.image_processor(images=[resized(image)], return_tensors="np")
+        for pixels, prompt in zip(once_per_image(images, self._pixels), prompts):
             grid = tuple(int(n) for n in pixels["image_grid_thw"][0])
             merged = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
             if prompt not in text_ids:
@@ -163,6 +164,10 @@ class HPSv3Scorer(ImageScorer):
             input_ids, reward_index = self.layout.input_ids(text_ids[prompt], merged)
             items.append(Item(pixels["pixel_values"], grid, input_ids, reward_index))
         return items
+
+    def _pixels(self, images: list[Image.Image]) -> list[Any]:
+        """Each image's pixel values and patch grid, one image at a time."""
+        return [self.image_processor(images=[resized(image)], return_tensors="np") for image in images]
 
     def score(self, batch: Sequence[Any]) -> list[Scored]:
         assert self.model is not None, "setup() has not run"
