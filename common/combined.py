@@ -11,11 +11,12 @@ then score concurrently, each on its own batcher.
 A request names its rewards and weights in the URL's query (``?ocr=0.7&pickscore=0.3``; a
 weight ending ``!optional`` marks its reward optional), else in ``metadata["rewards"]``
 (``{"ocr": 0.7, "pickscore": {"weight": 0.3, "optional": true}}``), else every served reward
-has weight 1. A required reward's failure fails the request as it would fail its own service's;
-an optional reward's failure drops its score from the samples it failed for (``dropped``): a
-sample whose own input it refuses (``check_images``, one sample at a time) alone, every sample
-of the request when it fails while preparing or scoring. A refusal for the node's load (503) is
-never dropped, and a sample left with no weighted reward is never answered 0.
+has weight 1. A required reward's failure fails the request as it would fail its own service's,
+its message naming the reward; an optional reward's failure drops its score from the samples it
+failed for (``dropped``): a sample whose own input it refuses (``check_images``, one sample at a
+time) alone, every sample of the request when it fails while preparing or scoring. A refusal for
+the node's load (503) is never dropped, and a sample left with no weighted reward is never
+answered 0.
 """
 
 from __future__ import annotations
@@ -114,17 +115,17 @@ class CombinedScorer(Scorer):
             return
         except ScorerError as exc:
             if not want.optional or isinstance(exc, FROM_THE_LOAD):
-                raise
-            refusal = exc
+                raise from_reward(name, exc) from None
+            refusal = from_reward(name, exc)
         alone = False
         for index, span in enumerate(request.spans):
             try:
                 scorer.check_images([opened[i] for i in span], request.sample(index))
             except ScorerError as exc:
                 if isinstance(exc, FROM_THE_LOAD):
-                    raise
+                    raise from_reward(name, exc) from None
                 for i in span:
-                    entries[i][name] = exc
+                    entries[i][name] = from_reward(name, exc)
                 alone = True
         if not alone:
             for entry in entries:
@@ -144,9 +145,9 @@ class CombinedScorer(Scorer):
             )
         except Exception as exc:
             if not want.optional or isinstance(exc, FROM_THE_LOAD):
-                raise
+                raise from_reward(name, exc) from None
             log.warning("optional reward %s failed to prepare a request: %s", name, exc)
-            items = [exc] * len(indices)
+            items = [from_reward(name, exc)] * len(indices)
         for i, item in zip(indices, items):
             entries[i][name] = item
 
@@ -161,7 +162,7 @@ class CombinedScorer(Scorer):
             try:
                 scored: list[Any] = self.runtimes[name].score([items[i][name] for i in indices])
             except Exception as exc:  # raised for a required reward, dropped for an optional one, in ``combine``
-                scored = [exc] * len(indices)
+                scored = [from_reward(name, exc)] * len(indices)
             for i, result in zip(indices, scored):
                 results[i][name] = result
 
@@ -185,6 +186,16 @@ class CombinedScorer(Scorer):
                 for name, scorer in self.rewards.items()
             }
         }
+
+
+def from_reward(name: str, error: Exception) -> Exception:
+    """Reward ``name``'s refusal with the name first (``pickscore: 4 items in one request; ...``),
+    its type and status kept, so that a request of several rewards says which one refused it. A
+    new object: a batcher hands one exception to every request of its batch. A fault that is no
+    ``ScorerError`` stays as it is, its traceback logged."""
+    if not isinstance(error, ScorerError):
+        return error
+    return type(error)(f"{name}: {error.message}")
 
 
 def combined_results(

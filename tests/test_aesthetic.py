@@ -200,6 +200,18 @@ def test_micro_batches_and_scale_in_process(
     np.testing.assert_allclose(scores, [s * 0.1 - 0.1 for s in expected[:7]], rtol=1e-5, atol=1e-5)
 
 
+def test_an_image_given_several_times_is_preprocessed_once(
+    monkeypatch: pytest.MonkeyPatch, clip_dir: Path, images: list[bytes]
+) -> None:
+    """Bytes the pickle memo references several times are decoded once, and preprocessed once:
+    every reference's item is the same tensor."""
+    scorer = make_scorer(monkeypatch, clip=str(clip_dir))
+    scorer.setup("cpu")
+    first, second = images[:2]
+    items = scorer.prepare({"images": [first, second, first], "prompts": ["p"] * 3})
+    assert items[0] is items[2] and items[1] is not items[0]
+
+
 def test_missing_clip_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     missing = make_scorer(monkeypatch, clip=str(tmp_path / "nowhere"))
     assert "SCORER_AESTHETIC_CLIP" in (reason(missing.name) or "")

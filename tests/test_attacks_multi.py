@@ -187,6 +187,20 @@ def test_each_rewards_model_inputs_count_in_the_work_bytes(clip_pair: Server) ->
     assert "aesthetic inputs" in error["error"] and "SCORER_MAX_QUEUE_BYTES" in error["error"]
 
 
+def test_an_image_referenced_many_times_is_preprocessed_once_per_reward(clip_pair: Server) -> None:
+    """One 8x8 PNG referenced 220 times by the pickle memo: decoded once, but each CLIP reward
+    preprocessed it once per reference, 220 equal 1.2 MB inputs (264 MB a reward, the 413 of 220
+    distinct images); now once per reward, its input shared by the references, and the request
+    holds one input a reward."""
+    count = 220
+    body = pickle.dumps({"images": tiny_pngs(1) * count, "prompts": ["a red square"] * count})
+    assert len(body) < 2_000
+    answer = requests.post(f"{clip_pair.url}/?pickscore=1&aesthetic=1", data=body, timeout=300)
+    result = pickle.loads(answer.content)
+    assert answer.status_code == 200, result
+    assert len(set(result["scores"])) == 1 and len(result["scores"]) == count
+
+
 @pytest.mark.parametrize("query", ["?pickscore=1", "?pickscore=1!optional"])
 def test_the_pixels_clip_resizes_to_count_in_the_requests_pixels(clip_pair: Server, query: str) -> None:
     """A 1x50 PNG (70 bytes) referenced 64 times: 3,200 pixels by the request's limits, but CLIP
@@ -203,6 +217,19 @@ def test_the_pixels_clip_resizes_to_count_in_the_requests_pixels(clip_pair: Serv
     error = pickle.loads(answer.content)
     assert answer.status_code == 413, error
     assert "SCORER_MAX_REQUEST_PIXELS" in error["error"] and "224x11200" in error["error"]
+
+
+def test_a_rewards_refusal_names_the_reward(multi: Server) -> None:
+    """Four samples for PickScore's queue of three: was "4 items in one request; the batch queue
+    holds 3", not saying which of the request's rewards refused it (OCR's queue holds three too);
+    now the reward's name first, its status kept; as for a refusal of a sample's input."""
+    for reward in ("pickscore", "ocr"):
+        status, answer = post(multi.url, f"?{reward}=1", [PROMPT] * (QUEUE + 1))
+        assert status == 413, answer
+        assert answer["error"].startswith(f"{reward}: 4 items in one request; the batch queue holds 3"), answer
+    status, answer = post(multi.url, "?ocr=1&pickscore=1", [REFUSED_BY_OCR])
+    assert status == 422, answer
+    assert answer["error"].startswith("ocr: ") and "quoted target" in answer["error"], answer
 
 
 def test_no_token_is_a_401_before_the_query_is_read_and_info_masks_the_token(multi: Server) -> None:

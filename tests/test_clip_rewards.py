@@ -183,6 +183,21 @@ def test_a_shared_prompt_is_encoded_once_and_batches_do_not_change_scores(
     assert np.std(batched) > 1e-3
 
 
+@pytest.mark.parametrize("service", ["pickscore", "clipscore"])
+def test_an_image_given_several_times_is_preprocessed_once(
+    monkeypatch: pytest.MonkeyPatch, pickscore_dir: Path, images: list[bytes], service: str
+) -> None:
+    """The core decodes bytes the pickle memo references several times once and hands every
+    reference the same image: its pixels are preprocessed once (the processor's path and the
+    float transform's), the references' items sharing them."""
+    scorer = make_scorer(monkeypatch, service, model=str(pickscore_dir))
+    scorer.setup("cpu")
+    first, second = images[:2]
+    items = scorer.prepare({"images": [first, second, first, first], "prompts": ["a", "b", "c", "a"]})
+    assert items[0].pixels is items[2].pixels is items[3].pixels and items[1].pixels is not items[0].pixels
+    assert items[2].tokens != items[3].tokens == items[0].tokens
+
+
 def test_pickscore_follows_its_formula(
     monkeypatch: pytest.MonkeyPatch, pickscore_dir: Path, images: list[bytes]
 ) -> None:

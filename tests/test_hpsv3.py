@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from common.config import ConfigError
@@ -181,6 +182,15 @@ def test_special_token_strings_in_a_prompt_are_text(scorer: HPSv3Scorer, images:
     np.testing.assert_allclose(batched, alone, atol=1e-5)
 
 
+def test_an_image_given_several_times_is_preprocessed_once(scorer: HPSv3Scorer, images: list[bytes]) -> None:
+    """Bytes the pickle memo references several times are decoded once, and resized and turned
+    into patches once: the references' items share the pixel values, each with its prompt's ids."""
+    first, second = images[:2]
+    items = scorer.prepare({"images": [first, second, first], "prompts": ["a cat", "a dog", "a red car"]})
+    assert items[0].pixel_values is items[2].pixel_values is not items[1].pixel_values
+    assert items[0].input_ids != items[2].input_ids
+
+
 def test_concurrent_prompt_encoding_is_safe(scorer: HPSv3Scorer) -> None:
     """Request threads encode prompts at once, special-token strings among them."""
     layout = scorer.layout
@@ -301,6 +311,31 @@ def test_limits_are_clear_errors(monkeypatch: pytest.MonkeyPatch, tiny: tuple[Pa
         limited.prepare({"images": images[:2], "prompts": ["short", "word " * 1000]})
 
 
+def test_model_inputs_count_in_the_work_bytes(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """An 8x8 PNG (70 bytes) is, at HPSv3's resize, 1,024 patches of float32 pixels (4.8 MB),
+    held by its item and copied once more into its batch: referenced 8 times by the pickle memo,
+    a body of 400 bytes asks for 77 MB. Was uncounted (a few KB of body held gigabytes); now a
+    413 that names them past SCORER_MAX_QUEUE_BYTES (48 MiB here), while 3 references are scored."""
+    checkpoint, base = tiny
+    env = {
+        "SCORER_HPSV3_MODEL": str(checkpoint),
+        "SCORER_HPSV3_BASE": str(base),
+        "SCORER_HPSV3_MAX_TOKENS": MAX_TOKENS,
+        "SCORER_DEVICE": "cpu",
+        "SCORER_MAX_QUEUE_BYTES": str(48 * 2**20),
+    }
+    png = encode(Image.new("RGB", (8, 8), (200, 30, 30)), "PNG")
+    with gunicorn_server("hpsv3", env=env, threads=4, log_dir=tmp_path) as server:
+        scored = answer(post(server.url, {"images": [png] * 3, "prompts": ["a red square"] * 3}))
+        body = pickle.dumps({"images": [png] * 8, "prompts": ["a red square"] * 8})
+        assert len(body) < 400
+        refused = requests.post(server.url, data=body, timeout=120)
+    assert len(scored["scores"]) == 3
+    error = pickle.loads(refused.content)["error"]
+    assert refused.status_code == 413, error
+    assert "hpsv3 inputs" in error and "SCORER_MAX_QUEUE_BYTES" in error
+
+
 def test_missing_files_are_clear_config_errors(
     monkeypatch: pytest.MonkeyPatch, tiny: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -352,6 +387,4 @@ def test_server_without_weights_says_why_and_preflight_skips(tmp_path: Path) -> 
 
 
 def encode_blank() -> bytes:
-    from PIL import Image
-
     return encode(Image.new("RGB", (64, 64), (120, 130, 140)), "PNG")

@@ -184,6 +184,8 @@ def test_a_video_of_identical_frames_scores_as_its_frame_on_ocr(ocr_server) -> N
 
 
 FRAME = sample_images(1)[0]  # 150x180: 27,000 pixels, 297,000 bytes decoded
+# Frames of FRAME's size, each its own: a frame given again shares its first one's model input.
+DISTINCT_FRAMES = [encode(Image.new("RGB", (150, 180), (20 * i, 90, 90)), "PNG") for i in range(12)]
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +220,7 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "9 chosen frames (every 1th frame of 3 videos) in one request; the limit is 8 (SCORER_MAX_ITEMS)",
         ),
         (
-            {"videos": [[FRAME] * 12], "prompts": ["p"], "metadata": {"frame_interval": 3}},
+            {"videos": [DISTINCT_FRAMES], "prompts": ["p"], "metadata": {"frame_interval": 3}},
             413,
             "(aesthetic inputs); the limit is 4 MiB (SCORER_MAX_QUEUE_BYTES)",  # under the pixels
         ),

@@ -15,7 +15,7 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
 
-from services.clip.preprocess import input_bytes
+from services.clip.preprocess import input_bytes, once_per_image
 from services.clip.towers import DTYPES, image_features, normalised
 from services.clip.weights import local_first
 
@@ -73,11 +73,15 @@ class AestheticModel:
         return head.to(self.device).eval()
 
     def preprocess(self, images: list[Image.Image]) -> list[torch.Tensor]:
-        """CLIP's own resize, centre crop and normalise; one float32 tensor per image.
+        """CLIP's own resize, centre crop and normalise; one float32 tensor per image, made once
+        per distinct image.
 
         NumPy only (``from_numpy`` copies nothing): no torch kernel runs on the request
         threads, whose parallel regions would compete with the inference thread's on a CPU.
         """
+        return once_per_image(images, self._pixels)
+
+    def _pixels(self, images: list[Image.Image]) -> list[torch.Tensor]:
         pixels = self.processor(images=images, return_tensors="np")["pixel_values"]
         return [torch.from_numpy(array) for array in pixels]
 

@@ -18,7 +18,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from services.clip.open_clip_checkpoint import load_open_clip_checkpoint, read_config
-from services.clip.preprocess import FloatTransform, input_bytes, open_clip_text
+from services.clip.preprocess import FloatTransform, input_bytes, once_per_image, open_clip_text
 from services.clip.towers import DTYPES, image_features, normalised, text_features
 from services.clip.weights import local_first
 
@@ -88,7 +88,11 @@ class ClipRewardModel:
         return local_first(lambda offline: CLIPModel.from_pretrained(source, local_files_only=offline))
 
     def preprocess(self, images: list[Image.Image]) -> list[torch.Tensor]:
-        """One float32 (3, H, W) tensor per image, NumPy only (``from_numpy`` copies nothing)."""
+        """One float32 (3, H, W) tensor per image, made once per distinct image."""
+        return once_per_image(images, self._pixels)
+
+    def _pixels(self, images: list[Image.Image]) -> list[torch.Tensor]:
+        """Each image's tensor, NumPy only (``from_numpy`` copies nothing)."""
         if self.float_transform is not None:
             return [torch.from_numpy(self.float_transform(image)) for image in images]
         pixels = self.image_processor(images=images, return_tensors="np")["pixel_values"]

@@ -14,9 +14,9 @@ Two image recipes, as the reference scorers apply them:
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -28,6 +28,17 @@ from common.images import shown_size
 from common.settings import CoreSettings
 
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+T = TypeVar("T")
+
+
+def once_per_image(images: Sequence[Image.Image], preprocess: Callable[[list[Image.Image]], Sequence[T]]) -> list[T]:
+    """``preprocess`` of each distinct image object, its result given to each of its references:
+    the core decodes bytes the pickle memo references many times once and hands every reference
+    the same image, which must not cost a resize and a model input per reference."""
+    distinct = {id(image): image for image in images}
+    done = dict(zip(distinct, preprocess(list(distinct.values()))))
+    return [done[id(image)] for image in images]
 
 
 def check_clip_inputs(
@@ -43,8 +54,9 @@ def check_clip_inputs(
     PNG would grow to billions of pixels (422 past ``SCORER_MAX_PIXELS``), and a 70-byte 1 x 50
     one to 2.5 Mpx, a 0.1 s resize: the resized pixels of the request, each reference counted,
     are bounded as its decoded pixels are (413 past ``SCORER_MAX_REQUEST_PIXELS``). The model
-    inputs, ``nbytes`` an image (``input_bytes``), are held against the work bytes first."""
-    hold_work(len(images) * nbytes, what)
+    inputs, ``nbytes`` a distinct image (``input_bytes``; its references share it,
+    ``once_per_image``), are held against the work bytes first."""
+    hold_work(len({id(image) for image in images}) * nbytes, what)
     if not shortest_edge:
         return
     total = 0

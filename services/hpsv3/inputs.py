@@ -30,7 +30,12 @@ from tokenizers import Tokenizer
 REWARD_TOKEN = "<|Reward|>"
 IMAGE_TOKEN = "<|image_pad|>"
 # Qwen2-VL's vision input: 14-pixel patches merged 2 x 2, so each LLM token covers 28 x 28 pixels.
-FACTOR = 28
+PATCH = 14
+FACTOR = 2 * PATCH
+# A patch's pixel values: 3 channels x 2 frames (an image repeated in time) x 14 x 14, float32.
+PATCH_BYTES = 3 * 2 * PATCH * PATCH * 4
+# A token id in an item's tuple: the slot, and the int object when not shared.
+ID_BYTES = 8 + 28
 # HPSv3 reads every image at 256 tokens' worth of pixels (min_pixels = max_pixels).
 PIXELS = 256 * FACTOR * FACTOR
 # Qwen2-VL's smart resize refuses more extreme shapes.
@@ -104,6 +109,16 @@ def image_tokens(height: int, width: int) -> int:
     """The vision tokens of an image at its smart-resize size: one per 28 x 28 pixels (Qwen2-VL's
     14-pixel patches, merged 2 x 2)."""
     return (height // FACTOR) * (width // FACTOR)
+
+
+def input_bytes(height: int, width: int, tokens: int) -> int:
+    """The memory one item of an image at its smart-resize size (``height`` x ``width``) and a
+    sequence of ``tokens`` holds while its request is served: its pixel values twice (the item's,
+    and their copy in the batch the inference thread concatenates; 4.8 MB each for 256 tokens'
+    worth, whatever the image's own size) and its token ids. The processor's steps on one image
+    at a time come and go within that. The references of one image share its item's pixel
+    values: counted for each, as if its own, they are over-counted by up to half."""
+    return 2 * (height // PATCH) * (width // PATCH) * PATCH_BYTES + ID_BYTES * tokens
 
 
 def resized(image: Image.Image) -> Image.Image:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from common.batching import hold_work
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import PayloadTooLarge, Unprocessable
@@ -26,8 +27,9 @@ from common.images import shown_size
 from common.media import MediaRequest
 from common.scorer import ImageScorer, Scored
 from common.settings import CoreSettings
+from services.clip.preprocess import once_per_image
 from services.clip.weights import local_first
-from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, resized, smart_resize
+from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, input_bytes, resized, smart_resize
 from services.hpsv3.settings import CHECKPOINT, missing, read_settings
 
 if TYPE_CHECKING:
@@ -124,9 +126,11 @@ class HPSv3Scorer(ImageScorer):
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """Each image's smart resize (Qwen2-VL refuses extreme shapes: 422) and each sample's
-        sequence length (413), from the headers and the prompts before any pixel is decoded."""
+        sequence length (413), from the headers and the prompts before any pixel is decoded; then
+        the model inputs, each reference's (an 8x8 image's are 4.8 MB twice), held."""
         assert self.layout is not None, "setup() has not run"
         text_tokens: dict[str, int] = {}  # a video's prompt, tokenized once for all its frames
+        nbytes = 0
         for image, prompt, name in zip(images, request.item_prompts, request.names):
             width, height = shown_size(image)
             try:
@@ -142,15 +146,17 @@ class HPSv3Scorer(ImageScorer):
                     f"the prompt of {name} makes a sequence of {tokens} tokens; the limit is "
                     f"{self.settings.max_tokens} ({self.setting('max_tokens')})"
                 )
+            nbytes += input_bytes(resized_height, resized_width, tokens)
+        hold_work(nbytes, f"{self.name} inputs")
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Item]:
-        """Each image at its smart-resize size through Qwen2-VL's image processor, and its
-        prompt in HPSv3's instruction and chat template."""
+        """Each image at its smart-resize size through Qwen2-VL's image processor (once per
+        distinct image, its references sharing the pixel values), and its prompt in HPSv3's
+        instruction and chat template."""
         assert self.layout is not None, "setup() has not run"
         items = []
         text_ids: dict[str, list[int]] = {}  # a video's prompt, tokenized once for all its frames
-        for image, prompt in zip(images, prompts):
-            pixels = self.image_processor(images=[resized(image)], return_tensors="np")
+        for pixels, prompt in zip(once_per_image(images, self._pixels), prompts):
             grid = tuple(int(n) for n in pixels["image_grid_thw"][0])
             merged = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
             if prompt not in text_ids:
@@ -158,6 +164,10 @@ class HPSv3Scorer(ImageScorer):
             input_ids, reward_index = self.layout.input_ids(text_ids[prompt], merged)
             items.append(Item(pixels["pixel_values"], grid, input_ids, reward_index))
         return items
+
+    def _pixels(self, images: list[Image.Image]) -> list[Any]:
+        """Each image's pixel values and patch grid, one image at a time."""
+        return [self.image_processor(images=[resized(image)], return_tensors="np") for image in images]
 
     def score(self, batch: Sequence[Any]) -> list[Scored]:
         assert self.model is not None, "setup() has not run"
