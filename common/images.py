@@ -13,7 +13,7 @@ import struct
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image, ImageCms
@@ -22,6 +22,8 @@ from common.batching import check_deadline, hold_work
 from common.config import env_name
 from common.errors import PayloadTooLarge, Unprocessable, describe_error, quote
 from common.settings import CoreSettings
+
+T = TypeVar("T")
 
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP")
 
@@ -435,6 +437,16 @@ def _once_each(items: Sequence[Any], names: Sequence[str], work: Callable[[Any, 
     """``work`` done once per distinct object of ``items``, its result given to every reference."""
     done = {id(item): work(item, name) for item, name in _distinct(zip(items, names))}
     return [done[id(item)] for item in items]
+
+
+def once_per_image(images: Sequence[Image.Image], preprocess: Callable[[list[Image.Image]], Sequence[T]]) -> list[T]:
+    """A scorer's ``preprocess`` (a batch of images -> one input each) of each distinct image
+    object, its result given to each of its references: ``load_images`` hands every reference of
+    bytes the pickle memo repeats the same image, which must not cost a resize and a model input
+    per reference."""
+    distinct = {id(image): image for image in images}
+    done = dict(zip(distinct, preprocess(list(distinct.values()))))
+    return [done[id(image)] for image in images]
 
 
 def open_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] | None = None) -> list[Image.Image]:

@@ -15,7 +15,8 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
 
-from services.clip.preprocess import input_bytes, once_per_image
+from common.images import once_per_image
+from services.clip.preprocess import input_bytes
 from services.clip.towers import DTYPES, image_features, normalised
 from services.clip.weights import local_first
 

@@ -17,8 +17,9 @@ import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
+from common.images import once_per_image
 from services.clip.open_clip_checkpoint import load_open_clip_checkpoint, read_config
-from services.clip.preprocess import FloatTransform, input_bytes, once_per_image, open_clip_text
+from services.clip.preprocess import FloatTransform, input_bytes, open_clip_text
 from services.clip.towers import DTYPES, image_features, normalised, text_features
 from services.clip.weights import local_first
 

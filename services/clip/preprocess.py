@@ -14,9 +14,9 @@ Two image recipes, as the reference scorers apply them:
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -28,17 +28,6 @@ from common.images import shown_size
 from common.settings import CoreSettings
 
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
-
-T = TypeVar("T")
-
-
-def once_per_image(images: Sequence[Image.Image], preprocess: Callable[[list[Image.Image]], Sequence[T]]) -> list[T]:
-    """``preprocess`` of each distinct image object, its result given to each of its references:
-    the core decodes bytes the pickle memo references many times once and hands every reference
-    the same image, which must not cost a resize and a model input per reference."""
-    distinct = {id(image): image for image in images}
-    done = dict(zip(distinct, preprocess(list(distinct.values()))))
-    return [done[id(image)] for image in images]
 
 
 def check_clip_inputs(
