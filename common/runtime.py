@@ -21,6 +21,11 @@ from common.settings import CoreSettings
 log = logging.getLogger(__name__)
 
 
+def serving_deadline(core: CoreSettings) -> Deadline:
+    """The deadline of the request being served (outside a request: the timeout from now)."""
+    return current_deadline() or Deadline(core.request_timeout_s)
+
+
 class ScorerRuntime:
     """Loads the model off the request path and runs items through the batcher.
 
@@ -73,13 +78,9 @@ class ScorerRuntime:
         """Block until setup has come to a verdict (``ready``, or ``setup_error``)."""
         self._done.wait()
 
-    def _deadline(self) -> Deadline:
-        """The deadline of the request being served (outside a request: the timeout from now)."""
-        return current_deadline() or Deadline(self.scorer.core.request_timeout_s)
-
     def wait_ready(self) -> None:
         """Block a request while the model loads (bounded, and by its deadline), then 503 with the reason."""
-        self._done.wait(max(0.0, min(self.scorer.core.ready_wait_s, self._deadline().remaining())))
+        self._done.wait(max(0.0, min(self.scorer.core.ready_wait_s, serving_deadline(self.scorer.core).remaining())))
         if not self._ready.is_set():
             raise NotReady(self.setup_error or "model is still loading; retry shortly")
 
@@ -112,5 +113,5 @@ class RequestLimits:
     def prepare(self, to_items: Callable[[], list[Any] | Samples]) -> Samples:
         """``to_items()`` (a protocol's, e.g. the scorer's ``prepare_samples``), at most
         ``decode_threads`` requests at a time."""
-        with self._decoding.hold(current_deadline() or Deadline(self.core.request_timeout_s)):
+        with self._decoding.hold(serving_deadline(self.core)):
             return Samples.of(to_items())
