@@ -28,7 +28,9 @@ import json
 import logging
 import os
 import queue
+import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -43,7 +45,8 @@ from typing import Any
 
 from services.code import cgroups, sandboxed
 from services.code.packages import SANDBOX_PATH
-from services.code.sandboxed import wire
+from services.code.sandboxed import calls, wire
+from services.code.sandboxed.confine import SampleCgroup
 from services.code.sandboxed.wire import Job, Outcome, TrustedTests
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,8 @@ QUICK_RESTART_S = 10.0
 RESERVE_FROM_SLOTS = 8
 RESTART_PAUSE_S = 0.2
 RESTART_PAUSE_MAX_S = 5.0
+# How long a killed candidate is waited for to be gone.
+KILL_WAIT_S = 5.0
 # Uids between the first uids of two workers' blocks (two per slot).
 UID_BLOCK = 2048
 
@@ -365,10 +370,15 @@ class Sandbox:
     def run(self, job: Job, uid: int, trusted: TrustedTests | None = None) -> Iterator[Outcome]:
         """Run ``job`` as ``uid``; yields one outcome per test. Raises ``SandboxFailure``.
 
-        ``trusted`` (assert tests: the label's code) is sent apart, after the job.
+        ``trusted`` (assert tests: the label's code) is sent apart, after the job. Call-based
+        tests are relayed from here (``_relay_calls``).
         """
         if not self.alive():
             self._restart()
+        job = dataclasses.replace(job, uid=uid, gid=uid, test_uid=uid + len(self.uids))
+        if job.kind == "call":
+            yield from self._relay_calls(job)
+            return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(job.sample_s + 10.0)
         # The outcomes come together (``wire.Outbox``): read through a buffer, many cost one read.
@@ -376,7 +386,7 @@ class Sandbox:
         try:
             try:
                 sock.connect(self._socket_path)
-                wire.send(sock, dataclasses.replace(job, uid=uid, gid=uid, test_uid=uid + len(self.uids)))
+                wire.send(sock, job)
                 if trusted is not None:  # read by the tests' process alone, never by the candidate's
                     wire.send(sock, trusted)
                 while True:
@@ -389,3 +399,66 @@ class Sandbox:
         finally:
             outcomes.close()
             sock.close()
+
+    def _relay_calls(self, job: Job) -> Iterator[Outcome]:
+        """Call-based tests: this thread sends the calls and times the answers itself
+        (``calls.CallRun``), each candidate a sample's init that became it; another is
+        started if one dies. The outcomes come when the sample is done (a run that fails is
+        re-run whole)."""
+        outcomes: list[Outcome] = []
+
+        def start() -> calls.Candidate:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # its pid comes with Started
+                sock.settimeout(job.sample_s + 10.0)
+                sock.connect(self._socket_path)
+                wire.send(sock, job)
+                return InitCandidate(sock, self.cgroups)
+            except BaseException:
+                sock.close()
+                raise
+
+        try:
+            calls.run_calls(job, outcomes.append, time.monotonic() + job.sample_s, start)
+        except (OSError, EOFError, struct.error, ValueError) as exc:
+            raise SandboxFailure(f"sandbox run failed: {exc}") from exc
+        yield from outcomes
+
+
+class InitCandidate(calls.Candidate):
+    """A call-based sample's init that became its candidate (``supervisor._become_candidate``),
+    as the server sees it: its connection (calls out, answers in), the pidfd, stdout and stderr
+    it sent with ``Started``, its pid (from the connection's credentials) and its cgroup."""
+
+    def __init__(self, sock: socket.socket, cgroups: cgroups.Cgroups) -> None:
+        started, fds, pid, rest = wire.recv_with_fds(sock, len(wire.STARTED_FDS))
+        self.pidfd, stdout, stderr = fds
+        # Started comes alone (the kernel ends a read at descriptors) and names one cgroup.
+        if not isinstance(started, wire.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
+            for fd in fds:
+                os.close(fd)
+            raise ValueError(f"a {type(started).__name__} where Started was expected")
+        fd = sock.detach()
+        super().__init__(pid, os.dup(fd), fd, stdout, stderr)
+        self.cgroup = (
+            SampleCgroup(cgroups.version, cgroups.dirs, started.cgroup) if cgroups.version and started.cgroup else None
+        )
+
+    def kill(self) -> float:
+        cpu = self.read_cpu()
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        gone = select.poll()
+        gone.register(self.pidfd, select.POLLIN)  # readable once it has exited
+        gone.poll(KILL_WAIT_S * 1000)
+        return cpu
+
+    def out_of_memory(self) -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            return self.cgroup is not None and self.cgroup.oom_kills() > 0
+        return False
+
+    def close(self) -> None:
+        super().close()
+        os.close(self.pidfd)

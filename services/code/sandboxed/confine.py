@@ -255,31 +255,37 @@ def limit(job: Job, tests: int) -> None:
 
 
 def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None], tests: int) -> int:
-    """Fork a process that keeps only ``fds`` (its number: ours), drops to ``uid`` with the
-    rlimits of ``tests`` tests, no groups and no new privileges, and runs ``body``."""
+    """Fork a process that confines itself (``confine_self``) and runs ``body``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         try:
-            os.setsid()
-            high = {target: fcntl.fcntl(source, fcntl.F_DUPFD, 256) for target, source in fds.items()}
-            for target, source in high.items():
-                os.dup2(source, target)
-            os.closerange(max(fds) + 1, 65536)
-            limit(job, tests)
-            os.chdir(cwd)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            prctl(PR_SET_NO_NEW_PRIVS, 1)
-            os.environ.clear()
-            os.environ.update({"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"})
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            confine_self(job, uid, fds, cwd, tests)
             body()
         finally:
             os._exit(70)
     return pid
+
+
+def confine_self(job: Job, uid: int, fds: dict[int, int], cwd: str, tests: int) -> None:
+    """Make this process a test process: a session of its own, only ``fds`` kept (its number:
+    ours), dropped to ``uid`` with the rlimits of ``tests`` tests, no groups, no new
+    privileges, a clean environment."""
+    os.setsid()
+    high = {target: fcntl.fcntl(source, fcntl.F_DUPFD, 256) for target, source in fds.items()}
+    for target, source in high.items():
+        os.dup2(source, target)
+    os.closerange(max(fds) + 1, 65536)
+    limit(job, tests)
+    os.chdir(cwd)
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"})
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -383,14 +389,16 @@ class SampleCgroup:
     and its tasks (processes and threads). The sample's init makes it and joins it (once per
     hierarchy) as it prepares, before the sample arrives: moving a process between cgroups
     waits for an RCU grace period (milliseconds), so the sample's processes are born in it
-    instead of joining it. The zygote, which named it, removes it once the init has exited.
+    instead of joining it. The zygote, which named it, removes it once the init has exited
+    (a while after: the server reads a call-based sample's OOM kills when its init is gone).
     """
 
-    def __init__(self, version: int, parents: dict[str, str]) -> None:
-        """Where the next sample's cgroup goes (its init makes it: ``make_and_join``)."""
+    def __init__(self, version: int, parents: dict[str, str], name: str = "") -> None:
+        """Where the next sample's cgroup goes (its init makes it: ``make_and_join``), or
+        where the one called ``name`` is (under the parents as the caller sees them)."""
         self.version, self.files = version, CGROUP_FILES[version]
-        name = f"sample-{os.getpid()}-{time.monotonic_ns()}"
-        self.dirs = {role: os.path.join(parent, name) for role, parent in parents.items()}
+        self.name = name or f"sample-{os.getpid()}-{time.monotonic_ns()}"
+        self.dirs = {role: os.path.join(parent, self.name) for role, parent in parents.items()}
 
     def set_limits(self, job: Job) -> None:
         self._write(self.dirs["memory"], self.files["memory"], job.cgroup_memory_bytes)

@@ -4,11 +4,14 @@ Server <-> supervisor: one framed JSON message each way per step (a 4-byte lengt
 JSON of a message dataclass tagged with its type): the ``Job`` in (and, for assert tests,
 ``TrustedTests`` after it, read by the tests' process alone), then one outcome per test and
 ``Done`` out. Candidate <-> supervisor <-> tests' process: lines of plain data (``to_plain``).
+Call-based tests: the sample's init sends ``Started`` (with its candidate's descriptors), then
+becomes the candidate, and the server sends the calls and reads the answers itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import typing
@@ -112,6 +115,20 @@ class CallOutcome:
 
 
 @dataclass
+class Started:
+    """A call-based sample's init, about to become its candidate (``supervisor.become_candidate``):
+    the name of its cgroup ("" without cgroups). Comes with ``STARTED_FDS``."""
+
+    cgroup: str
+
+
+# What comes with ``Started`` (``send_with_fds``), in order: a pidfd of the candidate's
+# process (it cannot be confused with a later process of the same pid), and the read ends of
+# its stdout and stderr.
+STARTED_FDS = ("pidfd", "stdout", "stderr")
+
+
+@dataclass
 class Skipped:
     """A test the sample's deadline left no time for."""
 
@@ -124,13 +141,53 @@ class Done:
 
 
 Outcome = StdinOutcome | CallOutcome | Skipped
-MESSAGES = {kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Skipped, Done)}
+MESSAGES = {kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Started, Skipped, Done)}
+
+
+def _framed(message: object) -> bytes:
+    data = json.dumps({"type": type(message).__name__, **vars(message)}).encode()
+    return struct.pack("!I", len(data)) + data
 
 
 def send(sock: socket.socket | Outbox, message: object) -> None:
     """Send one message (a dataclass above), framed."""
-    data = json.dumps({"type": type(message).__name__, **vars(message)}).encode()
-    sock.sendall(struct.pack("!I", len(data)) + data)
+    sock.sendall(_framed(message))
+
+
+def send_with_fds(sock: socket.socket, message: object, fds: list[int]) -> None:
+    """Send one small message with ``fds`` (``recv_with_fds``), the sender's credentials
+    (its pid as the receiver sees it) with them."""
+    data = _framed(message)
+    if socket.send_fds(sock, [data], fds) != len(data):
+        raise OSError("a message with descriptors was cut short")
+
+
+def recv_with_fds(sock: socket.socket, count: int) -> tuple[Any, list[int], int, bytes]:
+    """The next message, sent by ``send_with_fds`` with ``count`` descriptors to a socket with
+    ``SO_PASSCRED`` set: the message, the descriptors, the sender's pid, and what followed it
+    in the same read. ``EOFError`` or ``ValueError`` if that is not what came."""
+    credentials = struct.calcsize("iII")
+    data, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(count * 4) + socket.CMSG_SPACE(credentials))
+    fds: list[int] = []
+    pid = 0
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+        elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = struct.unpack("iII", payload[:credentials])[0]
+    try:
+        if not data:
+            raise EOFError("the connection closed before a message")
+        if len(data) < 4 or len(fds) != count or pid <= 0:
+            raise ValueError("not a message with its descriptors and credentials")
+        (length,) = struct.unpack("!I", data[:4])
+        if len(data) < 4 + length:
+            raise ValueError("a message with descriptors came in parts")
+        return _decoded(data[4 : 4 + length]), fds, pid, data[4 + length :]
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 class Outbox:
@@ -178,7 +235,11 @@ def recv(source: socket.socket | typing.BinaryIO) -> Any:
     reader (the server's, ``socket.makefile``), many messages cost one read.
     """
     (length,) = struct.unpack("!I", _read_exact(source, 4))
-    fields = json.loads(_read_exact(source, length))
+    return _decoded(_read_exact(source, length))
+
+
+def _decoded(data: bytes) -> Any:
+    fields = json.loads(data)
     kind = MESSAGES.get(fields.pop("type", None)) if isinstance(fields, dict) else None
     if kind is None:
         raise ValueError("not a sandbox message")

@@ -8,7 +8,7 @@ costs a few milliseconds where a fresh ``python3`` costs over 100 ms (docs/ARCHI
 §8). It keeps ``SPARES`` samples' inits forked ahead, each the first process of a PID
 namespace of its own, with its other namespaces and its cgroup made
 (``supervisor.prepare_and_supervise``), waiting for the next connection: one sample each. It
-removes each sample's cgroup once its init has exited.
+removes each sample's cgroup a while after its init has exited.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from services.code.sandboxed.supervisor import prepare_and_supervise
 # pause after one that failed to prepare.
 SPARES = 4
 FAILED_SPARE_PAUSE_S = 0.5
-# How often a cgroup whose init has exited is tried again until the kernel lets it go, and
-# for how long at most (then the next zygote's start sweeps it).
+# A sample's cgroup is removed this long after its init exited (the server reads a call-based
+# sample's OOM kills from it then), tried again every REMOVE_RETRY_S until the kernel lets it
+# go, for REMOVE_TRIES tries at most (then the next zygote's start sweeps it).
+REMOVE_GRACE_S = 1.0
 REMOVE_RETRY_S = 0.01
 REMOVE_TRIES = 1000
 # Imported once in the zygote so each forked solution finds them warm.
@@ -52,46 +54,52 @@ def main() -> None:
     own_pids = confine.own_pid_namespace()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # inits are reaped by the kernel
     print("zygote ready", flush=True)
-    # Each init's pipe (a byte when it took a connection, its end when it exited) and cgroup:
-    # prepared ones waiting for a connection, running ones, and cgroups left to remove.
-    spares: dict[int, confine.SampleCgroup | None] = {}
-    running: dict[int, confine.SampleCgroup | None] = {}
-    leftover: dict[confine.SampleCgroup, int] = {}
+    # Prepared inits by their pipe (a byte when one took a connection or failed to prepare),
+    # every live init's cgroup by its pidfd (readable once it exited), and the cgroups to
+    # remove with the time to try next and the tries so far.
+    spares: dict[int, int] = {}
+    alive: dict[int, confine.SampleCgroup | None] = {}
+    leftover: dict[confine.SampleCgroup, tuple[float, int]] = {}
     while True:
         while len(spares) < SPARES:
-            fd, cgroup = _fork_init(listener, cgroups, own_pids, [*spares, *running])
-            spares[fd] = cgroup
-        timeout = REMOVE_RETRY_S if leftover else None
-        ready, _, _ = select.select([*spares, *running], [], [], timeout)
+            pipe, pidfd, cgroup = _fork_init(listener, cgroups, own_pids, [*spares, *alive])
+            spares[pipe], alive[pidfd] = pidfd, cgroup
+        now = time.monotonic()
+        timeout = max(0.0, min(when for when, _ in leftover.values()) - now) if leftover else None
+        ready, _, _ = select.select([*spares, *alive], [], [], timeout)
         failed = False
         for fd in ready:
-            said = os.read(fd, 1)
-            if fd in spares and said == b".":
-                running[fd] = spares.pop(fd)
+            if fd in spares:  # taken (".") or failed ("!", or gone)
+                failed = failed or os.read(fd, 1) != b"."
+                del spares[fd]
+                os.close(fd)
+            elif fd in alive:
+                cgroup = alive.pop(fd)
+                os.close(fd)
+                if cgroup is not None:
+                    leftover[cgroup] = (time.monotonic() + REMOVE_GRACE_S, 0)
+        now = time.monotonic()
+        for cgroup, (when, tries) in list(leftover.items()):
+            if when > now:
                 continue
-            failed = failed or fd in spares  # it failed to prepare: not at once again
-            cgroup = spares.pop(fd, None) or running.pop(fd, None)
-            os.close(fd)
-            if cgroup is not None:
-                leftover[cgroup] = 0
-        for cgroup, tries in list(leftover.items()):
             if cgroup.remove() or tries >= REMOVE_TRIES:
                 del leftover[cgroup]
             else:
-                leftover[cgroup] = tries + 1
+                leftover[cgroup] = (now + REMOVE_RETRY_S, tries + 1)
         if failed:
             time.sleep(FAILED_SPARE_PAUSE_S)
 
 
 def _fork_init(
     listener: socket.socket, cgroups: dict, own_pids: int, fds: list[int]
-) -> tuple[int, confine.SampleCgroup | None]:
+) -> tuple[int, int, confine.SampleCgroup | None]:
     """Fork the init of the next sample (pid 1 of a new PID namespace, in a new cgroup), which
-    prepares the rest and takes the next connection; returns the read end of its pipe and its
-    cgroup. ``fds``: the zygote's other inits' pipes, which it closes."""
+    prepares the rest and takes the next connection; returns the read end of its pipe, its
+    pidfd and its cgroup. ``fds``: the zygote's other inits' pipes and pidfds, which it closes."""
     cgroup = confine.SampleCgroup(cgroups["version"], cgroups["dirs"]) if cgroups["dirs"] else None
     accepted_read, accepted_write = os.pipe()
-    if confine.fork_into_new_pids(own_pids) == 0:
+    pid = confine.fork_into_new_pids(own_pids)
+    if pid == 0:
         code = 1
         try:
             for fd in (accepted_read, own_pids, *fds):
@@ -104,4 +112,4 @@ def _fork_init(
         finally:
             os._exit(code)
     os.close(accepted_write)
-    return accepted_read, cgroup
+    return accepted_read, os.pidfd_open(pid), cgroup

@@ -1,0 +1,149 @@
+"""Where a call-based sample's CPU goes through HTTP: by process role, and what its isolation
+costs in the kernel (root, Linux ``perf``).
+
+    sudo .venv/bin/python -m bench.code.profile [--seconds 4]
+
+Runs the code service under gunicorn and keeps it busy with ``bench.code.bench``'s 64
+coin_change samples (one per request, all at once, again and again), while ``perf record -a
+-g`` samples every CPU's stack for ``--seconds`` (``cpu-clock``, 4 kHz: each sample is 0.25
+ms of a CPU). Each stack is given to a role by the process that ran it, found from the fork
+tree perf recorded: the client (this process), the server's worker, the zygote, a sample's
+init (for call-based tests it becomes the candidate), a process it forked, the kernel's own
+threads. Isolation: the CPU under the kernel functions that make and tear down a sample's
+namespaces and cgroup, wherever they ran (the exiting init, the kernel's workers). Figures are
+milliseconds of CPU per sample graded while recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.code.bench import ENV, SOLUTIONS, samples  # noqa: E402
+from testing.server import gunicorn_server  # noqa: E402
+
+FREQUENCY = 4000
+# Kernel functions by the isolation step they do (a stack counts once for each step it is in).
+ISOLATION = {
+    "network namespace: made": ("copy_net_ns",),
+    "network namespace: torn down (kernel workers)": ("cleanup_net",),
+    "mount, IPC, UTS namespaces: made": ("copy_mnt_ns", "copy_ipcs", "copy_utsname"),
+    "namespaces: released at the init's exit": ("free_nsproxy", "exit_task_namespaces"),
+    "PID namespace: made and emptied": ("copy_pid_ns", "zap_pid_ns_processes"),
+    "private /tmp and /proc mounted": ("path_mount",),
+    "cgroup: made, joined, removed": ("cgroup_mkdir", "__cgroup_procs_write", "cgroup_rmdir", "cgroup1_procs_write"),
+    "cgroup: freed (kernel workers)": ("css_free_rwork_fn", "css_killed_work_fn", "css_release_work_fn"),
+}
+FORK = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")
+
+
+def load(url: str, stop: threading.Event, done: list[float]) -> None:
+    """64 samples at once, one per request, until ``stop``; each answer's time in ``done``."""
+
+    def one(name: str) -> None:
+        body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [{}]}
+        requests.post(url, json=body, timeout=300).raise_for_status()
+        done.append(time.monotonic())
+
+    with ThreadPoolExecutor(64) as pool:
+        while not stop.is_set():
+            list(pool.map(one, samples(64)))
+
+
+def roles(script: str, client: int) -> tuple[dict[int, str], dict[int, int]]:
+    """Each process's role and parent, from the fork events of ``perf script``."""
+    parent: dict[int, int] = {}
+    for line in script.splitlines():
+        found = FORK.search(line)
+        if found and found.group(1) == found.group(2):
+            parent[int(found.group(1))] = int(found.group(3))
+
+    def chain(pid: int) -> list[int]:
+        up = [pid]
+        while up[-1] in parent and parent[up[-1]] != up[-1] and len(up) < 40:
+            up.append(parent[up[-1]])
+        return up
+
+    named: dict[int, str] = {}
+    for pid in parent:
+        up = chain(pid)
+        if 2 in up[1:]:
+            named[pid] = "kernel threads"
+        elif pid == client:
+            named[pid] = "client (this process)"
+        elif client in up:
+            depth = up.index(client)  # 1: the gunicorn master, 2: its worker, then bwrap's two, the zygote...
+            named[pid] = {1: "gunicorn master", 2: "server worker"}.get(depth, "")
+            if depth > 2:
+                below = up[: depth - 2][::-1]  # from the worker's child down to pid
+                names = ["sandbox launcher", "sandbox launcher", "zygote", "sample's init", "its children"]
+                named[pid] = names[min(len(below) - 1, len(names) - 1)]
+    return named, parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=4.0)
+    args = parser.parse_args()
+    env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV}
+    with gunicorn_server("code", env, threads=256) as server, tempfile.TemporaryDirectory() as tmp:
+        stop, done = threading.Event(), []
+        loader = threading.Thread(target=load, args=(server.url + "/reward/score", stop, done))
+        loader.start()
+        time.sleep(3)  # warm
+        data = f"{tmp}/perf.data"
+        began = time.monotonic()
+        subprocess.run(
+            ["perf", "record", "-a", "-g", "-e", "cpu-clock", "-F", str(FREQUENCY), "-o", data,
+             "--", "sleep", str(args.seconds)], check=True, capture_output=True,
+        )  # fmt: skip
+        ended = time.monotonic()
+        stop.set()
+        loader.join()
+        script = subprocess.run(
+            ["perf", "script", "-i", data, "--show-task-events", "-F", "pid,sym"],
+            check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+    graded = sum(began <= at <= ended for at in done)
+    named, _ = roles(script, client=__import__("os").getpid())
+    by_role: collections.Counter[str] = collections.Counter()
+    by_step: collections.Counter[str] = collections.Counter()
+    for stack in script.split("\n\n"):
+        lines = [line.strip() for line in stack.strip().splitlines() if "PERF_RECORD" not in line]
+        if not lines or not lines[0].split()[0].isdigit():
+            continue
+        pid = int(lines[0].split()[0])
+        symbols = {line.split(None, 1)[-1].split("+")[0] for line in lines[1:]}
+        if pid == 0:
+            continue  # idle
+        by_role[named.get(pid) or "other"] += 1
+        for step, functions in ISOLATION.items():
+            if symbols & set(functions):
+                by_step[step] += 1
+    per_sample = 1000 / FREQUENCY / max(graded, 1)
+    total = sum(by_role.values())
+    print(f"{graded} samples graded in {ended - began:.1f} s ({graded / (ended - began):.1f}/s); CPU per sample:")
+    print("| role | ms per sample | share |\n|---|---|---|")
+    for role, count in by_role.most_common():
+        print(f"| {role} | {count * per_sample:.2f} | {100 * count / total:.1f}% |")
+    print(f"| all | {total * per_sample:.2f} | 100% |")
+    print("\n| isolation step | ms per sample |\n|---|---|")
+    for step in ISOLATION:
+        print(f"| {step} | {by_step[step] * per_sample:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

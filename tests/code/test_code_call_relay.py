@@ -1,0 +1,159 @@
+"""Call-based samples, whose init becomes the candidate and whose calls the server relays
+itself: the candidate now holds a socket to the server's worker. Each attack is a program
+graded through the running server; a GRPO group of 8 over several rounds where it is about
+other samples.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from testing.server import Server, gunicorn_server
+from tests.code.test_code_server import ENV, grade
+
+GROUP = 8
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    env = {**ENV, "SCORER_CODE_TEST_WALL_S": "5", "SCORER_CODE_SAMPLE_WALL_S": "20"}
+    with gunicorn_server("code", env, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+        yield srv
+
+
+def called(url: str, codes: list[str], expected: list, inputs: list | None = None) -> dict:
+    """``codes`` graded on calls ``f(*args)`` for each of ``inputs`` (one call of no
+    arguments by default), wanting ``expected``."""
+    inputs = inputs if inputs is not None else [[]] * len(expected)
+    return grade(url, codes, {"fn_name": "f", "inputs": inputs, "outputs": expected})
+
+
+NETWORK_MEETING = """
+import socket, time
+def f():
+    held, taken = [], []
+    for family, address in ((socket.AF_UNIX, "\\0grpo-call-meeting"), (socket.AF_INET, ("127.0.0.1", 47114))):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind(address)
+            sock.listen(8)
+            held.append(sock)
+        except OSError as exc:
+            taken.append(str(exc))
+    time.sleep(0.4)
+    return "alone" if not taken else "met another sample: " + "; ".join(taken)
+"""
+
+
+def test_call_based_samples_graded_at_once_share_no_network(server: Server) -> None:
+    for round_ in range(ROUNDS):
+        out = called(server.url, [NETWORK_MEETING] * GROUP, ["alone"])
+        assert out["rewards"] == [1.0] * GROUP, (round_, out)
+
+
+def test_a_call_based_sample_sees_only_itself_in_proc(server: Server) -> None:
+    """Its init is its candidate: ``/proc`` lists that one process, the first of its namespace."""
+    code = "import os\ndef f():\n    return sorted(int(n) for n in os.listdir('/proc') if n.isdigit())"
+    out = called(server.url, [code] * GROUP, [[1]])
+    assert out["rewards"] == [1.0] * GROUP, out
+
+
+LEFT_BEHIND = """
+import os, socket
+def f():
+    found = sorted(name for name in os.listdir("/tmp") if name.startswith("from-"))
+    open(f"/tmp/from-{os.urandom(4).hex()}", "w").write("x")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect("\\0grpo-call-left")
+        found.append("a listener")
+    except OSError:
+        pass
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind("\\0grpo-call-left")
+    server.listen(1)
+    return found
+"""
+
+
+def test_nothing_a_call_based_candidate_leaves_reaches_the_next(server: Server) -> None:
+    """Files in ``/tmp`` and listeners: a later sample, or the same sample's next candidate
+    after one died, starts with none of them."""
+    for _ in range(ROUNDS):
+        out = called(server.url, [LEFT_BEHIND] * GROUP, [[]])
+        assert out["rewards"] == [1.0] * GROUP, out
+    dies_after = LEFT_BEHIND.replace("    return found", "    if found:\n        return found\n    os._exit(1)")
+    out = called(server.url, [dies_after], [[]] * 3, [[]] * 3)
+    assert out["error_types"] == ["runtime_error"], out  # every test died, none found another's
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+PASSES_DESCRIPTORS = """
+import os, socket
+def f():
+    sock = socket.socket(fileno=os.dup(4))
+    spare = [os.open("/dev/null", os.O_RDONLY) for _ in range(16)]
+    for _ in range(50):
+        try:
+            socket.send_fds(sock, [b" "], spare)
+        except OSError:  # too many in flight for its uid
+            break
+    return 1
+"""
+
+
+def test_a_candidate_cannot_push_descriptors_into_the_server(server: Server) -> None:
+    """The candidate's answers reach the server's worker on a Unix socket: descriptors it
+    sends along are dropped by the kernel, never held by the worker."""
+    (worker,) = server.worker_pids()
+    called(server.url, ["def f():\n    return 1"], [1])
+    before = _open_fds(worker)
+    out = called(server.url, [PASSES_DESCRIPTORS] * GROUP, [1])
+    assert out["error_types"] == [None] * GROUP, out  # the spaces before its answer are JSON's
+    time.sleep(0.5)
+    assert _open_fds(worker) <= before + 2, (before, _open_fds(worker))
+
+
+EARLY_ANSWERS = """
+import os
+os.write(4, b'["loaded"]\\n["result", 1]\\n["result", 1]\\n')
+def f(x):
+    return x
+"""
+
+
+def test_answers_written_ahead_are_the_first_calls_and_no_more(server: Server) -> None:
+    """Lines written before a call arrives answer the call already sent (as a program
+    returning a constant would: no better than ``return 1``); one more, unasked, ends the
+    candidate and fails the next test at once instead of leaving it to wait out the sample's
+    time. Test 0: answered 1 early; test 1: the unasked line; test 2: a fresh candidate,
+    answered 1 early again."""
+    started = time.monotonic()
+    out = called(server.url, [EARLY_ANSWERS], [1, 1, 1], [[0], [0], [0]])
+    assert out["rewards"] == [2 / 3] and out["error_types"] == ["runtime_error"], out
+    assert time.monotonic() - started < 4, "the tests after the unasked answer waited"
+
+
+def test_a_call_based_candidate_over_its_memory_is_a_memory_limit(server: Server) -> None:
+    """Killed by the kernel at its cgroup's limit: the server reads the kill from the cgroup
+    after the candidate (its sample's init) is gone. The next test gets a fresh candidate."""
+    code = "def f(x):\n    if x:\n        b = bytearray(600 << 20)\n        b[::4096] = b'x' * len(b[::4096])\n"
+    code += "    return x"
+    out = called(server.url, [code], [1, 0], [[1], [0]])
+    assert out["rewards"] == [0.5] and out["error_types"] == ["memory_limit"], out
+
+
+def test_a_busy_candidate_is_timed_on_its_cpu_by_the_server(server: Server) -> None:
+    """A test that loops is killed past its CPU limit; the next test runs in a fresh candidate
+    and passes."""
+    code = "def f(x):\n    while x:\n        pass\n    return x"
+    out = called(server.url, [code], [1, 0], [[1], [0]])
+    assert out["rewards"] == [0.5] and out["error_types"] == ["timeout"], out
