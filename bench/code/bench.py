@@ -4,18 +4,26 @@ All three grade the same coin_change solutions (correct and wrong ones) and must
 which pass. Usage (from the repo root, with .venv active and .venv-deepgym built):
 
     python -m bench.code.bench [--samples 64] [--parallel 2]
+
+The service gets one sample per request, each on a new connection, as OpenRLHF sends them.
+The client shares the cores with the service here (a trainer's client runs on its own node),
+so it is ``http.client``, which costs a fraction of a millisecond of CPU per request;
+``BENCH_CODE_CLIENT=requests`` uses ``requests.post`` (a ``Session`` per call, about 1 ms of
+CPU each), as OpenRLHF's client does. The service's work is the same either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,11 +77,30 @@ def assert_labels() -> dict[str, dict]:
     }
 
 
+def post_http(url: str, body: dict) -> dict:
+    """POST ``body`` as JSON on a new connection; the answer's JSON."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+    try:
+        conn.request("POST", parts.path, json.dumps(body), {"Content-Type": "application/json"})
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
+def post_requests(url: str, body: dict) -> dict:
+    return requests.post(url, json=body, timeout=300).json()
+
+
+CLIENTS = {"http.client": post_http, "requests": post_requests}
+
+
 def bench_service(names: list[str], parallel: int) -> dict[str, dict]:
     """One sample per request, all at once, as OpenRLHF sends them: call-based labels (the
     environment's), then the same tests as assert labels."""
     env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV}
     labels = {"call-based": {}, **assert_labels()}
+    post = CLIENTS[os.environ.get("BENCH_CODE_CLIENT", "http.client")]
     results = {}
     with gunicorn_server("code", env, threads=256) as server:
         url = server.url + "/reward/score"
@@ -82,7 +109,7 @@ def bench_service(names: list[str], parallel: int) -> dict[str, dict]:
 
             def one(name: str, label: dict = label) -> float:
                 body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [label]}
-                return requests.post(url, json=body, timeout=300).json()["rewards"][0]
+                return post(url, body)["rewards"][0]
 
             one("dp")
             single = timed(lambda: one("dp"))

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,6 +49,8 @@ ISOLATION = {
     "cgroup: made, joined, removed": ("cgroup_mkdir", "__cgroup_procs_write", "cgroup_rmdir", "cgroup1_procs_write"),
     "cgroup: freed (kernel workers)": ("css_free_rwork_fn", "css_killed_work_fn", "css_release_work_fn"),
 }
+HEADER = re.compile(r"^\s*(\d+)\s*$")
+FRAME = re.compile(r"^\s+[0-9a-f]+ (\S+)")
 FORK = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")
 
 
@@ -94,6 +98,21 @@ def roles(script: str, client: int) -> tuple[dict[int, str], dict[int, int]]:
     return named, parent
 
 
+def stacks(script: str) -> Iterator[tuple[int, set[str]]]:
+    """Each sampled stack of ``perf script -F pid,ip,sym``: its pid and the functions in it."""
+    pid, symbols = None, set()
+    for line in script.splitlines():
+        header, frame = HEADER.match(line), FRAME.match(line)
+        if header:
+            if pid is not None:
+                yield pid, symbols
+            pid, symbols = int(header.group(1)), set()
+        elif frame and pid is not None:
+            symbols.add(frame.group(1).split("+")[0])
+    if pid is not None:
+        yield pid, symbols
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0)
@@ -114,28 +133,24 @@ def main() -> None:
         stop.set()
         loader.join()
         script = subprocess.run(
-            ["perf", "script", "-i", data, "--show-task-events", "-F", "pid,sym"],
+            ["perf", "script", "-i", data, "--show-task-events", "-F", "pid,ip,sym"],
             check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
     graded = sum(began <= at <= ended for at in done)
-    named, _ = roles(script, client=__import__("os").getpid())
+    named, _ = roles(script, client=os.getpid())
     by_role: collections.Counter[str] = collections.Counter()
     by_step: collections.Counter[str] = collections.Counter()
-    for stack in script.split("\n\n"):
-        lines = [line.strip() for line in stack.strip().splitlines() if "PERF_RECORD" not in line]
-        if not lines or not lines[0].split()[0].isdigit():
-            continue
-        pid = int(lines[0].split()[0])
-        symbols = {line.split(None, 1)[-1].split("+")[0] for line in lines[1:]}
+    for pid, symbols in stacks(script):
         if pid == 0:
             continue  # idle
         by_role[named.get(pid) or "other"] += 1
         for step, functions in ISOLATION.items():
             if symbols & set(functions):
                 by_step[step] += 1
-    per_sample = 1000 / FREQUENCY / max(graded, 1)
+    rate = graded / (ended - began)  # perf records ``--seconds`` of this span
+    per_sample = 1000 / FREQUENCY / max(rate * args.seconds, 1)
     total = sum(by_role.values())
-    print(f"{graded} samples graded in {ended - began:.1f} s ({graded / (ended - began):.1f}/s); CPU per sample:")
+    print(f"{graded} samples graded in {ended - began:.1f} s ({rate:.1f}/s); CPU per sample:")
     print("| role | ms per sample | share |\n|---|---|---|")
     for role, count in by_role.most_common():
         print(f"| {role} | {count * per_sample:.2f} | {100 * count / total:.1f}% |")

@@ -1,11 +1,12 @@
 """The warm fork server that runs inside the sandbox's namespaces (stdlib only).
 
 Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <the package's LOADER>
-<fd> <cgroups> <packages>``, the package's bundle on its stdin, where ``fd`` is a listening
-Unix socket made by the server, ``cgroups`` the JSON of its cgroups, and ``packages`` the
-directory of the packages programs may import ("" for none). Forking a warm interpreter
-costs a few milliseconds where a fresh ``python3`` costs over 100 ms (docs/ARCHITECTURE.md
-§8). It keeps ``SPARES`` samples' inits forked ahead, each the first process of a PID
+<fd> <cgroups> <packages> <spares>``, the package's bundle on its stdin, where ``fd`` is a
+listening Unix socket made by the server, ``cgroups`` the JSON of its cgroups, ``packages``
+the directory of the packages programs may import ("" for none) and ``spares`` how many
+inits to keep prepared. Forking a warm interpreter costs a few milliseconds where a fresh
+``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8). It keeps ``spares`` samples' inits
+forked ahead, each the first process of a PID
 namespace of its own, with its other namespaces and its cgroup made
 (``supervisor.prepare_and_supervise``), waiting for the next connection: one sample each. It
 removes each sample's cgroup a while after its init has exited.
@@ -25,9 +26,7 @@ import time
 from services.code.sandboxed import confine
 from services.code.sandboxed.supervisor import prepare_and_supervise
 
-# Samples' inits kept prepared (namespaces and cgroup made) for the next samples, and the
-# pause after one that failed to prepare.
-SPARES = 4
+# The pause after an init that failed to prepare.
 FAILED_SPARE_PAUSE_S = 0.5
 # A sample's cgroup is removed this long after its init exited (the server reads a call-based
 # sample's OOM kills from it then), tried again every REMOVE_RETRY_S until the kernel lets it
@@ -51,6 +50,7 @@ def main() -> None:
     gc.freeze()  # forked children then copy fewer pages when their collector runs
     listener = socket.socket(fileno=int(sys.argv[1]))
     cgroups = json.loads(sys.argv[2])
+    spares_wanted = int(sys.argv[4])
     own_pids = confine.own_pid_namespace()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # inits are reaped by the kernel
     print("zygote ready", flush=True)
@@ -61,7 +61,7 @@ def main() -> None:
     alive: dict[int, confine.SampleCgroup | None] = {}
     leftover: dict[confine.SampleCgroup, tuple[float, int]] = {}
     while True:
-        while len(spares) < SPARES:
+        while len(spares) < spares_wanted:
             pipe, pidfd, cgroup = _fork_init(listener, cgroups, own_pids, [*spares, *alive])
             spares[pipe], alive[pidfd] = pidfd, cgroup
         now = time.monotonic()
