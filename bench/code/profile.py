@@ -1,7 +1,7 @@
 """Where a call-based sample's CPU goes through HTTP: by process role, and what its isolation
 costs in the kernel (root, Linux ``perf``).
 
-    sudo .venv/bin/python -m bench.code.profile [--seconds 4]
+    .venv/bin/python -m bench.code.profile [--seconds 4]     # as root
 
 Runs the code service under gunicorn and keeps it busy with ``bench.code.bench``'s 64
 coin_change samples (one per request, all at once, again and again), while ``perf record -a
@@ -29,12 +29,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.code.bench import ENV, SOLUTIONS, samples  # noqa: E402
+from bench.code.bench import CLIENTS, ENV, SOLUTIONS, samples  # noqa: E402
 from testing.server import gunicorn_server  # noqa: E402
 
 FREQUENCY = 4000
@@ -55,11 +53,12 @@ FORK = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")
 
 
 def load(url: str, stop: threading.Event, done: list[float]) -> None:
-    """64 samples at once, one per request, until ``stop``; each answer's time in ``done``."""
+    """64 samples at once, one per request (``bench.code.bench``'s client), until ``stop``;
+    each answer's time in ``done``."""
 
     def one(name: str) -> None:
         body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [{}]}
-        requests.post(url, json=body, timeout=300).raise_for_status()
+        CLIENTS[os.environ.get("BENCH_CODE_CLIENT", "http.client")](url, body)
         done.append(time.monotonic())
 
     with ThreadPoolExecutor(64) as pool:
