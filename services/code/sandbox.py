@@ -67,6 +67,9 @@ QUICK_RESTART_S = 10.0
 RESERVE_FROM_SLOTS = 8
 RESTART_PAUSE_S = 0.2
 RESTART_PAUSE_MAX_S = 5.0
+# The most samples' inits kept prepared (one per slot up to this): each holds about 1 MiB and
+# its namespaces and cgroup; past it, a wave's inits prepare themselves at once as it starts.
+MAX_SPARES = 16
 # How long a killed candidate is waited for to be gone.
 KILL_WAIT_S = 5.0
 # Uids between the first uids of two workers' blocks (two per slot).
@@ -287,7 +290,7 @@ class Sandbox:
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
         # One prepared init per slot: a full wave of samples starts without waiting for one.
-        arguments = [str(listener.fileno()), spec, self._packages_path(), str(len(self.uids))]
+        arguments = [str(listener.fileno()), spec, self._packages_path(), str(min(len(self.uids), MAX_SPARES))]
         threading.Thread(
             target=self._keep, args=([*command, *arguments], listener, spawned), name="code-zygote", daemon=True,
         ).start()  # fmt: skip
