@@ -34,7 +34,7 @@ TESTER_GRACE_S = 2.0
 class Candidate:
     """A running candidate's process as its relay sees it: where calls go and answers, stdout
     and stderr come from, and its CPU clock and time waiting for a CPU (``pid`` as the relay
-    sees it). How it starts and stops is its starter's (``CandidateStarter``)."""
+    sees it). How it starts is its subclass's, and so how it stops."""
 
     def __init__(self, pid: int, calls: int, answers: int, stdout: int, stderr: int) -> None:
         self.pid, self.calls, self.answers, self.stdout, self.stderr = pid, calls, answers, stdout, stderr
@@ -74,8 +74,8 @@ class Candidate:
                 os.close(fd)
 
 
-class CandidateStarter(typing.Protocol):
-    def __call__(self) -> Candidate: ...
+# What starts a candidate's process (another after one died).
+CandidateStarter = typing.Callable[[], Candidate]
 
 
 class CallRun:
