@@ -292,3 +292,45 @@ def test_without_cgroups_the_fallback_still_bounds_shared_memory(tmp_path) -> No
         assert stdin_verdict(srv.url, MEMFD_HOG, "held")[0] == 0.0
         assert stdin_verdict(srv.url, STACK, "ok") == (1.0, None)
         assert group(srv.url, [NETWORK_MEETING] * 4, "alone")["rewards"] == [1.0] * 4
+
+
+# A call-based solution that works in a thread (deep recursion's usual idiom), needing 0.5 s of
+# CPU; the caller's thread waits in ``join`` and so never waits for a CPU.
+THREADED_CALL = """
+import threading, time
+def f():
+    found = []
+    def work():
+        end = time.process_time() + 0.5
+        while time.process_time() < end:
+            pass
+        found.append("ok")
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    return found[0]
+"""
+
+
+PLAIN_CALL = """
+import time
+def f():
+    end = time.process_time() + 0.5
+    while time.process_time() < end:
+        pass
+    return "ok"
+"""
+
+
+@pytest.mark.parametrize("code", [PLAIN_CALL, THREADED_CALL], ids=["plain", "in a thread"])
+def test_a_call_based_program_slowed_by_others_is_not_timed_out(tmp_path, code: str) -> None:
+    """31 copies on 2 cores each take seconds of wall time for 0.5 s of CPU: the wall backstop
+    (1 s here) must leave out the waits of the thread doing the work, not only the first one's,
+    and the time its candidate took to start (a prepared init, under this load)."""
+    env = {**ENV, "SCORER_CODE_TEST_WALL_S": "1", "SCORER_CODE_SAMPLE_WALL_S": "60"}
+    with gunicorn_server("code", env, threads=64, log_dir=tmp_path) as srv:
+        label = {"fn_name": "f", "inputs": [[]], "outputs": ["ok"]}
+        fenced = [f"```python\n{code}\n```"] * 31
+        body = {"outputs": fenced, "prompts": ["p"] * 31, "labels": [label] * 31}
+        out = requests.post(srv.url + "/reward/score", json=body, timeout=200).json()
+        assert out["rewards"] == [1.0] * 31, out["error_types"]

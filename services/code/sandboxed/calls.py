@@ -100,13 +100,17 @@ class CallRun:
         waiting for a CPU at ``delay``."""
         self.started = self.cpu_read = time.monotonic()
         self.cpu_before, self.delay_before = cpu, delay
+        self.threads_waited = 0.0  # the longest wait of another thread of it seen in this test
         self.failure: str | None = None
         self.stderr = bytearray()
 
     # -- processes -------------------------------------------------------------------------
     def _start_candidate(self) -> None:
+        began = time.monotonic()
         cand = self.candidate = self.start_candidate()
-        # What it used before its code loaded (its start) counts for no test.
+        # Its start (waiting for a prepared init, what it used before its code loaded) counts
+        # for no test.
+        self.started += time.monotonic() - began
         self.cpu_before += cand.read_cpu()
         self.delay_before += cand.read_delay()
         for fd in (cand.calls, cand.answers, cand.stdout, cand.stderr):
@@ -119,6 +123,13 @@ class CallRun:
 
     def _candidate_delay(self) -> float:
         return 0.0 if self.candidate is None else self.candidate.read_delay()
+
+    def _threads_delay(self) -> float:
+        """The longest wait for a CPU of a live thread of the candidate but its first (one
+        doing the work while the first waits in ``join``), since that thread began: read at
+        the test's ticks, it may count waits of a thread's earlier tests, which errs toward
+        the program."""
+        return 0.0 if self.candidate is None else confine.threads_run_delay(self.candidate.pid, but_first=True)
 
     def _stop_candidate(self, failure: str | None) -> None:
         """Kill the candidate's process; a call it left unanswered fails."""
@@ -312,9 +323,10 @@ class CallRun:
         if self.candidate is not None and now - self.cpu_read >= CPU_TICK_S:
             self.cpu_read = now
             over_cpu = self._candidate_cpu() - self.cpu_before > self.job.cpu_s
+            self.threads_waited = max(self.threads_waited, self._threads_delay())  # it may end before the answer
         wall = now - self.started
         if wall > self.job.wall_s:  # past it only if the candidate's waits for a CPU do not explain it
-            wall -= self._candidate_delay() - self.delay_before
+            wall -= max(self._candidate_delay() - self.delay_before, self.threads_waited, self._threads_delay())
         if self.candidate is not None and (wall > self.job.wall_s or over_cpu):
             self._stop_candidate("timeout")
         if self.tester is not None and wall > self.job.wall_s + TESTER_GRACE_S:

@@ -353,16 +353,23 @@ def sample_run_delay() -> float:
     waiting on its starved children or threads waits for its own reasons). Per thread: a
     process's own ``schedstat`` is its first thread's, which in the JVM only waits for the
     thread running ``main``."""
-    longest = 0.0
     me = str(os.getpid())
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or name == me:
-            continue
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{name}/task"):
-                stat_path = f"/proc/{name}/task/{task}/schedstat"
-                with contextlib.suppress(OSError, ValueError, IndexError), open(stat_path, "rb") as stat:
-                    longest = max(longest, int(stat.read().split()[1]) / 1e9)
+    return max((threads_run_delay(name) for name in os.listdir("/proc") if name.isdigit() and name != me), default=0.0)
+
+
+def threads_run_delay(pid: int | str, but_first: bool = False) -> float:
+    """The longest a live thread of process ``pid`` (``but_first``: but its first) has waited
+    for a CPU while runnable, from each thread's ``schedstat``."""
+    longest = 0.0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            if but_first and task == str(pid):
+                continue
+            with (
+                contextlib.suppress(OSError, ValueError, IndexError),
+                open(f"/proc/{pid}/task/{task}/schedstat", "rb") as stat,
+            ):
+                longest = max(longest, int(stat.read().split()[1]) / 1e9)
     return longest
 
 
