@@ -14,6 +14,7 @@ and the next test gets a fresh candidate process.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -31,7 +32,7 @@ CPU_TICK_S = 0.05
 TESTER_GRACE_S = 2.0
 
 
-class Candidate:
+class Candidate(abc.ABC):
     """A running candidate's process as its relay sees it: where calls go and answers, stdout
     and stderr come from, and its CPU clock and time waiting for a CPU (``pid`` as the relay
     sees it). How it starts is its subclass's, and so how it stops."""
@@ -59,13 +60,13 @@ class Candidate:
             self.delay = confine.run_delay(self.schedstat) or self.delay
         return self.delay
 
+    @abc.abstractmethod
     def kill(self) -> float:
         """Kill it and wait until it is gone; its CPU time in all."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def out_of_memory(self) -> bool:
         """Whether the kernel killed it at its memory limit (asked once it is gone)."""
-        raise NotImplementedError
 
     def close(self) -> None:
         """Close what is left of it here (its descriptors)."""
