@@ -414,16 +414,12 @@ class Sandbox:
         sent = dataclasses.replace(job, tests=[None] * len(job.tests))
 
         def start() -> calls.Candidate:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # its pid comes with Started
                 sock.settimeout(job.sample_s + 10.0)
                 sock.connect(self._socket_path)
                 wire.send(sock, sent)
                 return InitCandidate(sock, self.cgroups)
-            except BaseException:
-                sock.close()
-                raise
 
         try:
             calls.run_calls(job, outcomes.append, time.monotonic() + job.sample_s, start)
@@ -434,19 +430,18 @@ class Sandbox:
 
 class InitCandidate(calls.Candidate):
     """A call-based sample's init that became its candidate (``supervisor._become_candidate``),
-    as the server sees it: its connection (calls out, answers in), the pidfd, stdout and stderr
-    it sent with ``Started``, its pid (from the connection's credentials) and its cgroup."""
+    as the server sees it: the pidfd and pipes it sent with ``Started`` (``STARTED_FDS``), its
+    pid (from the connection's credentials) and its cgroup."""
 
     def __init__(self, sock: socket.socket, cgroups: cgroups.Cgroups) -> None:
         started, fds, pid, rest = wire.recv_with_fds(sock, len(wire.STARTED_FDS))
-        self.pidfd, stdout, stderr = fds
+        self.pidfd, stdout, stderr, calls_pipe, answers = fds
         # Started comes alone (the kernel ends a read at descriptors) and names one cgroup.
         if not isinstance(started, wire.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
             for fd in fds:
                 os.close(fd)
             raise ValueError(f"a {type(started).__name__} where Started was expected")
-        fd = sock.detach()
-        super().__init__(pid, os.dup(fd), fd, stdout, stderr)
+        super().__init__(pid, calls_pipe, answers, stdout, stderr)
         self.cgroup = (
             SampleCgroup(cgroups.version, cgroups.dirs, started.cgroup) if cgroups.version and started.cgroup else None
         )

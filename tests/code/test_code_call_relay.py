@@ -96,28 +96,45 @@ def _open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-PASSES_DESCRIPTORS = """
-import os, socket
+LINGERING_SOCKET = """
+import os, socket, struct, time
 def f():
-    sock = socket.socket(fileno=os.dup(4))
-    spare = [os.open("/dev/null", os.O_RDONLY) for _ in range(16)]
-    for _ in range(50):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # never read: fills at once
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    client.setblocking(False)
+    for _ in range(20):
         try:
-            socket.send_fds(sock, [b" "], spare)
-        except OSError:  # too many in flight for its uid
-            break
+            while True:
+                client.send(b"x" * 65536)
+        except BlockingIOError:
+            time.sleep(0.01)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 3600))
+    for fd in (3, 4):
+        try:
+            socket.send_fds(socket.socket(fileno=os.dup(fd)), [b" "], [client.fileno()])
+        except OSError:
+            pass
+    client.close()
+    time.sleep(40)
     return 1
 """
 
 
-def test_a_candidate_cannot_push_descriptors_into_the_server(server: Server) -> None:
-    """The candidate's answers reach the server's worker on a Unix socket: descriptors it
-    sends along are dropped by the kernel, never held by the worker."""
+def test_a_candidate_cannot_hand_the_server_a_file_to_close(server: Server) -> None:
+    """The candidate's calls and answers cross on pipes, which carry no descriptors: a file
+    it sent along a socket would be closed by the server's thread, and closing a TCP socket
+    set to linger with its data unsent blocks that thread (its request, its slot) for as
+    long as the candidate keeps the peer alive. Its test times out as any sleeper's does."""
     (worker,) = server.worker_pids()
     called(server.url, ["def f():\n    return 1"], [1])
     before = _open_fds(worker)
-    out = called(server.url, [PASSES_DESCRIPTORS] * GROUP, [1])
-    assert out["error_types"] == [None] * GROUP, out  # the spaces before its answer are JSON's
+    started = time.monotonic()
+    out = called(server.url, [LINGERING_SOCKET] * 2, [1])
+    assert out["error_types"] == ["timeout"] * 2, out
+    assert time.monotonic() - started < 15, "the server's thread waited on the candidate's socket"
     time.sleep(0.5)
     assert _open_fds(worker) <= before + 2, (before, _open_fds(worker))
 

@@ -106,16 +106,19 @@ def _start_tester(job: Job, conn: wire.Outbox, run: calls.CallRun) -> None:
 def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgroup | None) -> typing.NoReturn:
     """Call-based tests: this init becomes the sample's candidate, and the server sends the
     calls and times the answers itself (``calls.CallRun``): no process of ours to relay them,
-    fork and exit per sample. It sends ``Started`` with a pidfd of itself and its stdout's
-    and stderr's read ends, then drops to the slot's uid (no child processes) and answers
-    calls on the connection."""
-    out, err = os.pipe(), os.pipe()
-    pidfd = os.pidfd_open(os.getpid())
-    wire.send_with_fds(conn, Started(cgroup.name if cgroup else ""), [pidfd, out[0], err[0]])
-    for fd in (pidfd, out[0], err[0]):
+    fork and exit per sample. It sends ``Started`` with a pidfd of itself and the server's
+    ends of its pipes (``STARTED_FDS``), closes the connection, then drops to the slot's uid
+    (no child processes) and answers calls on the pipes. Pipes, not the connection: a file
+    the candidate sent along a socket would be closed by the server's thread (a TCP socket
+    set to linger blocks that close until its data is sent)."""
+    out, err, calls_pipe, answers = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+    servers_ends = [os.pidfd_open(os.getpid()), out[0], err[0], calls_pipe[1], answers[0]]
+    wire.send_with_fds(conn, Started(cgroup.name if cgroup else ""), servers_ends)
+    conn.close()
+    for fd in servers_ends:
         os.close(fd)
     null = os.open("/dev/null", os.O_RDONLY)
-    fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: conn.fileno(), ANSWERS_FD: conn.fileno()}
+    fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
     try:
         confine.confine_self(job, job.uid, fds, "/tmp", len(job.tests))
         confine.forbid_new_processes()

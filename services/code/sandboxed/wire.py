@@ -5,7 +5,7 @@ JSON of a message dataclass tagged with its type): the ``Job`` in (and, for asse
 ``TrustedTests`` after it, read by the tests' process alone), then one outcome per test and
 ``Done`` out. Candidate <-> supervisor <-> tests' process: lines of plain data (``to_plain``).
 Call-based tests: the sample's init sends ``Started`` (with its candidate's descriptors), then
-becomes the candidate, and the server sends the calls and reads the answers itself.
+becomes the candidate, and the server sends the calls and reads the answers itself, on pipes.
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ class Started:
 
 
 # What comes with ``Started`` (``send_with_fds``), in order: a pidfd of the candidate's
-# process (it cannot be confused with a later process of the same pid), and the read ends of
-# its stdout and stderr.
-STARTED_FDS = ("pidfd", "stdout", "stderr")
+# process (it cannot be confused with a later process of the same pid), the read ends of its
+# stdout and stderr, the write end of its calls' pipe and the read end of its answers'.
+STARTED_FDS = ("pidfd", "stdout", "stderr", "calls", "answers")
 
 
 @dataclass
