@@ -20,7 +20,7 @@ from services.code import checkers
 from services.code.compile_cache import Builds
 from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
-from services.code.sandbox import Sandbox, SandboxFailure
+from services.code.sandbox import HELD_OUTPUT_FACTOR, Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
@@ -96,12 +96,10 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
 OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory allocation of ")
 
 
-# A stdin test whose program exited cleanly, for the label's custom checker to judge.
+# A stdin test whose program exited cleanly, for the label's custom checker to judge. What
+# a sample's tests printed waits for it in this process (``HELD_OUTPUT_FACTOR``), then goes to
+# the checker's sandbox as one job.
 UNCHECKED = "unchecked"
-# What a sample's tests printed waits for its custom checker in this process, then goes to the
-# checker's sandbox as one job: at most this many times ``compared_output_bytes`` in all (a
-# label's own outputs are far smaller); the tests past it are ``output_limit``.
-CHECKED_OUTPUT_FACTOR = 4
 
 
 class JudgeFailure(Exception):
@@ -266,7 +264,7 @@ class Grader:
                     if statuses[run.index] == UNCHECKED:
                         assert isinstance(run, StdinOutcome)
                         held += len(run.stdout)
-                        if held > CHECKED_OUTPUT_FACTOR * self._kept_bytes():
+                        if held > HELD_OUTPUT_FACTOR * self._kept_bytes():
                             statuses[run.index] = "output_limit"
                         else:
                             outputs[run.index] = run.stdout

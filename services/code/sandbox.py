@@ -74,6 +74,10 @@ MAX_SPARES = 16
 KILL_WAIT_S = 5.0
 # Uids between the first uids of two workers' blocks (two per slot).
 UID_BLOCK = 2048
+# What of a sample's output this process holds until the sample ends (call-based answers; a
+# custom checker's inputs, ``grader``) is at most this many times the job's ``keep_bytes`` in
+# all (a label's own outputs are far smaller); the tests past it are output limits.
+HELD_OUTPUT_FACTOR = 4
 
 
 class SandboxFailure(RuntimeError):
@@ -408,8 +412,20 @@ class Sandbox:
         """Call-based tests: this thread sends the calls and times the answers itself
         (``calls.CallRun``), each candidate a sample's init that became it; another is
         started if one dies. The outcomes come when the sample is done (a run that fails is
-        re-run whole)."""
+        re-run whole), never judged meanwhile: how long judging an answer takes (a right one
+        may take longer to compare) would delay the next call, which the candidate can time.
+        So its answers are held, up to ``HELD_OUTPUT_FACTOR`` x ``keep_bytes`` in all."""
         outcomes: list[Outcome] = []
+        held = 0
+
+        def hold(outcome: Outcome) -> None:
+            nonlocal held
+            if isinstance(outcome, wire.CallOutcome) and outcome.answer is not None:
+                held += len(outcome.answer)
+                if held > HELD_OUTPUT_FACTOR * job.keep_bytes:
+                    outcome = dataclasses.replace(outcome, failure="output_exceeded", answer=None)
+            outcomes.append(outcome)
+
         # The candidate needs the tests' number only (its CPU rlimit): the calls come from here.
         sent = dataclasses.replace(job, tests=[None] * len(job.tests))
 
@@ -422,7 +438,7 @@ class Sandbox:
                 return InitCandidate(sock, self.cgroups)
 
         try:
-            calls.run_calls(job, outcomes.append, time.monotonic() + job.sample_s, start)
+            calls.run_calls(job, hold, time.monotonic() + job.sample_s, start)
         except (OSError, EOFError, struct.error, ValueError) as exc:
             raise SandboxFailure(f"sandbox run failed: {exc}") from exc
         yield from outcomes

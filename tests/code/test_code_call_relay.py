@@ -159,6 +159,29 @@ def test_answers_written_ahead_are_the_first_calls_and_no_more(server: Server) -
     assert time.monotonic() - started < 4, "the tests after the unasked answer waited"
 
 
+def _peak_resident_mib(pid: int) -> int:
+    status = open(f"/proc/{pid}/status").read()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) >> 10
+
+
+def test_a_samples_answers_held_until_it_ends_are_bounded(server: Server) -> None:
+    """The server holds a call-based sample's answers until its last test (judging them
+    meanwhile would delay its next call, which it can time), each up to
+    ``compared_output_bytes`` (1 MiB here): 8 samples x 60 tests x 0.9 MiB would be 430 MiB.
+    It holds 4 x ``compared_output_bytes`` per sample at most; the answers past it are
+    output limits."""
+    (worker,) = server.worker_pids()
+    inputs = [[i] for i in range(60)]
+    called(server.url, ["def f(x):\n    return 0"] * GROUP, [0] * len(inputs), inputs)
+    with open(f"/proc/{worker}/clear_refs", "w") as refs:
+        refs.write("5")  # its peak resident memory starts again from now
+    before = _peak_resident_mib(worker)
+    long_answers = "def f(x):\n    return 'x' * (900 << 10)"
+    out = called(server.url, [long_answers] * GROUP, [0] * len(inputs), inputs)
+    assert out["error_types"] == ["wrong_answer"] * GROUP, out
+    assert _peak_resident_mib(worker) - before < 150, (before, _peak_resident_mib(worker))
+
+
 def test_a_call_based_candidate_over_its_memory_is_a_memory_limit(server: Server) -> None:
     """Killed by the kernel at its cgroup's limit: the server reads the kill from the cgroup
     after the candidate (its sample's init) is gone. The next test gets a fresh candidate."""
