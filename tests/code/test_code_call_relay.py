@@ -159,6 +159,23 @@ def test_answers_written_ahead_are_the_first_calls_and_no_more(server: Server) -
     assert time.monotonic() - started < 4, "the tests after the unasked answer waited"
 
 
+def test_candidates_dying_on_every_call_cost_no_other_sample_its_verdict(server: Server) -> None:
+    """Each death costs a fresh init, forked by the zygote: a group dying on every call of
+    its 100 tests has it fork hundreds a second, and an init may be done before the zygote
+    takes its pidfd. Every sample, the honest one among them too, gets its own verdict, never
+    the infrastructure's (no verdict: the infra score), and no run fails to be re-run (the
+    zygote crashed: every sample running then, of every request, failed its run)."""
+    dies = "import os\ndef f(x):\n    os._exit(1)"
+    honest = "def f(x):\n    return x"
+    inputs = [[i] for i in range(100)]
+    logged = len(server.log_path.read_text())
+    for _ in range(ROUNDS):
+        out = called(server.url, [dies] * (GROUP - 1) + [honest], list(range(100)), inputs)
+        assert out["error_types"] == ["runtime_error"] * (GROUP - 1) + [None], out
+    since = server.log_path.read_text()[logged:]
+    assert "sandbox failed a run" not in since, since[-3000:]
+
+
 def _peak_resident_mib(pid: int) -> int:
     status = open(f"/proc/{pid}/status").read()
     return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) >> 10

@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import select
-import signal
 import socket
 import sys
 import time
@@ -52,10 +51,9 @@ def main() -> None:
     cgroups = json.loads(sys.argv[2])
     spares_wanted = int(sys.argv[4])
     own_pids = confine.own_pid_namespace()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # inits are reaped by the kernel
     print("zygote ready", flush=True)
     # Prepared inits by their pipe (a byte when one took a connection or failed to prepare),
-    # every live init's cgroup by its pidfd (readable once it exited), and the cgroups to
+    # every live init's cgroup by its pidfd (readable once it exited, then reaped), and the cgroups to
     # remove with the time to try next and the tries so far.
     spares: dict[int, int] = {}
     alive: dict[int, confine.SampleCgroup | None] = {}
@@ -75,6 +73,7 @@ def main() -> None:
                 os.close(fd)
             elif fd in alive:
                 cgroup = alive.pop(fd)
+                os.waitid(os.P_PIDFD, fd, os.WEXITED)
                 os.close(fd)
                 if cgroup is not None:
                     leftover[cgroup] = (time.monotonic() + REMOVE_GRACE_S, 0)
@@ -95,7 +94,9 @@ def _fork_init(
 ) -> tuple[int, int, confine.SampleCgroup | None]:
     """Fork the init of the next sample (pid 1 of a new PID namespace, in a new cgroup), which
     prepares the rest and takes the next connection; returns the read end of its pipe, its
-    pidfd and its cgroup. ``fds``: the zygote's other inits' pipes and pidfds, which it closes."""
+    pidfd and its cgroup. ``fds``: the zygote's other inits' pipes and pidfds, which it closes.
+    The zygote reaps its inits itself (``waitid`` on the pidfd): an init may be done before
+    its pidfd is taken, and its pid must stay its own until then."""
     cgroup = confine.SampleCgroup(cgroups["version"], cgroups["dirs"]) if cgroups["dirs"] else None
     accepted_read, accepted_write = os.pipe()
     pid = confine.fork_into_new_pids(own_pids)
@@ -104,7 +105,6 @@ def _fork_init(
         try:
             for fd in (accepted_read, own_pids, *fds):
                 os.close(fd)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             prepare_and_supervise(listener, accepted_write, cgroup)
             code = 0
         except BaseException:  # the server sees the closed connection
