@@ -199,6 +199,24 @@ def test_a_samples_answers_held_until_it_ends_are_bounded(server: Server) -> Non
     assert _peak_resident_mib(worker) - before < 150, (before, _peak_resident_mib(worker))
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_candidate_flooding_stderr_costs_the_server_no_more_than_its_output_limit(server: Server) -> None:
+    """The server's thread reads what the candidate writes on stderr (its tail kept): a
+    candidate writing without end for its test's CPU time had the worker read as fast as
+    it wrote (4 samples: ~3 s of the worker's CPU, which every request's relay shares). A
+    test's stderr past ``max_output_bytes`` (1 MiB here) is an output limit, as its stdout."""
+    (worker,) = server.worker_pids()
+    flood = "import os\ndef f(x):\n    chunk = b'e' * 65536\n    while True:\n        os.write(2, chunk)"
+    before = _cpu_seconds(worker)
+    out = called(server.url, [flood] * 4, [0], [[0]])
+    assert out["error_types"] == ["output_limit"] * 4, out
+    assert _cpu_seconds(worker) - before < 0.5, _cpu_seconds(worker) - before
+
+
 def test_a_call_based_candidate_over_its_memory_is_a_memory_limit(server: Server) -> None:
     """Killed by the kernel at its cgroup's limit: the server reads the kill from the cgroup
     after the candidate (its sample's init) is gone. The next test gets a fresh candidate."""

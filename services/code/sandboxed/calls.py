@@ -104,6 +104,7 @@ class CallRun:
         self.threads_waited = 0.0  # the longest wait of another thread of it seen in this test
         self.failure: str | None = None
         self.stderr = bytearray()
+        self.stderr_bytes = 0
 
     # -- processes -------------------------------------------------------------------------
     def _start_candidate(self) -> None:
@@ -299,8 +300,11 @@ class CallRun:
                 self._stop_candidate("died")
             else:
                 self.sel.unregister(fd)
-        elif role == "stderr":
+        elif role == "stderr":  # its tail kept; a test's past ``output_bytes``: a flood this thread would read
             self.stderr = (self.stderr + data)[-STDERR_TAIL:]
+            self.stderr_bytes += len(data)
+            if self.stderr_bytes > self.job.output_bytes:
+                self._stop_candidate("output_exceeded")
         elif role == "stdout":
             cand.stdout_bytes += len(data)
             if cand.stdout_bytes > self.job.output_bytes:
