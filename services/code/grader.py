@@ -146,6 +146,14 @@ def too_long(suite: Suite, kept: int) -> bool:
     return KEEP_FACTOR[suite.kind] * longest > kept
 
 
+def answers_needed(suite: Suite) -> int:
+    """How much of a call-based sample's answers its label's expected outputs could need (each
+    as its answer line, ``KEEP_FACTOR`` times): the server holds them until the sample ends."""
+    if suite.kind != "call":
+        return 0
+    return KEEP_FACTOR["call"] * sum(len(json.dumps(["result", want], default=str)) for want in suite.expected)
+
+
 class Grader:
     """Grades samples with at most ``settings.parallel`` runs at once, by the request's deadline
     (the core's, from when the request arrived; ``timeout_s`` from now outside a request).
@@ -256,7 +264,7 @@ class Grader:
                 job = self.builds.run_job(program, job, self._cgroups())
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(job, uid, self._trusted(suite))
+            runs = self.sandbox.run(job, uid, self._trusted(suite), held_bytes=answers_needed(suite))
             try:
                 held = 0  # characters of output waiting for the checker
                 for run in runs:

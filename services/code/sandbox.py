@@ -74,9 +74,10 @@ MAX_SPARES = 16
 KILL_WAIT_S = 5.0
 # Uids between the first uids of two workers' blocks (two per slot).
 UID_BLOCK = 2048
-# What of a sample's output this process holds until the sample ends (call-based answers; a
-# custom checker's inputs, ``grader``) is at most this many times the job's ``keep_bytes`` in
-# all (a label's own outputs are far smaller); the tests past it are output limits.
+# What of a sample's output this process holds until the sample ends (a custom checker's
+# inputs, ``grader``; call-based answers, or what their label's expected outputs could need
+# when more) is at most this many times the job's ``keep_bytes`` in all; the tests past it are
+# output limits.
 HELD_OUTPUT_FACTOR = 4
 
 
@@ -375,17 +376,18 @@ class Sandbox:
         finally:
             self._slots.release(owner, uid)
 
-    def run(self, job: Job, uid: int, trusted: TrustedTests | None = None) -> Iterator[Outcome]:
+    def run(self, job: Job, uid: int, trusted: TrustedTests | None = None, held_bytes: int = 0) -> Iterator[Outcome]:
         """Run ``job`` as ``uid``; yields one outcome per test. Raises ``SandboxFailure``.
 
         ``trusted`` (assert tests: the label's code) is sent apart, after the job. Call-based
-        tests are relayed from here (``_relay_calls``).
+        tests are relayed from here (``_relay_calls``), their answers held up to ``held_bytes``
+        (never in the job, which the candidate can read: it depends on the expected outputs).
         """
         if not self.alive():
             self._restart()
         job = dataclasses.replace(job, uid=uid, gid=uid, test_uid=uid + len(self.uids))
         if job.kind == "call":
-            yield from self._relay_calls(job)
+            yield from self._relay_calls(job, held_bytes)
             return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(job.sample_s + 10.0)
@@ -408,21 +410,23 @@ class Sandbox:
             outcomes.close()
             sock.close()
 
-    def _relay_calls(self, job: Job) -> Iterator[Outcome]:
+    def _relay_calls(self, job: Job, held_bytes: int) -> Iterator[Outcome]:
         """Call-based tests: this thread sends the calls and times the answers itself
         (``calls.CallRun``), each candidate a sample's init that became it; another is
         started if one dies. The outcomes come when the sample is done (a run that fails is
         re-run whole), never judged meanwhile: how long judging an answer takes (a right one
         may take longer to compare) would delay the next call, which the candidate can time.
-        So its answers are held, up to ``HELD_OUTPUT_FACTOR`` x ``keep_bytes`` in all."""
+        So its answers are held: at most ``held_bytes``, and at least ``HELD_OUTPUT_FACTOR`` x
+        ``keep_bytes``, in all; those past it are output limits."""
         outcomes: list[Outcome] = []
         held = 0
+        most = max(held_bytes, HELD_OUTPUT_FACTOR * job.keep_bytes)
 
         def hold(outcome: Outcome) -> None:
             nonlocal held
             if isinstance(outcome, wire.CallOutcome) and outcome.answer is not None:
                 held += len(outcome.answer)
-                if held > HELD_OUTPUT_FACTOR * job.keep_bytes:
+                if held > most:
                     outcome = dataclasses.replace(outcome, failure="output_exceeded", answer=None)
             outcomes.append(outcome)
 

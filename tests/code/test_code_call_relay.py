@@ -199,6 +199,15 @@ def test_a_samples_answers_held_until_it_ends_are_bounded(server: Server) -> Non
     assert _peak_resident_mib(worker) - before < 150, (before, _peak_resident_mib(worker))
 
 
+def test_a_correct_sample_whose_label_needs_long_answers_passes_within_the_held_bound(server: Server) -> None:
+    """The answers held until the sample ends are bounded by what its label's expected outputs
+    could need, and never less than 4 x ``compared_output_bytes``: 24 answers of 200 KB (each
+    within what is kept, 4.8 MB together) all pass."""
+    long_answer = "def f(x):\n    return 'x' * 200_000"
+    out = called(server.url, [long_answer], ["x" * 200_000] * 24, [[i] for i in range(24)])
+    assert out["rewards"] == [1.0], out["error_types"]
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

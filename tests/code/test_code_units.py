@@ -134,7 +134,7 @@ class FailingSandbox:
 
         return contextlib.nullcontext(61000)
 
-    def run(self, job, uid, trusted=None):
+    def run(self, job, uid, trusted=None, held_bytes=0):
         with self._lock:
             self.calls[job.code] += 1
             calls = self.calls[job.code]
@@ -238,9 +238,9 @@ def test_a_languages_time_scale_sets_its_tests_and_sample_limits() -> None:
     jobs = []
 
     class Recording(FailingSandbox):
-        def run(self, job, uid, trusted=None):
+        def run(self, job, uid, trusted=None, held_bytes=0):
             jobs.append(job)
-            return super().run(job, uid, trusted)
+            return super().run(job, uid, trusted, held_bytes)
 
     settings = CodeSettings(infra_failure_score="zero", test_cpu_s=2, test_wall_s=4, sample_wall_s=30,
                             time_scales="python=2+0.5")  # fmt: skip
