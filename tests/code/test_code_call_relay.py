@@ -226,6 +226,31 @@ def test_a_candidate_flooding_stderr_costs_the_server_no_more_than_its_output_li
     assert _cpu_seconds(worker) - before < 0.5, _cpu_seconds(worker) - before
 
 
+SLEEPING_THREADS = """
+import threading, time
+threading.stack_size(1 << 16)
+def f(x):
+    try:
+        for _ in range(250):
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    except RuntimeError:
+        pass
+    time.sleep(60)
+"""
+
+
+def test_a_candidates_idle_threads_cost_the_server_a_bounded_read_per_tick(server: Server) -> None:
+    """The server reads the candidate's threads' waits for a CPU each tick (its wall backstop
+    leaves them out): 7 samples sleeping in 250 threads each, using no CPU, had the worker
+    read 1,750 files every 50 ms (2 s of its CPU in a 5 s test, 0.07 s without the threads).
+    It reads a bounded number of them per tick, in turn."""
+    (worker,) = server.worker_pids()
+    before = _cpu_seconds(worker)
+    out = called(server.url, [SLEEPING_THREADS] * (GROUP - 1), [0], [[0]])
+    assert out["error_types"] == ["timeout"] * (GROUP - 1), out
+    assert _cpu_seconds(worker) - before < 0.7, _cpu_seconds(worker) - before
+
+
 def test_a_call_based_candidate_over_its_memory_is_a_memory_limit(server: Server) -> None:
     """Killed by the kernel at its cgroup's limit: the server reads the kill from the cgroup
     after the candidate (its sample's init) is gone. The next test gets a fresh candidate."""

@@ -30,6 +30,9 @@ from services.code.sandboxed.wire import LOADED, STDERR_TAIL, CallOutcome, Job, 
 # much more wall time than a test to report after its candidate was stopped.
 CPU_TICK_S = 0.05
 TESTER_GRACE_S = 2.0
+# The most of a candidate's threads whose waits for a CPU are read at one tick (the others at
+# the next ticks, in turn).
+THREADS_PER_READ = 16
 
 
 class Candidate(abc.ABC):
@@ -94,6 +97,7 @@ class CallRun:
         self.candidate: Candidate | None = None
         self.waiting: str | None = None  # who waits for the candidate's answer: "driver" or "tester"
         self.tester: dict | None = None
+        self.threads_read = 0  # readings of the candidate's threads' waits (``_threads_delay``)
         self._new_window()
 
     def _new_window(self, cpu: float = 0.0, delay: float = 0.0) -> None:
@@ -130,8 +134,12 @@ class CallRun:
         """The longest wait for a CPU of a live thread of the candidate but its first (one
         doing the work while the first waits in ``join``), since that thread began: read at
         the test's ticks, it may count waits of a thread's earlier tests, which errs toward
-        the program."""
-        return 0.0 if self.candidate is None else confine.threads_run_delay(self.candidate.pid, but_first=True)
+        the program. At most ``THREADS_PER_READ`` threads are read at once, in turn: a
+        candidate's idle threads cost it nothing and this thread a file each."""
+        if self.candidate is None:
+            return 0.0
+        self.threads_read += 1
+        return confine.threads_run_delay(self.candidate.pid, True, THREADS_PER_READ, self.threads_read)
 
     def _stop_candidate(self, failure: str | None) -> None:
         """Kill the candidate's process; a call it left unanswered fails."""

@@ -357,14 +357,17 @@ def sample_run_delay() -> float:
     return max((threads_run_delay(name) for name in os.listdir("/proc") if name.isdigit() and name != me), default=0.0)
 
 
-def threads_run_delay(pid: int | str, but_first: bool = False) -> float:
+def threads_run_delay(pid: int | str, but_first: bool = False, most: int = 0, turn: int = 0) -> float:
     """The longest a live thread of process ``pid`` (``but_first``: but its first) has waited
-    for a CPU while runnable, from each thread's ``schedstat``."""
+    for a CPU while runnable, from each thread's ``schedstat``; of ``most`` of its threads
+    only (0: all), the ``turn``-th such group in turn."""
     longest = 0.0
     with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            if but_first and task == str(pid):
-                continue
+        tasks = [task for task in os.listdir(f"/proc/{pid}/task") if not (but_first and task == str(pid))]
+        if 0 < most < len(tasks):
+            start = turn * most % len(tasks)
+            tasks = (tasks + tasks)[start : start + most]
+        for task in tasks:
             with (
                 contextlib.suppress(OSError, ValueError, IndexError),
                 open(f"/proc/{pid}/task/{task}/schedstat", "rb") as stat,
