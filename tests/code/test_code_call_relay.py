@@ -1,29 +1,21 @@
 """Call-based samples, whose init becomes the candidate and whose calls the server relays
-itself: the candidate now holds a socket to the server's worker. Each attack is a program
-graded through the running server; a GRPO group of 8 over several rounds where it is about
-other samples.
+itself: the candidate now holds pipes to the server's worker. Each attack is a program graded
+through the running server (``test_code_isolation``'s, with its limits); a GRPO group of 8
+over several rounds where it is about other samples.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 import time
-from collections.abc import Iterator
 
-import pytest
+from testing.server import Server
+from tests.code import test_code_isolation
+from tests.code.test_code_isolation import GROUP, ROUNDS
+from tests.code.test_code_server import grade
 
-from testing.server import Server, gunicorn_server
-from tests.code.test_code_server import ENV, grade
-
-GROUP = 8
-ROUNDS = 3
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[Server]:
-    env = {**ENV, "SCORER_CODE_TEST_WALL_S": "5", "SCORER_CODE_SAMPLE_WALL_S": "20"}
-    with gunicorn_server("code", env, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
-        yield srv
+server = test_code_isolation.server  # the same fixture: a server of its own, with those limits
 
 
 def called(url: str, codes: list[str], expected: list, inputs: list | None = None) -> dict:
@@ -33,21 +25,9 @@ def called(url: str, codes: list[str], expected: list, inputs: list | None = Non
     return grade(url, codes, {"fn_name": "f", "inputs": inputs, "outputs": expected})
 
 
-NETWORK_MEETING = """
-import socket, time
-def f():
-    held, taken = [], []
-    for family, address in ((socket.AF_UNIX, "\\0grpo-call-meeting"), (socket.AF_INET, ("127.0.0.1", 47114))):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.bind(address)
-            sock.listen(8)
-            held.append(sock)
-        except OSError as exc:
-            taken.append(str(exc))
-    time.sleep(0.4)
-    return "alone" if not taken else "met another sample: " + "; ".join(taken)
-"""
+# test_code_isolation's stdin program, as a function whose answer is what it printed.
+NETWORK_MEETING = "def f():\n" + textwrap.indent(test_code_isolation.NETWORK_MEETING, "    ")
+NETWORK_MEETING = NETWORK_MEETING.replace("print(", "return (")
 
 
 def test_call_based_samples_graded_at_once_share_no_network(server: Server) -> None:
