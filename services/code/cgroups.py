@@ -4,7 +4,8 @@ A worker makes one directory of its own (``scorer-code-<pid>``) under its own cg
 controller (cgroup v1: ``memory``) or once (cgroup v2, with the
 ``memory`` and ``pids`` controllers enabled for it); each sample's supervisor makes the
 sample's cgroup in it and joins it (``sandboxed.confine.SampleCgroup``), and the zygote
-removes it after. Where none
+removes it after; a closing worker removes what is left and its own directory, and a starting
+one the directories of workers that were killed. Where none
 can be made (no writable cgroupfs, controllers missing or not delegable, or
 ``SCORER_CODE_CGROUPS=off``), the sandbox falls back to rlimits (``describe`` says which).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,14 @@ V1_CONTROLLERS = {"memory": "memory"}
 V2_CONTROLLERS = ("memory", "pids")
 # Where the worker's directories appear inside bubblewrap (the host's paths elsewhere).
 SANDBOX_ROOT = "/sys/fs/cgroup/scorer"
+# A worker's directory is this and its pid.
+WORKER_PREFIX = "scorer-code-"
+# How long a closing worker waits for its samples' cgroups to empty (its zygote's death kills
+# their processes, a moment after it), a starting one for a killed worker's, and how often
+# they look.
+REMOVE_WAIT_S = 5.0
+DEAD_WORKER_WAIT_S = 1.0
+REMOVE_RETRY_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -56,19 +66,48 @@ class Cgroups:
     def _mount_name(self, path: str) -> str:
         return next(role for role, dir_ in sorted(self.dirs.items()) if dir_ == path)
 
-    def sweep(self) -> None:
-        """Remove sample cgroups a killed supervisor left (empty once their processes died)."""
-        for path in set(self.dirs.values()):
-            for child in Path(path).iterdir():
-                if child.is_dir():
-                    with contextlib.suppress(OSError):
-                        child.rmdir()
+    def sweep(self, wait_s: float = 0.0) -> None:
+        """Remove the sample cgroups left (empty once their processes died), waiting up to
+        ``wait_s`` for the last ones to empty."""
+        _remove_children(set(self.dirs.values()), wait_s)
 
     def remove(self) -> None:
-        self.sweep()
+        """Remove the worker's directories once its samples' processes are gone."""
+        self.sweep(REMOVE_WAIT_S)
         for path in set(self.dirs.values()):
             with contextlib.suppress(OSError):
                 os.rmdir(path)
+
+
+def _remove_children(parents: set[str], wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = False
+        for parent in parents:
+            with contextlib.suppress(FileNotFoundError):
+                for child in Path(parent).iterdir():
+                    if child.is_dir():
+                        try:
+                            child.rmdir()
+                        except FileNotFoundError:
+                            pass
+                        except OSError:
+                            left = True
+        if not left or time.monotonic() >= deadline:
+            return
+        time.sleep(REMOVE_RETRY_S)
+
+
+def _sweep_dead_workers(parent: str) -> None:
+    """Remove the directories of this parent's workers that are gone without removing them
+    (killed), and their samples' cgroups: nothing else would."""
+    for path in Path(parent).glob(f"{WORKER_PREFIX}*"):
+        pid = path.name.removeprefix(WORKER_PREFIX)
+        if not pid.isdigit() or Path("/proc", pid).exists():
+            continue
+        _remove_children({str(path)}, DEAD_WORKER_WAIT_S)
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def _own_paths() -> dict[str, str]:
@@ -122,7 +161,7 @@ def setup(wanted: str) -> Cgroups:
     """This worker's cgroup directories, or the fallback with its reason."""
     if wanted == "off":
         return Cgroups(0, reason="SCORER_CODE_CGROUPS=off")
-    name = f"scorer-code-{os.getpid()}"
+    name = f"{WORKER_PREFIX}{os.getpid()}"
     try:
         mounts, own = _mounts(), _own_paths()
     except (OSError, ValueError) as exc:
@@ -131,6 +170,7 @@ def setup(wanted: str) -> Cgroups:
     try:
         if all(controller in mounts and controller in own for controller in V1_CONTROLLERS.values()):
             for role, controller in V1_CONTROLLERS.items():
+                _sweep_dead_workers(mounts[controller] + own[controller])
                 made[role] = _make(mounts[controller] + own[controller], name)
             _probe(made, {"memory": "memory.limit_in_bytes"})
             return Cgroups(1, made)
@@ -142,6 +182,7 @@ def setup(wanted: str) -> Cgroups:
                 return Cgroups(0, reason=f"cgroup v2 without the {', '.join(missing)} controller here")
             enable = " ".join(f"+{c}" for c in V2_CONTROLLERS)
             Path(base, "cgroup.subtree_control").write_text(enable)  # fails where this cgroup holds processes
+            _sweep_dead_workers(base)
             path = _make(base, name)
             Path(path, "cgroup.subtree_control").write_text(enable)
             made = {"memory": path, "pids": path}

@@ -8,15 +8,19 @@ sample scores 1.0 only when the channel is closed.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
 
+from services.code import cgroups
 from testing.server import Server, gunicorn_server
-from tests.code.test_code_server import ENV
+from tests.code.test_code_server import ENV, grade
 
 GROUP = 8
 ROUNDS = 3
@@ -334,3 +338,41 @@ def test_a_call_based_program_slowed_by_others_is_not_timed_out(tmp_path, code: 
         body = {"outputs": fenced, "prompts": ["p"] * 31, "labels": [label] * 31}
         out = requests.post(srv.url + "/reward/score", json=body, timeout=200).json()
         assert out["rewards"] == [1.0] * 31, out["error_types"]
+
+
+def _worker_dirs(pid: int) -> list[Path]:
+    """Where a worker started by this process makes its cgroup directories (under this
+    process's cgroup, as ``cgroups.setup`` does)."""
+    mounts, own = cgroups._mounts(), cgroups._own_paths()
+    return [
+        Path(mounts[c] + own[c], f"{cgroups.WORKER_PREFIX}{pid}") for c in ("memory", "") if c in mounts and c in own
+    ]
+
+
+def _gone(paths: list[Path], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while any(path.exists() for path in paths) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(path.exists() for path in paths)
+
+
+def test_a_stopped_or_killed_worker_leaves_no_cgroup_behind(tmp_path) -> None:
+    """Each stopped server left its prepared samples' cgroups behind (273 under one cgroup in a
+    session of tests), and a killed worker its whole directory: a closing worker now removes
+    its own once its samples' processes are gone, and a starting one a killed worker's."""
+    label = {"fn_name": "f", "inputs": [[1]], "outputs": [1]}
+    with gunicorn_server("code", ENV, log_dir=tmp_path) as srv:
+        if requests.get(srv.url + "/info", timeout=10).json()["model"]["resource_limits"].startswith("rlimits"):
+            pytest.skip("no cgroups on this node")
+        (killed,) = srv.worker_pids()
+        assert grade(srv.url, ["def f(x):\n    return x"] * 4, label)["rewards"] == [1.0] * 4
+        made = [path for path in _worker_dirs(killed) if path.exists()]
+        assert made and any(path.iterdir() for path in made)  # its samples' cgroups, prepared
+        os.kill(killed, signal.SIGKILL)
+        assert _gone(made, 60), [str(path) for path in made]  # removed by the next worker's start
+        srv.wait_ready()
+        (worker,) = srv.worker_pids()
+        assert grade(srv.url, ["def f(x):\n    return x"] * 4, label)["rewards"] == [1.0] * 4
+        made = [path for path in _worker_dirs(worker) if path.exists()]
+        assert made
+    assert _gone(made, 10), [str(path) for path in made]
