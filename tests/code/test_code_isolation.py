@@ -296,6 +296,10 @@ def test_without_cgroups_the_fallback_still_bounds_shared_memory(tmp_path) -> No
         assert stdin_verdict(srv.url, MEMFD_HOG, "held")[0] == 0.0
         assert stdin_verdict(srv.url, STACK, "ok") == (1.0, None)
         assert group(srv.url, [NETWORK_MEETING] * 4, "alone")["rewards"] == [1.0] * 4
+        # Call-based samples (their init the candidate): a test past the memory limit, then one that passes.
+        hog = "def f(x):\n    if x:\n        b = bytearray(600 << 20)\n        b[::4096] = b'x' * len(b[::4096])\n"
+        out = grade(srv.url, [hog + "    return x"], {"fn_name": "f", "inputs": [[1], [0]], "outputs": [1, 0]})
+        assert out["rewards"] == [0.5] and out["error_types"] == ["memory_limit"], out
 
 
 # A call-based solution that works in a thread (deep recursion's usual idiom), needing 0.5 s of
