@@ -66,8 +66,8 @@ def load(url: str, stop: threading.Event, done: list[float]) -> None:
             list(pool.map(one, samples(64)))
 
 
-def roles(script: str, client: int) -> tuple[dict[int, str], dict[int, int]]:
-    """Each process's role and parent, from the fork events of ``perf script``."""
+def roles(script: str, client: int) -> dict[int, str]:
+    """Each process's role, from the fork events of ``perf script``."""
     parent: dict[int, int] = {}
     for line in script.splitlines():
         found = FORK.search(line)
@@ -94,7 +94,7 @@ def roles(script: str, client: int) -> tuple[dict[int, str], dict[int, int]]:
                 below = up[: depth - 2][::-1]  # from the worker's child down to pid
                 names = ["sandbox launcher", "sandbox launcher", "zygote", "sample's init", "its children"]
                 named[pid] = names[min(len(below) - 1, len(names) - 1)]
-    return named, parent
+    return named
 
 
 def stacks(script: str) -> Iterator[tuple[int, set[str]]]:
@@ -136,7 +136,7 @@ def main() -> None:
             check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
     graded = sum(began <= at <= ended for at in done)
-    named, _ = roles(script, client=os.getpid())
+    named = roles(script, client=os.getpid())
     by_role: collections.Counter[str] = collections.Counter()
     by_step: collections.Counter[str] = collections.Counter()
     for pid, symbols in stacks(script):

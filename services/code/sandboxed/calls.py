@@ -73,7 +73,7 @@ class Candidate(abc.ABC):
 
     def close(self) -> None:
         """Close what is left of it here (its descriptors)."""
-        for fd in dict.fromkeys((self.calls, self.answers, self.stdout, self.stderr, self.schedstat)):
+        for fd in (self.calls, self.answers, self.stdout, self.stderr, self.schedstat):
             if fd >= 0:
                 os.close(fd)
 
@@ -152,7 +152,7 @@ class CallRun:
         self.delay_before -= delay
         if failure == "died" and cand.out_of_memory():
             failure = "memory_limit"
-        for fd in dict.fromkeys((cand.answers, cand.stdout, cand.stderr)):
+        for fd in (cand.answers, cand.stdout, cand.stderr):
             with contextlib.suppress(KeyError):
                 self.sel.unregister(fd)
         self._drop_outbox(cand.calls)
