@@ -37,6 +37,20 @@ def run_in_tree(tree: Path, code: str, *args: str, env: dict[str, str] | None = 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def sandbox_designs(before: Path, before_cgroups: str) -> dict[str, tuple[Path, str]]:
+    """The rows of a bench of the sandbox in-process: the checkout ``before`` (its cgroups
+    setting ``before_cgroups``), then this one with cgroups off and on; each a checkout and
+    the setting its runner gets."""
+    return {f"before ({before})": (before, before_cgroups), "after, cgroups off": (ROOT, "off"),
+            "after, cgroups (auto)": (ROOT, "auto")}  # fmt: skip
+
+
+def run_in_sandbox_tree(tree: Path, code: str, *args: str) -> Any:
+    """``run_in_tree`` with the checkout alone on the path and the system's binaries on
+    ``PATH``, as a sandbox bench's runner needs."""
+    return run_in_tree(tree, code, *args, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+
+
 def run(tree: Path, function: str) -> dict[str, dict]:
     result = run_in_tree(tree, RUN.format(function, SAMPLES))
     return {"DeepGym 0.6.2 local": result} if "scores" in result else result

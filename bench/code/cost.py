@@ -18,9 +18,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.code.before_after import run_in_tree
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench.code.before_after import run_in_sandbox_tree, sandbox_designs
 
 # Run inside a checkout (cwd): joins a CPU-accounting cgroup of its own, grades ``batches``
 # batches of 64 coin_change samples (the bench's six solutions), each as its own request,
@@ -73,8 +71,7 @@ print(json.dumps({"cpu_ms": 1000 * cpu / len(scores), "wall_ms": 1000 * wall / l
 
 
 def run(tree: Path, batches: int, cgroups: str, uid_base: int) -> dict:
-    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
-    return run_in_tree(tree, RUNNER, str(batches), cgroups, str(uid_base), env=env)
+    return run_in_sandbox_tree(tree, RUNNER, str(batches), cgroups, str(uid_base))
 
 
 def main() -> None:
@@ -84,11 +81,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3, help="batches of 64 samples per round and design")
     parser.add_argument("--uid-base", type=int, default=400000)
     args = parser.parse_args()
-    designs = {
-        f"before ({args.before})": (args.before, "auto"),
-        "after, cgroups off": (ROOT, "off"),
-        "after, cgroups (auto)": (ROOT, "auto"),
-    }
+    designs = sandbox_designs(args.before, "auto")
     results: dict[str, list[dict]] = {name: [] for name in designs}
     for _ in range(args.rounds):
         for name, (tree, cgroups) in designs.items():

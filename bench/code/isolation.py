@@ -17,9 +17,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.code.before_after import run_in_tree
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench.code.before_after import run_in_sandbox_tree, sandbox_designs
 
 # Run inside a checkout (cwd): grades each case ``samples`` times in a row, one sample at a
 # time, and prints the median seconds per sample of each and the verdicts it got.
@@ -61,8 +59,7 @@ print(json.dumps(medians))
 
 
 def run(tree: Path, samples: int, cgroups: str, uid_base: int) -> dict[str, list]:
-    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
-    return run_in_tree(tree, RUNNER, str(samples), cgroups, str(uid_base), env=env)
+    return run_in_sandbox_tree(tree, RUNNER, str(samples), cgroups, str(uid_base))
 
 
 def main() -> None:
@@ -72,11 +69,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--uid-base", type=int, default=400000)
     args = parser.parse_args()
-    designs = {
-        f"before ({args.before})": (args.before, "-"),
-        "after, cgroups off": (ROOT, "off"),
-        "after, cgroups (auto)": (ROOT, "auto"),
-    }
+    designs = sandbox_designs(args.before, "-")  # "-": a checkout without the setting
     rows: dict[str, dict[str, list[float]]] = {name: {} for name in designs}
     verdicts: dict[str, dict[str, set[str]]] = {name: {} for name in designs}
     for _ in range(args.rounds):
