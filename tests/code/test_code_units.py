@@ -209,6 +209,9 @@ def test_refuses_a_weaker_sandbox_unless_named(monkeypatch) -> None:
 def test_nan_and_zero(monkeypatch) -> None:
     from services.code.grader import Verdict
 
+    # The reward rule, whatever isolation this host offers (a fresh machine may lack bubblewrap).
+    monkeypatch.setenv("SCORER_CODE_SANDBOX", "none")
+    monkeypatch.setenv("SCORER_CODE_ALLOW_WEAK_SANDBOX", "none")
     monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "nan")
     assert math.isnan(CodeScorer(CoreSettings(service="code")).reward(Verdict("sandbox_error", 0, 1, None)))
     monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "zero")
