@@ -15,7 +15,7 @@ import pytest
 from common.config import ConfigError
 from common.errors import Unprocessable
 from common.settings import CoreSettings
-from services.code import environments
+from services.code import environments, languages
 from services.code.cgroups import Cgroups
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
@@ -249,3 +249,21 @@ def test_a_languages_time_scale_sets_its_tests_and_sample_limits() -> None:
     assert (jobs[0].cpu_s, jobs[0].wall_s, jobs[0].sample_s) == (4.5, 8.5, 61.0)
     assert grader.time_limits()["python"] == {"cpu_s": 4.5, "wall_s": 8.5}
     assert grader.time_limits()["c"] == {"cpu_s": 2, "wall_s": 4}
+
+
+def test_a_build_by_another_compiler_version_is_another_cache_entry() -> None:
+    """The compile cache's key holds the compiler's version: after an upgrade, neither a build
+    nor a compile error of the older compiler is served."""
+    rust = languages.LANGUAGES["rust"]
+    tools = {"rustc": "/usr/bin/rustc", "gcc": "/usr/bin/gcc"}
+    old = languages.program(rust, "fn main(){}", tools, {"rustc": "rustc 1.63.0"}, 256)
+    new = languages.program(rust, "fn main(){}", tools, {"rustc": "rustc 1.96.0"}, 256)
+    assert old.build == new.build and old.key != new.key
+
+
+def test_cpp_means_gnu_cpp20_and_an_older_standard_is_named() -> None:
+    standards = {tag: languages.LANGUAGES[languages.language_of(tag)].build[1] for tag in ("cpp", "C++", "cxx", "cc",
+                 "cpp20", "cpp17", "c++17", "cpp14", "cpp11")}  # fmt: skip
+    assert standards == {"cpp": "-std=gnu++20", "C++": "-std=gnu++20", "cxx": "-std=gnu++20", "cc": "-std=gnu++20",
+                         "cpp20": "-std=gnu++20", "cpp17": "-std=c++17", "c++17": "-std=c++17",
+                         "cpp14": "-std=c++14", "cpp11": "-std=c++11"}  # fmt: skip
