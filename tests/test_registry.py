@@ -63,7 +63,7 @@ def test_run_sh_counts_a_toolchain_only_where_the_code_sandbox_finds_it() -> Non
 def test_the_sandbox_finds_the_pinned_go_and_its_standard_library() -> None:
     """The Go run.sh installs is under /usr, which the sandbox shows; the sandbox builds with
     the variables its standard library was precompiled with; only the code service needs it."""
-    assert registry.GOROOT.startswith("/usr/") and registry.GO_COMMAND == f"{registry.GOROOT}/bin/go"
+    assert registry.GOROOT.startswith("/usr/") and f"{registry.GOROOT}/bin/go" == registry.GO_COMMAND
     assert languages.LANGUAGES["go"].tools == (registry.GO_COMMAND,)
     assert languages.GO_ENV.items() >= registry.GO_BUILD_ENV.items() and languages.GO_ENV["GOROOT"] == registry.GOROOT
     assert registry.setup_of("code", {}).go_home == registry.GO_HOME == registry.setup_of("test", {}).go_home
