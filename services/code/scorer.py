@@ -265,6 +265,7 @@ class CodeScorer(Scorer):
             "isolation": self.isolation,
             "resource_limits": self.sandbox.cgroups.describe() if self.sandbox else None,
             "languages": self.grader.builds.availability() if self.grader and self.grader.builds else None,
+            "toolchains": self.grader.builds.toolchains() if self.grader and self.grader.builds else None,
             "compile_cache": self.grader.builds.cache.stats() if self.grader and self.grader.builds else None,
             "time_limits": self.grader.time_limits() if self.grader else None,
             "parallel": self.settings.parallel,

