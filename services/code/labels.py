@@ -13,7 +13,6 @@ import ast
 import dataclasses
 import functools
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,61 +192,3 @@ def _subtasks(groups: Any, total: int) -> tuple[Subtask, ...]:
     if not sum(group.points for group in parsed) > 0:
         raise Unprocessable("labels: the subtasks' points must add up to more than 0")
     return tuple(parsed)
-
-
-def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.strip().splitlines()]
-
-
-def _token_equal(got: str, want: str, tolerance: float) -> bool:
-    if got == want:
-        return True
-    if tolerance <= 0:
-        return False
-    try:
-        a, b = float(got), float(want)
-    except ValueError:
-        return False
-    return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance)
-
-
-def stdout_matches(got: str, want: str, tolerance: float = 0.0) -> bool:
-    """Line by line after stripping; numbers within ``tolerance`` when it is set."""
-    got_lines, want_lines = _lines(got), _lines(want)
-    if len(got_lines) != len(want_lines):
-        return False
-    for g, w in zip(got_lines, want_lines, strict=True):
-        if g == w:
-            continue
-        g_tokens, w_tokens = g.split(), w.split()
-        if len(g_tokens) != len(w_tokens):
-            return False
-        if not all(_token_equal(a, b, tolerance) for a, b in zip(g_tokens, w_tokens, strict=True)):
-            return False
-    return True
-
-
-def _json_key(key: Any) -> Any:
-    """A result's dict key as JSON (the labels' format) writes it: ``1`` -> ``"1"``."""
-    return json.dumps(key) if key is None or isinstance(key, (bool, int, float)) else key
-
-
-def _data_equal(got: Any, want: Any, tolerance: float) -> bool:
-    """Structural equality of JSON data (tuples arrive as lists); bools are not numbers."""
-    if isinstance(want, bool) or isinstance(got, bool):
-        return type(got) is type(want) and got == want
-    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
-        return got == want or (tolerance > 0 and math.isclose(got, want, rel_tol=tolerance, abs_tol=tolerance))
-    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
-        return len(got) == len(want) and all(_data_equal(g, w, tolerance) for g, w in zip(got, want, strict=True))
-    if isinstance(want, dict) and isinstance(got, dict):
-        got = {_json_key(k): v for k, v in got.items()}
-        return got.keys() == want.keys() and all(_data_equal(got[k], want[k], tolerance) for k in want)
-    return type(got) is type(want) and got == want
-
-
-def result_matches(got: Any, want: Any, tolerance: float = 0.0) -> bool:
-    """A call's JSON result against the expected value; APPS wraps a return value in a list."""
-    if _data_equal(got, want, tolerance):
-        return True
-    return isinstance(want, list) and len(want) == 1 and _data_equal(got, want[0], tolerance)
