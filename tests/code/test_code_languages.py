@@ -16,6 +16,7 @@ import requests
 
 from services.code import languages
 from services.code.extract import extract_program
+from services.code.languages import PYTHON
 from testing.server import Server, gunicorn_server
 from tests.code.test_code_server import SECRET
 
@@ -228,6 +229,29 @@ def test_language_from_label_request_or_tag(server):
     assert bad.status_code == 422 and "cobol" in bad.text
     models = info(server.url)["languages"]
     assert set(models) == set(languages.LANGUAGES)
+
+
+def test_the_labels_language_picks_the_last_block_in_it(server):
+    """A correct C++ block, then its sample output untagged and a Python cross-check: the
+    program is the C++ block when the label (or the request) says C++."""
+    cpp = CPP_CASES[0][2]
+    check = "```python\nprint(sum(map(int, input().split())))\n```"
+    response = f"```cpp\n{cpp}\n```\nOutput:\n```\n3\n```\nCheck:\n{check}"
+    payload = {"outputs": [response], "prompts": ["p"], "labels": [{**APLUSB, "language": "cpp"}]}
+    out = requests.post(server.url + "/reward/score", json=payload, timeout=300).json()
+    assert out["rewards"] == [1.0], out["error_types"]
+    untagged = {"outputs": [f"```\n{cpp}\n```\n{check}"], "prompts": ["p"], "labels": [APLUSB], "language": "c++"}
+    out = requests.post(server.url + "/reward/score", json=untagged, timeout=300).json()
+    assert out["rewards"] == [1.0], out["error_types"]
+
+
+def test_a_named_language_takes_its_own_block_else_an_untagged_one() -> None:
+    text = "```c++20\nint main(){}\n```\n```\n3\n```\n```python\nprint(3)\n```"
+    assert extract_program(text, "cpp") == ("cpp20", "int main(){}\n")
+    assert extract_program(text, PYTHON) == (PYTHON, "print(3)\n")
+    assert extract_program(text, "java") == (None, "3\n")  # no Java block: the last untagged one
+    assert extract_program("```go\nx\n```", "java") == ("go", "x\n")  # neither: as without
+    assert extract_program(text) == (PYTHON, "print(3)\n")
 
 
 @pytest.mark.parametrize(
