@@ -104,6 +104,14 @@ JAVA_CASES = [
      "  static class Edge{long v;Edge(long v){this.v=v;}}\n"
      "  public static void main(String[] a){Scanner s=new Scanner(System.in);\n"
      "    System.out.println(new Edge(s.nextLong()).v+new Edge(s.nextLong()).v);}\n}"),
+    # Annotations, comments and modifiers before `class`, on its line or on lines of their own.
+    ("annotated", None, "import java.util.*;\n@SuppressWarnings(\"unchecked\") public class Solution {\n"
+     "  public static void main(String[] a){Scanner s=new Scanner(System.in);\n"
+     "    System.out.println(s.nextLong()+s.nextLong());}\n}"),
+    ("annotated_apart", None, "import java.util.*;\n/** Helpers. */ @Deprecated\npublic /* shared */\n"
+     "final class Util { static long add(long a, long b){return a+b;} }\n"
+     "class Runner { @SuppressWarnings({\"rawtypes\", \"unchecked\"}) public static void main(String[] a){\n"
+     "    Scanner s=new Scanner(System.in);System.out.println(Util.add(s.nextLong(),s.nextLong()));}\n}"),
     ("wrong", "wrong_answer", "public class Main{public static void main(String[] a){System.out.println(42);}}"),
     ("loop", "timeout", "public class Main{public static void main(String[] a){long x=0;while(true){x++;}}}"),
     ("alloc", "memory_limit", "public class Main{public static void main(String[] a){byte[] b=new byte[1<<30];b[7]=1;"
@@ -265,6 +273,15 @@ def test_a_named_language_takes_its_own_block_else_an_untagged_one() -> None:
         ),
         ("package judge;\n// class Fake\nfinal class P { public static void main(String[] a) {} }", ("P", "judge.P")),
         ("/* public class Hidden */ class Q { public static final void main(String[] a) {} }", ("Q", "Q")),
+        (
+            '@SuppressWarnings("unchecked") public class Solution {\n  public static void main(String[] a) {}\n}',
+            ("Solution", "Solution"),
+        ),
+        (
+            "import x.*;\n/** d */ @A.B(c = @C(1))\npublic\nfinal class R {}\n"
+            "class M { static public void main(String[] a) {} }",
+            ("R", "M"),
+        ),
         # The type whose body holds main, not the type declared last before it.
         (
             "public class Trip {\n  static class Edge { int v; }\n  public static void main(String[] a) {}\n}",
