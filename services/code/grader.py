@@ -20,6 +20,7 @@ from services.code import checkers, compare
 from services.code.compile_cache import Builds
 from services.code.labels import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
+from services.code.preludes import prelude
 from services.code.sandbox import HELD_OUTPUT_FACTOR, Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
@@ -352,7 +353,7 @@ class Grader:
         sample_s = s.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
         cgroups = self.sandbox.cgroups
         return Job(
-            kind=suite.kind, code=code, fn_name=suite.fn_name,
+            kind=suite.kind, code=code, fn_name=suite.fn_name, prelude=prelude(suite.prelude or s.prelude, suite.kind),
             # Assert tests hold the expected values: they go to the tests' process only (``_trusted``).
             tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
             cpu_s=scale.of(s.test_cpu_s), wall_s=scale.of(s.test_wall_s),

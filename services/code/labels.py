@@ -20,6 +20,7 @@ from common.errors import Unprocessable
 from services.code.checkers import DEFAULT as DEFAULT_CHECKER
 from services.code.checkers import Checker, parse_checker
 from services.code.languages import language_of
+from services.code.preludes import PRELUDES
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Suite:
     # test indices with points, IOI style).
     checker: Checker = DEFAULT_CHECKER
     scoring: str = ""
+    # The import block run before a Python program (``preludes.PRELUDES``), or "" (the server's).
+    prelude: str = ""
     subtasks: tuple[Subtask, ...] = ()
 
 
@@ -153,12 +156,12 @@ def parse_label(label: Any) -> Suite | str:
 
 
 # Label fields that say how a suite is judged rather than what it tests.
-JUDGING = frozenset(("language", "checker", "scoring", "subtasks"))
+JUDGING = frozenset(("language", "checker", "scoring", "subtasks", "prelude"))
 SCORINGS = ("fraction", "all", "subtasks")
 
 
 def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
-    """``suite`` with the label's language, checker and scoring."""
+    """``suite`` with the label's language, checker, scoring and prelude."""
     language = suite.language
     if "language" in label:
         language = language_of(label["language"]) or ""
@@ -171,7 +174,12 @@ def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
     if scoring and scoring not in SCORINGS:
         raise Unprocessable(f"labels: 'scoring' is one of {', '.join(SCORINGS)}")
     subtasks = _subtasks(label.get("subtasks"), len(suite.tests)) if scoring == "subtasks" else ()
-    return dataclasses.replace(suite, language=language, checker=checker, scoring=scoring, subtasks=subtasks)
+    prelude = label.get("prelude", "")
+    if prelude and not (isinstance(prelude, str) and prelude in PRELUDES):
+        raise Unprocessable(f"labels: 'prelude' is one of {', '.join(PRELUDES)}")
+    return dataclasses.replace(
+        suite, language=language, checker=checker, scoring=scoring, subtasks=subtasks, prelude=prelude
+    )
 
 
 def _subtasks(groups: Any, total: int) -> tuple[Subtask, ...]:
