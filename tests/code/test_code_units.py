@@ -21,6 +21,7 @@ from services.code.compare import output_matches, result_matches
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite, parse_label
+from services.code.preludes import prelude
 from services.code.sandbox import FairSlots, SandboxFailure
 from services.code.sandboxed.wire import StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
@@ -64,6 +65,17 @@ def test_label_formats() -> None:
     for bad in ({"inputs": ["1"], "outputs": []}, {"what": 1}, "not json", [1], {"tests": [{"input": "1"}]}):
         with pytest.raises(Unprocessable):
             parse_label(bad)
+
+
+def test_a_labels_prelude_else_the_servers_picks_the_block() -> None:
+    label = {"fn_name": "f", "inputs": [[1]], "outputs": [1]}
+    assert parse_label(label).prelude == "" and parse_label({**label, "prelude": "taco"}).prelude == "taco"
+    for bad in ("auto", "numpy", ["lcb"]):
+        with pytest.raises(Unprocessable, match="prelude"):
+            parse_label({**label, "prelude": bad})
+    assert prelude("auto", "call") == prelude("lcb", "stdin") and "from heapq import *" in prelude("lcb", "call")
+    assert prelude("auto", "stdin") == prelude("auto", "assert") == prelude("none", "call") == ""
+    assert prelude("taco", "stdin") == prelude("apps", "call") and "import numpy as np" in prelude("apps", "call")
 
 
 def test_comparison_is_on_data() -> None:
