@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.batching import Deadline
-from services.code import checkers
+from services.code import checkers, compare
 from services.code.compile_cache import Builds
-from services.code.labels import Suite, result_matches, stdout_matches
+from services.code.labels import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
+from services.code.preludes import prelude
 from services.code.sandbox import HELD_OUTPUT_FACTOR, Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
@@ -85,9 +86,8 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     checker, want = suite.checker, suite.expected[run.index]
     if checker.mode == "custom":
         return UNCHECKED
-    if checker.mode == "default":
-        return "passed" if stdout_matches(run.stdout, want, tolerance) else "wrong_answer"
-    return "passed" if checkers.matches(checker, run.stdout, want) else "wrong_answer"
+    abs_tol, rel_tol = (tolerance, tolerance) if checker.mode == "default" else (checker.abs_tol, checker.rel_tol)
+    return "passed" if compare.output_matches(checker.mode, run.stdout, want, abs_tol, rel_tol) else "wrong_answer"
 
 
 # What a program that failed to allocate prints as it dies: Python's and Java's error, C++'s
@@ -130,7 +130,7 @@ def _judge_call(suite: Suite, run: CallOutcome, tolerance: float) -> str:
     except (ValueError, TypeError, RecursionError):
         return "runtime_error"
     if isinstance(answer, list) and len(answer) == 2 and answer[0] == "result":
-        return "passed" if result_matches(answer[1], suite.expected[run.index], tolerance) else "wrong_answer"
+        return "passed" if compare.result_matches(answer[1], suite.expected[run.index], tolerance) else "wrong_answer"
     return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 
@@ -353,7 +353,7 @@ class Grader:
         sample_s = s.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
         cgroups = self.sandbox.cgroups
         return Job(
-            kind=suite.kind, code=code, fn_name=suite.fn_name,
+            kind=suite.kind, code=code, fn_name=suite.fn_name, prelude=prelude(suite.prelude or s.prelude, suite.kind),
             # Assert tests hold the expected values: they go to the tests' process only (``_trusted``).
             tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
             cpu_s=scale.of(s.test_cpu_s), wall_s=scale.of(s.test_wall_s),

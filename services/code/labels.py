@@ -13,7 +13,6 @@ import ast
 import dataclasses
 import functools
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from common.errors import Unprocessable
 from services.code.checkers import DEFAULT as DEFAULT_CHECKER
 from services.code.checkers import Checker, parse_checker
 from services.code.languages import language_of
+from services.code.preludes import PRELUDES
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class Suite:
     # test indices with points, IOI style).
     checker: Checker = DEFAULT_CHECKER
     scoring: str = ""
+    # The import block run before a Python program (``preludes.PRELUDES``), or "" (the server's).
+    prelude: str = ""
     subtasks: tuple[Subtask, ...] = ()
 
 
@@ -154,12 +156,12 @@ def parse_label(label: Any) -> Suite | str:
 
 
 # Label fields that say how a suite is judged rather than what it tests.
-JUDGING = frozenset(("language", "checker", "scoring", "subtasks"))
+JUDGING = frozenset(("language", "checker", "scoring", "subtasks", "prelude"))
 SCORINGS = ("fraction", "all", "subtasks")
 
 
 def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
-    """``suite`` with the label's language, checker and scoring."""
+    """``suite`` with the label's language, checker, scoring and prelude."""
     language = suite.language
     if "language" in label:
         language = language_of(label["language"]) or ""
@@ -172,7 +174,12 @@ def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
     if scoring and scoring not in SCORINGS:
         raise Unprocessable(f"labels: 'scoring' is one of {', '.join(SCORINGS)}")
     subtasks = _subtasks(label.get("subtasks"), len(suite.tests)) if scoring == "subtasks" else ()
-    return dataclasses.replace(suite, language=language, checker=checker, scoring=scoring, subtasks=subtasks)
+    prelude = label.get("prelude", "")
+    if prelude and not (isinstance(prelude, str) and prelude in PRELUDES):
+        raise Unprocessable(f"labels: 'prelude' is one of {', '.join(PRELUDES)}")
+    return dataclasses.replace(
+        suite, language=language, checker=checker, scoring=scoring, subtasks=subtasks, prelude=prelude
+    )
 
 
 def _subtasks(groups: Any, total: int) -> tuple[Subtask, ...]:
@@ -193,61 +200,3 @@ def _subtasks(groups: Any, total: int) -> tuple[Subtask, ...]:
     if not sum(group.points for group in parsed) > 0:
         raise Unprocessable("labels: the subtasks' points must add up to more than 0")
     return tuple(parsed)
-
-
-def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.strip().splitlines()]
-
-
-def _token_equal(got: str, want: str, tolerance: float) -> bool:
-    if got == want:
-        return True
-    if tolerance <= 0:
-        return False
-    try:
-        a, b = float(got), float(want)
-    except ValueError:
-        return False
-    return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance)
-
-
-def stdout_matches(got: str, want: str, tolerance: float = 0.0) -> bool:
-    """Line by line after stripping; numbers within ``tolerance`` when it is set."""
-    got_lines, want_lines = _lines(got), _lines(want)
-    if len(got_lines) != len(want_lines):
-        return False
-    for g, w in zip(got_lines, want_lines, strict=True):
-        if g == w:
-            continue
-        g_tokens, w_tokens = g.split(), w.split()
-        if len(g_tokens) != len(w_tokens):
-            return False
-        if not all(_token_equal(a, b, tolerance) for a, b in zip(g_tokens, w_tokens, strict=True)):
-            return False
-    return True
-
-
-def _json_key(key: Any) -> Any:
-    """A result's dict key as JSON (the labels' format) writes it: ``1`` -> ``"1"``."""
-    return json.dumps(key) if key is None or isinstance(key, (bool, int, float)) else key
-
-
-def _data_equal(got: Any, want: Any, tolerance: float) -> bool:
-    """Structural equality of JSON data (tuples arrive as lists); bools are not numbers."""
-    if isinstance(want, bool) or isinstance(got, bool):
-        return type(got) is type(want) and got == want
-    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
-        return got == want or (tolerance > 0 and math.isclose(got, want, rel_tol=tolerance, abs_tol=tolerance))
-    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
-        return len(got) == len(want) and all(_data_equal(g, w, tolerance) for g, w in zip(got, want, strict=True))
-    if isinstance(want, dict) and isinstance(got, dict):
-        got = {_json_key(k): v for k, v in got.items()}
-        return got.keys() == want.keys() and all(_data_equal(got[k], want[k], tolerance) for k in want)
-    return type(got) is type(want) and got == want
-
-
-def result_matches(got: Any, want: Any, tolerance: float = 0.0) -> bool:
-    """A call's JSON result against the expected value; APPS wraps a return value in a list."""
-    if _data_equal(got, want, tolerance):
-        return True
-    return isinstance(want, list) and len(want) == 1 and _data_equal(got, want[0], tolerance)

@@ -237,13 +237,17 @@ def missing_tools(language: Language, tools: dict[str, str]) -> list[str]:
     return [tool for tool in language.tools if tool not in tools]
 
 
-# A Java source's type declarations (their modifiers on the line: a scan that spans lines is
-# retried from every later line), its main method and its package.
+# A Java source's type declarations, its main method and its package. A declaration starts the
+# source or follows a ``;``, ``{`` or ``}`` (comments and annotations blanked), its modifiers on
+# any lines: each scan starts at one of those characters and ends at the first other word, so
+# no scan overlaps another.
 _JAVA_TYPE = re.compile(
-    r"^[ \t]*((?:(?:public|final|abstract|strictfp|static|sealed)[ \t]+)*)"
-    r"(?:class|interface|enum|record)\s+([\w$]+)",
-    re.M,
+    r"(?:\A|[;{}])\s*((?:(?:public|protected|private|final|abstract|strictfp|static|sealed|non-sealed)\s+)*)"
+    r"(?:class|interface|enum|record)\s+([\w$]+)"
 )
+# An annotation (``@SuppressWarnings(...)``, ``@java.lang.Deprecated``), never ``@interface``;
+# its arguments nest parentheses once at most (strings are blanked before).
+_JAVA_ANNOTATION = re.compile(r"@(?!interface\b)\s*[\w$.]+(?:\s*\((?:[^()]|\([^()]*\))*\))?")
 _JAVA_MAIN = re.compile(r"\bstatic\s+(?:(?:public|final|synchronized|strictfp)\s+)*void\s+main\s*\(")
 _JAVA_PACKAGE = re.compile(r"^\s*package\s+([\w.]+)\s*;", re.M)
 # Comments and string, text block and char literals: blanked before braces are counted. Each
@@ -262,6 +266,7 @@ def java_names(source: str) -> tuple[str, str]:
     qualified by the package. Linear in the source's length (it is a sample's to choose).
     """
     text = _JAVA_NOT_CODE.sub(lambda m: " " * len(m.group()), source)
+    text = _JAVA_ANNOTATION.sub(lambda m: " " * len(m.group()), text)
     opens: list[int] = []
     closes: list[int] = []
     closing: dict[int, int] = {}  # an opening brace's closing one
@@ -283,7 +288,7 @@ def java_names(source: str) -> tuple[str, str]:
     def top_level(at: int) -> bool:
         return bisect.bisect_left(opens, at) == bisect.bisect_left(closes, at)
 
-    types = [(m.group(2), m.group(1).split(), top_level(m.start()), body(m.end())) for m in _JAVA_TYPE.finditer(text)]
+    types = [(m.group(2), m.group(1).split(), top_level(m.start(1)), body(m.end())) for m in _JAVA_TYPE.finditer(text)]
     public = next((name for name, modifiers, top, _ in types if top and "public" in modifiers), None)
     main_at = _JAVA_MAIN.search(text)
     # Every type whose body holds main, outermost first (types are in source order).

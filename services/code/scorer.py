@@ -217,8 +217,8 @@ class CodeScorer(Scorer):
         if response is None:
             log.warning("prompt not found in its query (%d chars); the sample gets no verdict", len(text))
             return Sample("", None)
-        tagged, code = extract_program(response)
         # The label's language, else the request's, else the fenced block's, else Python.
+        tagged, code = extract_program(response, suite.language or wanted)
         language = suite.language or wanted or tagged or languages.PYTHON
         if language != languages.PYTHON and suite.kind != "stdin" and not suite.invalid:
             suite = dataclasses.replace(suite, invalid=f"{language} programs are graded on stdin/stdout tests only")

@@ -61,6 +61,10 @@ class CodeSettings:
     tmp_mb: int = 64
     # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.
     float_tolerance: float = 0.0
+    # The import block run before a Python program whose label names none (``preludes``):
+    # "auto" (per test format: call-based LeetCode's, "lcb"; stdin and assert none), "none",
+    # "apps" / "taco" or "lcb".
+    prelude: Literal["auto", "none", "apps", "taco", "lcb"] = "auto"
     # Packages graded programs may import beyond the standard library: pip requirements,
     # separated by spaces or commas, installed by run.sh into .sandbox-packages/ (see packages.py).
     sandbox_packages: str = "numpy==2.4.6 sortedcontainers==2.4.0"

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.code.checkers import Checker, custom_verdict, matches, parse_checker
+from services.code.checkers import Checker, custom_verdict, parse_checker
+from services.code.compare import output_matches
 from services.code.compile_cache import Builds, CompileCache, Limits, Unremembered
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite
@@ -22,10 +23,14 @@ from tests.code.test_code_languages import ENV, grade
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+    env = {**ENV, "SCORER_CODE_FLOAT_TOLERANCE": str(TOLERANCE)}
+    with gunicorn_server("code", env, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
 
 
+# The server's float_tolerance (the default comparison's): wide, so that any integer within
+# it that compares as a real shows.
+TOLERANCE = 1e-3
 FLOAT = Checker("float", 1e-6, 1e-6)
 
 
@@ -40,24 +45,28 @@ FLOAT = Checker("float", 1e-6, 1e-6)
         ("exact", "a\nb", "a\nb\n", False),
         ("yes_no", "YES\nno", "yes NO", True),
         ("yes_no", "yes", "no", False),
-        ("float", "-0.0", "0", False),  # an integer answer is exact: 0 wants an integer
+        ("float", "-0.0", "0", True),  # a real on either side: both read as doubles
+        ("float", "2.000000000", "2", True),
+        ("float", "2.0000021", "2", False),
         ("float", "-0.0", "0.0", True),
         ("float", "1.0000009", "1.0", True),
         ("float", "1.0000021", "1.0", False),
         ("float", "1000000.9", "1000000.0", True),  # relative 1e-6
-        ("float", "nan", "NaN", True),
+        ("float", "nan", "nan", True),  # testlib reads no nan or inf as a double: text
+        ("float", "nan", "NaN", False),
         ("float", "1.5", "nan", False),
-        ("float", "inf", "Infinity", True),
-        ("float", "-inf", "inf", False),
-        ("float", "50000000000000001", "50000000000000000", False),
-        ("float", "5e16", "50000000000000000", False),
+        ("float", "inf", "Infinity", False),
+        ("float", "1e999", "1e400", True),  # the same infinity
+        ("float", "-1e999", "1e400", False),
+        ("float", "50000000000000001", "50000000000000000", False),  # two integers: exact
+        ("float", "5e16", "50000000000000000", True),
         ("float", "1_0.0", "10.0", False),  # Python's float() takes underscores; a judge does not
         ("float", "x 1.0", "x 1.0000001", True),
     ],
 )
 def test_built_in_modes(mode: str, got: str, want: str, ok: bool) -> None:
     checker = FLOAT if mode == "float" else Checker(mode)
-    assert matches(checker, got, want) is ok
+    assert output_matches(mode, got, want, checker.abs_tol, checker.rel_tol) is ok
 
 
 def test_custom_exit_codes() -> None:
@@ -105,6 +114,23 @@ def test_built_in_checkers_against_the_server(server: Server) -> None:
     for label, code, reward in cases:
         out = grade(server.url, [("python", code)], label)
         assert out["rewards"] == [reward], (label, code, out["error_types"])
+
+
+def test_a_real_answers_an_integer_as_a_double_in_the_float_checker(server: Server) -> None:
+    label = {"inputs": ["", ""], "outputs": ["2\n", "2 3\n"], "checker": "float"}
+    programs = [("cpp", '#include <cstdio>\nint main(){printf("%.9f\\n", 2.0);}'), ("python", "print(2.0000001)")]
+    out = grade(server.url, programs, label)
+    assert out["rewards"] == [0.5, 0.5], out  # the second test wants two numbers
+    assert grade(server.url, [("python", "print('2.01')")], label)["rewards"] == [0.0]
+
+
+def test_the_servers_tolerance_compares_two_integers_exactly(server: Server) -> None:
+    stdin = {"inputs": [""], "outputs": ["123456789\n"]}
+    programs = [("python", "print(123456702)"), ("python", "print(123456789.0000001)"), ("python", "print(123456789)")]
+    assert grade(server.url, programs, stdin)["rewards"] == [0.0, 1.0, 1.0]
+    calls = {"fn_name": "f", "inputs": [[]], "outputs": [[123456789, 0.3]]}
+    programs = [("python", f"def f():\n    return [{value}, 0.1 + 0.2]") for value in ("123456702", "123456789")]
+    assert grade(server.url, programs, calls)["rewards"] == [0.0, 1.0]
 
 
 def test_a_testlib_checker_accepts_any_valid_answer(server: Server) -> None:

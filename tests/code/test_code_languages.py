@@ -20,6 +20,7 @@ import requests
 from common import registry
 from services.code import languages
 from services.code.extract import extract_program
+from services.code.languages import PYTHON
 from testing.server import Server, gunicorn_server
 from tests.code.test_code_server import SECRET
 
@@ -108,6 +109,14 @@ JAVA_CASES = [
      "  static class Edge{long v;Edge(long v){this.v=v;}}\n"
      "  public static void main(String[] a){Scanner s=new Scanner(System.in);\n"
      "    System.out.println(new Edge(s.nextLong()).v+new Edge(s.nextLong()).v);}\n}"),
+    # Annotations, comments and modifiers before `class`, on its line or on lines of their own.
+    ("annotated", None, "import java.util.*;\n@SuppressWarnings(\"unchecked\") public class Solution {\n"
+     "  public static void main(String[] a){Scanner s=new Scanner(System.in);\n"
+     "    System.out.println(s.nextLong()+s.nextLong());}\n}"),
+    ("annotated_apart", None, "import java.util.*;\n/** Helpers. */ @Deprecated\npublic /* shared */\n"
+     "final class Util { static long add(long a, long b){return a+b;} }\n"
+     "class Runner { @SuppressWarnings({\"rawtypes\", \"unchecked\"}) public static void main(String[] a){\n"
+     "    Scanner s=new Scanner(System.in);System.out.println(Util.add(s.nextLong(),s.nextLong()));}\n}"),
     ("wrong", "wrong_answer", "public class Main{public static void main(String[] a){System.out.println(42);}}"),
     ("loop", "timeout", "public class Main{public static void main(String[] a){long x=0;while(true){x++;}}}"),
     ("alloc", "memory_limit", "public class Main{public static void main(String[] a){byte[] b=new byte[1<<30];b[7]=1;"
@@ -275,6 +284,29 @@ def test_language_from_label_request_or_tag(server):
     assert set(models) == set(languages.LANGUAGES)
 
 
+def test_the_labels_language_picks_the_last_block_in_it(server):
+    """A correct C++ block, then its sample output untagged and a Python cross-check: the
+    program is the C++ block when the label (or the request) says C++."""
+    cpp = CPP_CASES[0][2]
+    check = "```python\nprint(sum(map(int, input().split())))\n```"
+    response = f"```cpp\n{cpp}\n```\nOutput:\n```\n3\n```\nCheck:\n{check}"
+    payload = {"outputs": [response], "prompts": ["p"], "labels": [{**APLUSB, "language": "cpp"}]}
+    out = requests.post(server.url + "/reward/score", json=payload, timeout=300).json()
+    assert out["rewards"] == [1.0], out["error_types"]
+    untagged = {"outputs": [f"```\n{cpp}\n```\n{check}"], "prompts": ["p"], "labels": [APLUSB], "language": "c++"}
+    out = requests.post(server.url + "/reward/score", json=untagged, timeout=300).json()
+    assert out["rewards"] == [1.0], out["error_types"]
+
+
+def test_a_named_language_takes_its_own_block_else_an_untagged_one() -> None:
+    text = "```c++20\nint main(){}\n```\n```\n3\n```\n```python\nprint(3)\n```"
+    assert extract_program(text, "cpp") == ("cpp20", "int main(){}\n")
+    assert extract_program(text, PYTHON) == (PYTHON, "print(3)\n")
+    assert extract_program(text, "java") == (None, "3\n")  # no Java block: the last untagged one
+    assert extract_program("```go\nx\n```", "java") == ("go", "x\n")  # neither: as without
+    assert extract_program(text) == (PYTHON, "print(3)\n")
+
+
 @pytest.mark.parametrize(
     ("source", "names"),
     [
@@ -286,6 +318,15 @@ def test_language_from_label_request_or_tag(server):
         ),
         ("package judge;\n// class Fake\nfinal class P { public static void main(String[] a) {} }", ("P", "judge.P")),
         ("/* public class Hidden */ class Q { public static final void main(String[] a) {} }", ("Q", "Q")),
+        (
+            '@SuppressWarnings("unchecked") public class Solution {\n  public static void main(String[] a) {}\n}',
+            ("Solution", "Solution"),
+        ),
+        (
+            "import x.*;\n/** d */ @A.B(c = @C(1))\npublic\nfinal class R {}\n"
+            "class M { static public void main(String[] a) {} }",
+            ("R", "M"),
+        ),
         # The type whose body holds main, not the type declared last before it.
         (
             "public class Trip {\n  static class Edge { int v; }\n  public static void main(String[] a) {}\n}",

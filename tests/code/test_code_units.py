@@ -20,9 +20,11 @@ from common.errors import Unprocessable
 from common.settings import CoreSettings
 from services.code import environments, languages
 from services.code.cgroups import Cgroups
+from services.code.compare import output_matches, result_matches
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
-from services.code.labels import Suite, parse_label, result_matches, stdout_matches
+from services.code.labels import Suite, parse_label
+from services.code.preludes import prelude
 from services.code.sandbox import FairSlots, SandboxFailure
 from services.code.sandboxed.wire import StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
@@ -68,13 +70,48 @@ def test_label_formats() -> None:
             parse_label(bad)
 
 
+def test_a_labels_prelude_else_the_servers_picks_the_block() -> None:
+    label = {"fn_name": "f", "inputs": [[1]], "outputs": [1]}
+    assert parse_label(label).prelude == "" and parse_label({**label, "prelude": "taco"}).prelude == "taco"
+    for bad in ("auto", "numpy", ["lcb"]):
+        with pytest.raises(Unprocessable, match="prelude"):
+            parse_label({**label, "prelude": bad})
+    assert prelude("auto", "call") == prelude("lcb", "stdin") and "from heapq import *" in prelude("lcb", "call")
+    assert prelude("auto", "stdin") == prelude("auto", "assert") == prelude("none", "call") == ""
+    assert prelude("taco", "stdin") == prelude("apps", "call") and "import numpy as np" in prelude("apps", "call")
+
+
 def test_comparison_is_on_data() -> None:
-    assert stdout_matches("1 2  \n3\n\n", "1 2\n3")
-    assert not stdout_matches("1 2\n", "1 2\n3")
-    assert stdout_matches("0.3333334\n", "0.3333333", tolerance=1e-6)
-    assert not stdout_matches("0.3333334\n", "0.3333333")
+    assert output_matches("default", "1 2  \n3\n\n", "1 2\n3")
+    assert not output_matches("default", "1 2\n", "1 2\n3")
+    assert output_matches("default", "0.3333334\n", "0.3333333", 1e-6, 1e-6)
+    assert not output_matches("default", "0.3333334\n", "0.3333333")
     assert result_matches([1, [2, 3]], [1, [2, 3]]) and result_matches(5, [5])
     assert not result_matches(True, 1) and not result_matches("1", 1) and not result_matches([1], [1, 2])
+
+
+@pytest.mark.parametrize(
+    ("got", "want", "ok"),
+    [
+        ("123456702", "123456789", False),  # two integers: exact, whatever the tolerance
+        ("123456789", "123456789.0", True),  # a real on either side: both doubles
+        ("2.000000000", "2", True),
+        ("2.01", "2", False),
+        ("1e400", "1e999", True),  # both past a double's range: the same infinity
+        ("nan", "nan", True),  # testlib reads no nan as a double: the tokens compare as text
+        ("nan", "NaN", False),
+        ("nan", "1.5", False),
+    ],
+)
+def test_a_tolerance_compares_reals_never_two_integers(got: str, want: str, ok: bool) -> None:
+    assert output_matches("default", f"x {got}\n", f"x {want}\n", 1e-3, 1e-3) is ok
+
+
+def test_a_call_result_compares_ints_exactly_and_reals_within_the_tolerance() -> None:
+    assert not result_matches([123456702], [123456789], 1e-3)
+    assert not result_matches({"a": 10**400}, {"a": 1e300}, 1e-3)
+    assert result_matches([2.0000001, 3], [2, 3], 1e-6) and result_matches(2, 2.0000001, 1e-6)
+    assert not result_matches(2.001, 2, 1e-6) and not result_matches(True, 1.0, 1e-3)
 
 
 def test_plain_data_crosses_as_fresh_builtins() -> None:

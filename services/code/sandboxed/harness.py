@@ -128,13 +128,32 @@ def _compile_or_exit(code: str, out: typing.TextIO, report: typing.Callable[[str
         os._exit(0)
 
 
-def _describe(namespace: dict, names: list) -> dict:
-    """What the candidate's namespace holds under ``names``: callables, modules, plain values."""
+def _run_prelude(prelude: str, namespace: dict) -> dict:
+    """Run a label's import block (``preludes``) in the program's namespace before the program,
+    compiled apart (the program's line numbers and ``from __future__`` stay its own); returns
+    what it bound, which the program may replace."""
+    if not prelude:
+        return {}
+    exec(compile(prelude, "<prelude>", "exec"), namespace)
+    return dict(namespace)
+
+
+def _programs(namespace: dict, given: dict, name: str) -> bool:
+    """Whether the program bound ``name``: a name the prelude bound (``math.gcd`` as ``gcd``)
+    and the program left is no function of the program's to call."""
+    return name in namespace and not (name in given and namespace[name] is given[name])
+
+
+def _describe(namespace: dict, names: list, given: dict) -> dict:
+    """What the candidate's namespace holds under ``names``: callables, modules, plain values
+    (of the prelude's, only modules: the tests' process imports them itself)."""
     found: dict = {}
     for name in names:
         if not isinstance(name, str) or name not in namespace:
             continue
         value = namespace[name]
+        if not _programs(namespace, given, name) and not isinstance(value, types.ModuleType):
+            continue
         if isinstance(value, types.ModuleType):
             found[name] = ["module", value.__name__]
         elif callable(value):
@@ -146,11 +165,11 @@ def _describe(namespace: dict, names: list) -> dict:
     return found
 
 
-def _resolve(namespace: dict, name: str, instances: dict) -> typing.Callable:
+def _resolve(namespace: dict, name: str, instances: dict, given: dict) -> typing.Callable:
     """The candidate's function ``name``, or that method of a LeetCode-style ``Solution``."""
-    if callable(namespace.get(name)):
+    if _programs(namespace, given, name) and callable(namespace[name]):
         return namespace[name]
-    if "Solution" in namespace:
+    if _programs(namespace, given, "Solution"):
         if "Solution" not in instances:
             instances["Solution"] = namespace["Solution"]()
         method = getattr(instances["Solution"], name, None)
@@ -159,7 +178,7 @@ def _resolve(namespace: dict, name: str, instances: dict) -> typing.Callable:
     raise NameError(f"function {name!r} is not defined")
 
 
-def serve_calls(source: str) -> None:
+def serve_calls(source: str, prelude: str = "") -> None:
     """Body of the candidate's process: run the code, then answer each call from fd 3 on fd 4.
 
     A call is a line ``["call", name, args, kwargs]`` or ``["describe", names]`` in plain data.
@@ -173,6 +192,7 @@ def serve_calls(source: str) -> None:
     code = _compile_or_exit(source, out, lambda message: ["compile_error", message])
     namespace = _program_module(PROGRAM_MODULE).__dict__
     try:
+        given = _run_prelude(prelude, namespace)
         exec(code, namespace)
         out.write(LOADED.decode())
         out.flush()
@@ -181,10 +201,10 @@ def serve_calls(source: str) -> None:
             try:
                 verb, *call = from_plain(request)
                 if verb == "describe":
-                    result = _describe(namespace, call[0])
+                    result = _describe(namespace, call[0], given)
                 else:
                     name, args, kwargs = call
-                    result = _resolve(namespace, name, instances)(*args, **kwargs)
+                    result = _resolve(namespace, name, instances, given)(*args, **kwargs)
                 text = json.dumps(["result", to_plain(result)])
             except BaseException as exc:  # the candidate's error is this call's answer
                 text = json.dumps(["error", type(exc).__name__, str(exc)[:STDERR_TAIL]])
@@ -470,9 +490,10 @@ def run_tests(trusted: TrustedTests) -> None:
         candidate.report(index, failures[0] if failures else error)
 
 
-def run_stdin_program(source: str) -> None:
+def run_stdin_program(source: str, prelude: str = "") -> None:
     """Body of a stdin test process: compile (a compile error is the one thing reported on
-    fd 3, which is closed before the program runs: nothing it writes counts but its stdout), run."""
+    fd 3, which is closed before the program runs: nothing it writes counts but its stdout),
+    run the prelude, run."""
     out = os.fdopen(RESULT_FD, "w", closefd=True)
     _fresh_interpreter()
     code = _compile_or_exit(source, out, lambda message: {"compile_error": message})
@@ -480,6 +501,7 @@ def run_stdin_program(source: str) -> None:
     module = _program_module("__main__")
     status = 0
     try:
+        _run_prelude(prelude, module.__dict__)
         exec(code, module.__dict__)
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

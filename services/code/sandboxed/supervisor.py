@@ -45,7 +45,7 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code)
+    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code, job.prelude)
     pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1)
     os.close(stdin)
     for _, write_end in pipes.values():
@@ -63,7 +63,7 @@ class ForkedCandidate(calls.Candidate):
 
         def body() -> None:
             confine.forbid_new_processes()
-            harness.serve_calls(job.code)
+            harness.serve_calls(job.code, job.prelude)
 
         fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
         pid = confine.spawn(job, job.uid, fds, workdir, body, tests=len(job.tests))
@@ -122,7 +122,7 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
     try:
         confine.confine_self(job, job.uid, fds, "/tmp", len(job.tests))
         confine.forbid_new_processes()
-        harness.serve_calls(job.code)
+        harness.serve_calls(job.code, job.prelude)
     finally:
         os._exit(70)
 

@@ -72,6 +72,8 @@ class Job:
     artifact: str = ""
     # Kind "check": per test, the files a label's checker reads (input, output, answer).
     checks: list[list[str]] = field(default_factory=list)
+    # Python: the import block run before the program, in its namespace (``preludes``).
+    prelude: str = ""
 
 
 @dataclass

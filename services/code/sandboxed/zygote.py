@@ -33,8 +33,11 @@ FAILED_SPARE_PAUSE_S = 0.5
 REMOVE_GRACE_S = 1.0
 REMOVE_RETRY_S = 0.01
 REMOVE_TRIES = 1000
-# Imported once in the zygote so each forked solution finds them warm.
-WARM_MODULES = ("bisect", "collections", "functools", "heapq", "itertools", "math", "random", "re", "string")
+# Imported once in the zygote so each forked solution finds them warm (the `lcb` prelude's too).
+WARM_MODULES = (
+    "bisect", "collections", "copy", "datetime", "functools", "heapq", "io", "itertools", "json", "math", "operator",
+    "random", "re", "statistics", "string", "typing",
+)  # fmt: skip
 
 
 def main() -> None:
