@@ -35,7 +35,7 @@ def keep(bbox: dict[str, np.ndarray], tag: str, options: dict[str, float]) -> di
 
 
 def relative(box_a: np.ndarray, box_b: np.ndarray, threshold: float) -> list[str]:
-    pair = np.array([box_a[:4], box_b[:4]], dtype=np.float64).reshape(2, 2, 2)
+    pair = np.array([box_a[:4], box_b[:4]]).reshape(2, 2, 2)  # mmdet's float32 rows
     centers = pair.mean(axis=1)
     sizes = np.abs(pair[:, 1, :] - pair[:, 0, :])
     delta = centers[0] - centers[1]

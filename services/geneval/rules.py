@@ -8,7 +8,6 @@ Pure Python: the detector and the colour classifier are elsewhere (``detector.py
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -162,26 +161,18 @@ def kept_detections(
 def relations(a: Detection, b: Detection, margin: float) -> list[str]:
     """Where ``a`` is relative to ``b``: the centres' offset, each axis shrunk towards 0 by
     ``margin`` x the two boxes' summed extent on it, over the offset's length; a relation holds
-    past 0.5 on its axis, none when both shrunk offsets are under 1e-3."""
-    center_a = ((a.box[0] + a.box[2]) / 2, (a.box[1] + a.box[3]) / 2)
-    center_b = ((b.box[0] + b.box[2]) / 2, (b.box[1] + b.box[3]) / 2)
-    extent = (abs(a.box[2] - a.box[0]) + abs(b.box[2] - b.box[0]), abs(a.box[3] - a.box[1]) + abs(b.box[3] - b.box[1]))
-    offset = (center_a[0] - center_b[0], center_a[1] - center_b[1])
-    shrunk = [math.copysign(max(abs(o) - margin * e, 0.0), o) if o else 0.0 for o, e in zip(offset, extent)]
-    if all(abs(s) < 1e-3 for s in shrunk):
+    past 0.5 on its axis, none when both shrunk offsets are under 1e-3. In float32, as GenEval
+    computes on mmdet's float32 boxes."""
+    boxes = np.array([a.box, b.box], dtype=np.float32)
+    centers = (boxes[:, :2] + boxes[:, 2:]) / np.float32(2)
+    extent = np.abs(boxes[:, 2:] - boxes[:, :2]).sum(axis=0)
+    offset = centers[0] - centers[1]
+    shrunk = np.maximum(np.abs(offset) - np.float32(margin) * extent, np.float32(0)) * np.sign(offset)
+    if np.all(np.abs(shrunk) < 1e-3):
         return []
-    length = math.hypot(*offset)
-    dx, dy = shrunk[0] / length, shrunk[1] / length
-    found = []
-    if dx < -0.5:
-        found.append("left of")
-    if dx > 0.5:
-        found.append("right of")
-    if dy < -0.5:
-        found.append("above")
-    if dy > 0.5:
-        found.append("below")
-    return found
+    dx, dy = shrunk / np.linalg.norm(offset)
+    checks = (dx < -0.5, dx > 0.5, dy < -0.5, dy > 0.5)
+    return [relation for relation, holds in zip(RELATIONS, checks) if holds]
 
 
 def _color_reason(clause: Clause, colors: list[str]) -> str:
