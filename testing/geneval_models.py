@@ -36,23 +36,33 @@ TINY_HEAD: dict[str, Any] = {
 }
 
 
+# How far the random heads are pushed so that detections pass GenEval's thresholds and differ
+# (random weights alone give every class about 1/81 and every mask the whole image): class
+# logits scaled, a few classes (dog, cat, cup) raised, mask embeddings scaled.
+CLASS_SCALE = 30.0
+MASK_SCALE = 6.0
+BOOSTS = {16: 6.0, 15: 5.0, 41: 5.0}
+
+
 def tiny_config() -> Mask2FormerConfig:
     return Mask2FormerConfig(backbone_config=SwinConfig(**TINY_SWIN), **TINY_HEAD)
 
 
 def save_random_mask2former(directory: Path, seed: int = 0, confident: bool = True) -> Path:
-    """The random detector, saved. ``confident``: its class logits biased so that detections
-    pass GenEval's thresholds (random weights alone give every class about 1/81)."""
+    """The random detector, saved; ``confident``: its heads pushed (``CLASS_SCALE``)."""
     directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = Mask2FormerForUniversalSegmentation(tiny_config()).eval()
     if confident:
         with torch.no_grad():
-            head = model.class_predictor
-            head.weight.mul_(0.05)
-            head.bias.zero_()
-            # Queries favour a few classes strongly: dogs, cats and cups come back above 0.9.
-            for label, boost in ((16, 12.0), (15, 11.0), (41, 10.0)):
-                head.bias[label] = boost
+            # Queries that disagree on class and mask: the heads' weights scaled up.
+            model.class_predictor.weight.mul_(CLASS_SCALE)
+            for name, parameter in model.named_parameters():
+                if "mask_embedder" in name and name.endswith("weight"):
+                    parameter.mul_(MASK_SCALE)
+            # Pixel embeddings centred per image channel: masks that cover part of the image.
+            model.model.pixel_level_module.decoder.mask_projection.bias.zero_()
+            for label, boost in BOOSTS.items():
+                model.class_predictor.bias[label] += boost
     model.save_pretrained(directory)
     return directory

@@ -159,3 +159,51 @@ def compute(samples: list[tuple[dict[str, np.ndarray], dict[str, Any]]], only_st
         "group_rewards": dict(groups),
         "group_strict_rewards": dict(strict_groups),
     }
+
+
+def mmdet_test_input(rgb: np.ndarray, img_scale: tuple[int, int], swap: bool = False) -> tuple[np.ndarray, tuple]:
+    """mmdet 2.x's test pipeline on an image file's pixels, as mmcv runs it: the BGR image
+    (``imread``; ``swap``: handed RGB, as the reward server does) rescaled with cv2's bilinear
+    to fit ``img_scale`` (long, short) with its edges rounded, normalised to RGB, padded to a
+    multiple of 32. Returns (C, H, W) float32 and the resized (height, width)."""
+    import cv2
+
+    bgr = rgb if swap else rgb[..., ::-1]
+    height, width = bgr.shape[:2]
+    factor = min(max(img_scale) / max(height, width), min(img_scale) / min(height, width))
+    size = (int(width * factor + 0.5), int(height * factor + 0.5))
+    resized = cv2.resize(np.ascontiguousarray(bgr), size, interpolation=cv2.INTER_LINEAR)
+    img = resized[..., ::-1].astype(np.float32)  # to_rgb
+    img = (img - np.array([123.675, 116.28, 103.53], np.float32)) / np.array([58.395, 57.12, 57.375], np.float32)
+    pad_h, pad_w = -(-img.shape[0] // 32) * 32, -(-img.shape[1] // 32) * 32
+    padded = np.zeros((pad_h, pad_w, 3), np.float32)
+    padded[: img.shape[0], : img.shape[1]] = img
+    return padded.transpose(2, 0, 1), resized.shape[:2]
+
+
+def mmdet_instances(cls_logits: Any, mask_logits: Any, img_shape: tuple, ori_shape: tuple, max_per_image: int = 100):
+    """``Mask2FormerHead.simple_test`` and ``MaskFormerFusionHead.instance_postprocess`` of one
+    image (torch tensors (Q, C + 1) and (Q, h, w) of the last decoder layer): rows of
+    (label, x1, y1, x2, y2, score), in top-k's order."""
+    import torch
+    import torch.nn.functional as F
+
+    batch_input_shape = (-(-img_shape[0] // 32) * 32, -(-img_shape[1] // 32) * 32)
+    masks = F.interpolate(mask_logits[None], size=batch_input_shape, mode="bilinear", align_corners=False)[0]
+    masks = masks[:, : img_shape[0], : img_shape[1]]
+    masks = F.interpolate(masks[:, None], size=ori_shape, mode="bilinear", align_corners=False)[:, 0]
+    num_classes = cls_logits.shape[-1] - 1
+    scores = F.softmax(cls_logits, dim=-1)[:, :-1]
+    labels = torch.arange(num_classes).unsqueeze(0).repeat(cls_logits.shape[0], 1).flatten(0, 1)
+    top_scores, top = scores.flatten(0, 1).topk(max_per_image, sorted=False)
+    labels = labels[top]
+    chosen = masks[top // num_classes]
+    binary = (chosen > 0).float()
+    mask_scores = (chosen.sigmoid() * binary).flatten(1).sum(1) / (binary.flatten(1).sum(1) + 1e-6)
+    det = top_scores * mask_scores
+    rows = []
+    for i in range(len(labels)):
+        ys, xs = np.nonzero(binary[i].numpy())
+        box = [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1] if len(xs) else [0, 0, 0, 0]
+        rows.append((int(labels[i]), *map(float, box), float(det[i])))
+    return rows

@@ -76,7 +76,7 @@ def tasks(metadata: dict[str, Any], first: int, count: int) -> list[Task]:
     entries = metadata.get(METADATA_KEY)
     if not isinstance(entries, (list, tuple)):
         raise Unprocessable(
-            f"metadata[{METADATA_KEY!r}] must be a list of GenEval metadata dicts (tag, include, exclude), one per image"
+            f"metadata[{METADATA_KEY!r}] must be a list of GenEval metadata dicts (tag, include, exclude), one an image"
         )
     if len(entries) < first + count:
         raise Unprocessable(f"metadata[{METADATA_KEY!r}] has {len(entries)} entries for {first + count} images")
@@ -152,9 +152,11 @@ class GenEvalScorer(ImageScorer):
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         judged = tasks(metadata, 0, len(images))
         if len(judged) != len(metadata[METADATA_KEY]):
-            raise Unprocessable(f"metadata[{METADATA_KEY!r}] has {len(metadata[METADATA_KEY])} entries for {len(images)} images")
+            raise Unprocessable(
+                f"metadata[{METADATA_KEY!r}] has {len(metadata[METADATA_KEY])} entries for {len(images)} images"
+            )
         strict = only_strict(metadata)
-        return [GenEvalItem(image, np.asarray(image.convert("RGB")), task, strict) for image, task in zip(images, judged)]
+        return [GenEvalItem(image, np.array(image.convert("RGB")), task, strict) for image, task in zip(images, judged)]
 
     def score_request(self, items: Sequence[GenEvalItem]) -> list[Scored]:
         from services.geneval.detector import DetectorInput
@@ -187,7 +189,9 @@ class GenEvalScorer(ImageScorer):
 
     def _kept(self, item: GenEvalItem, detections: Detections) -> dict[str, list[Detection]]:
         by_class: dict[str, list[Detection]] = {}
-        for key, (label, confidence, box) in enumerate(zip(detections.labels, detections.confidences, detections.boxes)):
+        for key, (label, confidence, box) in enumerate(
+            zip(detections.labels, detections.confidences, detections.boxes)
+        ):
             by_class.setdefault(CLASSNAMES[int(label)], []).append(
                 Detection(tuple(float(v) for v in box), float(confidence), key)  # type: ignore[arg-type]
             )
