@@ -31,11 +31,14 @@ def core_payload(payload: dict[str, Any]) -> dict[str, Any]:
     metadatas = payload["meta_datas"]
     if not isinstance(metadatas, (list, tuple)):
         raise Unprocessable("'meta_datas' must be a list of GenEval metadata dicts, one per image")
+    images = payload.get("images")
+    if isinstance(images, (list, tuple)) and len(images) != len(metadatas):
+        raise Unprocessable(f"{len(images)} images but {len(metadatas)} 'meta_datas'; need one per image")
     prompts = [m.get("prompt", "") if isinstance(m, dict) else "" for m in metadatas]
     if not all(isinstance(prompt, str) for prompt in prompts):
         raise Unprocessable("a 'meta_datas' entry's 'prompt' must be a string")
     return {
-        "images": payload.get("images"),
+        "images": images,
         "prompts": prompts,
         "metadata": {METADATA_KEY: metadatas, ONLY_STRICT_KEY: payload.get("only_strict", False)},
     }
