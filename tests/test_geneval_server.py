@@ -70,17 +70,23 @@ def jpeg(pixels: np.ndarray) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    directory = tmp_path_factory.mktemp("geneval")
-    env = {
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The service's settings for the tiny random models."""
+    directory = tmp_path_factory.mktemp("geneval-models")
+    return {
         "SCORER_GENEVAL_DETECTOR": str(save_random_mask2former(directory / "detector")),
         "SCORER_GENEVAL_CLIP": str(save_random_clip_model(directory / "clip")),
         # The test scale of the tiny model (mmdet's 1333 x 800 costs a CPU seconds an image).
         "SCORER_GENEVAL_MIN_SIZE": "96",
         "SCORER_GENEVAL_MAX_SIZE": "128",
     }
+
+
+@pytest.fixture(scope="module")
+def server(models: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    logs = tmp_path_factory.mktemp("geneval-logs")
     port = FLOW_GRPO_PORT if FLOW_GRPO_REWARDS else 0
-    with gunicorn_server("geneval", env=env, threads=8, require_ready=False, log_dir=directory, port=port) as server:
+    with gunicorn_server("geneval", env=models, threads=8, require_ready=False, log_dir=logs, port=port) as server:
         server.wait_ready(timeout=400)
         yield server
 
@@ -184,12 +190,28 @@ def test_bad_input_is_a_422_never_a_500(server: Server, payload: dict[str, Any],
 def test_info_names_the_detector_and_the_thresholds(server: Server) -> None:
     info = requests.get(server.url + "/info", timeout=10).json()["model"]
     assert info["detector"].endswith("detector") and info["clip"].endswith("clip")
+    assert info["detector_source"] == "directory"
     assert info["thresholds"] == {
         "threshold": 0.3,
         "counting_threshold": 0.9,
         "max_objects": 16,
         "position_threshold": 0.1,
     }
+
+
+def test_the_multi_service_serves_geneval_as_one_more_reward(
+    server: Server, models: dict[str, str], tmp_path: Path
+) -> None:
+    images = [jpeg(scene(seed)) for seed in range(len(METADATAS))]
+    body = {"images": images, "prompts": [""] * len(images), "metadata": {"geneval": METADATAS}}
+    alone = pickle.loads(requests.post(server.url, data=pickle.dumps(body), timeout=120).content)
+    env = {**models, "SCORER_MULTI_REWARDS": "geneval"}
+    with gunicorn_server("multi", env=env, threads=8, require_ready=False, log_dir=tmp_path) as multi:
+        multi.wait_ready(timeout=400)
+        response = requests.post(multi.url, data=pickle.dumps(body), timeout=120)
+    assert response.status_code == 200, response.content[:300]
+    combined = pickle.loads(response.content)
+    assert combined["details"]["geneval"] == combined["scores"] == alone["scores"]
 
 
 @pytest.mark.skipif(not FLOW_GRPO_REWARDS, reason="SCORER_TEST_FLOW_GRPO_REWARDS names no copy of flow_grpo/rewards.py")

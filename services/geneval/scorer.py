@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -233,7 +234,8 @@ class GenEvalScorer(ImageScorer):
         s = self.settings
         return {
             "detector": s.detector,
-            "detector_source": "a converted mmdet checkpoint or a transformers Mask2Former (SCORER_GENEVAL_DETECTOR)",
+            # A directory (a converted GenEval checkpoint, or a saved model) or a hub id.
+            "detector_source": "directory" if Path(s.detector).expanduser().is_dir() else "hub",
             "clip": s.clip,
             "precision": s.precision if self.device.startswith("cuda") else "float32",
             "thresholds": {
