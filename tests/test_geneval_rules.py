@@ -231,6 +231,7 @@ def test_colours_are_asked_only_where_the_count_passes() -> None:
         ),
         ({"tag": "counting", "include": [{"class": "dog", "count": 1, "colour": "red"}]}, "keys"),
         ("dog", "dict"),
+        ({"tag": "counting", "include": [{"class": "dog", "count": 1}] * 9}, "limit is 8"),
     ],
 )
 def test_bad_metadata_is_refused_with_its_place(metadata: Any, message: str) -> None:

@@ -32,6 +32,9 @@ TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_
 # The relations in the order GenEval's ``relative_position`` adds them.
 RELATIONS = ("left of", "right of", "above", "below")
 NOT_THIS_TAG = -10.0
+# Clauses of each kind a sample may have (GenEval's have at most 2): a position clause costs up
+# to 16 x 16 relations, and a request's metadata is the client's.
+MAX_CLAUSES = 8
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ def parse_task(metadata: Any, where: str = "metadata") -> Task:
     for key, value in (("include", include), ("exclude", exclude)):
         if not isinstance(value, (list, tuple)):
             raise TaskError(f"{where}['{key}'] must be a list of clauses")
+        if len(value) > MAX_CLAUSES:
+            raise TaskError(f"{where}['{key}'] has {len(value)} clauses; the limit is {MAX_CLAUSES}")
     clauses = tuple(_clause(entry, f"{where}['include'][{i}]", i) for i, entry in enumerate(include))
     excluded = tuple(_clause(entry, f"{where}['exclude'][{i}]", None) for i, entry in enumerate(exclude))
     return Task(tag, clauses, excluded)
