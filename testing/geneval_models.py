@@ -44,15 +44,27 @@ MASK_SCALE = 6.0
 BOOSTS = {16: 6.0, 15: 5.0, 41: 5.0}
 
 
+# GenEval's detector at its real size (mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco): Swin-S,
+# 100 queries, 256 wide, 6 encoder and 9 decoder layers (transformers counts the first
+# prediction as a tenth).
+SWIN_S: dict[str, Any] = {**TINY_SWIN, "embed_dim": 96, "depths": [2, 2, 18, 2], "num_heads": [3, 6, 12, 24]}
+SWIN_S_HEAD: dict[str, Any] = {"num_labels": 80, "num_queries": 100, "decoder_layers": 10, "encoder_layers": 6}
+
+
 def tiny_config() -> Mask2FormerConfig:
     return Mask2FormerConfig(backbone_config=SwinConfig(**TINY_SWIN), **TINY_HEAD)
 
 
-def save_random_mask2former(directory: Path, seed: int = 0, confident: bool = True) -> Path:
-    """The random detector, saved; ``confident``: its heads pushed (``CLASS_SCALE``)."""
+def swin_s_config() -> Mask2FormerConfig:
+    return Mask2FormerConfig(backbone_config=SwinConfig(**SWIN_S), **SWIN_S_HEAD)
+
+
+def save_random_mask2former(directory: Path, seed: int = 0, confident: bool = True, size: str = "tiny") -> Path:
+    """The random detector (``size``: "tiny" or "swin-s"), saved; ``confident``: its heads
+    pushed (``CLASS_SCALE``)."""
     directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = Mask2FormerForUniversalSegmentation(tiny_config()).eval()
+    model = Mask2FormerForUniversalSegmentation(tiny_config() if size == "tiny" else swin_s_config()).eval()
     if confident:
         with torch.no_grad():
             # Queries that disagree on class and mask: the heads' weights scaled up.
