@@ -135,8 +135,14 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
 
         return view
 
-    for protocol in spoken:
+    # A service's protocol may answer on the core's routes (with a superset of its answer); the
+    # core keeps those no other protocol takes.
+    taken: set[str] = set()
+    for protocol in [*spoken[1:], spoken[0]]:
         for rule in protocol.routes:
+            if rule in taken:
+                continue
+            taken.add(rule)
             endpoint = f"{protocol.name}{rule}"
             protocol_of[endpoint] = protocol
             app.add_url_rule(rule, endpoint=endpoint, view_func=serve(protocol), methods=["POST"])

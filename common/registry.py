@@ -147,6 +147,18 @@ SERVICES: dict[str, Service] = {
             image=True,
         ),
         Service(
+            name="geneval",
+            port=18087,
+            scorer="services.geneval.scorer:GenEvalScorer",
+            uses_gpu=True,
+            requirements=("requirements.txt", "requirements-clip.txt", "requirements-geneval.txt"),
+            flags=("detector", "clip"),
+            image=True,
+            preflight="services.geneval.settings:preflight",
+            # flow_grpo's GenEval client, on the core's routes.
+            protocols=("services.geneval.protocol:GenEvalProtocol",),
+        ),
+        Service(
             name="multi",
             port=18100,
             scorer="common.combined:CombinedScorer",

@@ -23,7 +23,7 @@ VOCAB_SIZE = 49408
 
 # Towers by name: the layout of ViT-H/14 (PickScore, HPSv2) and ViT-L/14 (CLIPScore) at tiny
 # widths for the tests; for benchmarks, "b14" (ViT-B widths, 14-pixel patches: a CPU can run
-# it) and "h14", the real ViT-H/14.
+# it), "l14" (the real ViT-L/14, GenEval's colour classifier) and "h14", the real ViT-H/14.
 TOWERS: dict[str, dict[str, Any]] = {
     "tiny": {
         "projection_dim": 32,
@@ -34,6 +34,11 @@ TOWERS: dict[str, dict[str, Any]] = {
         "projection_dim": 512,
         "vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},
         "text": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 8},
+    },
+    "l14": {
+        "projection_dim": 768,
+        "vision": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16},
+        "text": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},
     },
     "h14": {
         "projection_dim": 1024,

@@ -14,6 +14,7 @@ from common.settings import CoreSettings, MultiSettings
 from services.aesthetic.settings import AestheticSettings
 from services.clip.settings import WEIGHTS
 from services.code.settings import CodeSettings
+from services.geneval.settings import GenEvalSettings
 from services.hpsv3.settings import HPSv3Settings
 from services.ocr.scorer import OcrSettings
 
@@ -29,9 +30,15 @@ DOCUMENTED: list[tuple[str, type, str]] = [
     *((f"SCORER_{name.upper()}_", spec.settings_class, "services/clip/README.md") for name, spec in WEIGHTS.items()),
     ("SCORER_HPSV3_", HPSv3Settings, "services/hpsv3/README.md"),
     ("SCORER_CODE_", CodeSettings, "services/code/README.md"),
+    ("SCORER_GENEVAL_", GenEvalSettings, "services/geneval/README.md"),
 ]
 # Variables the documents name that are not settings of a service.
-NOT_SETTINGS = {"SCORER_TEST_SKIP_REFERENCE", "SCORER_TEST_VERL_OMNI_HPSV3", "SCORER_BRIGHTNESS_THRESHOLD"}
+NOT_SETTINGS = {
+    "SCORER_TEST_SKIP_REFERENCE",
+    "SCORER_TEST_VERL_OMNI_HPSV3",
+    "SCORER_TEST_FLOW_GRPO_REWARDS",
+    "SCORER_BRIGHTNESS_THRESHOLD",
+}
 
 
 def table_cells(path: str) -> set[str]:

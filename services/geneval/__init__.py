@@ -1,0 +1,1 @@
+"""GenEval: compositional correctness of a generated image (objects, counts, colours, positions)."""

@@ -1,0 +1,85 @@
+"""Settings of the GenEval service and the files it needs, judged from the disk.
+
+Standard library only: ``run.sh`` calls ``preflight`` with the system python3 before any
+virtual environment exists.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from common.config import ConfigError, env_name, from_env
+from services.clip.weights import missing_weights, offline_problem
+
+SECTION = "geneval"
+
+
+@dataclass(frozen=True)
+class GenEvalSettings:
+    """``SCORER_GENEVAL_<FIELD>``; ``run.sh geneval --detector`` / ``--clip`` set the first two."""
+
+    # A transformers Mask2FormerForUniversalSegmentation with COCO's 80 classes: a directory
+    # (GenEval's own mmdet checkpoint converted by ``python -m services.geneval.convert``) or a hub id.
+    detector: str = "facebook/mask2former-swin-small-coco-instance"
+    # The colour classifier: a transformers CLIP (ViT-L/14, OpenAI's weights, as GenEval's open_clip
+    # ViT-L-14 "openai"), a directory or a hub id.
+    clip: str = "openai/clip-vit-large-patch14"
+    # The models' precision on GPU; the CPU runs float32. Post-processing is float32 everywhere.
+    precision: Literal["float16", "bfloat16", "float32"] = "float16"
+    # GenEval's evaluator options: a detection counts above ``threshold`` (``counting_threshold``
+    # for the counting tag), at most ``max_objects`` per class; the position rule's margin.
+    threshold: float = 0.3
+    counting_threshold: float = 0.9
+    max_objects: int = 16
+    position_threshold: float = 0.1
+    # mmdet's test pipeline for the detector: the image resized to fit min_size x max_size (its
+    # img_scale (1333, 800), aspect kept), ``max_detections`` of queries x classes kept.
+    min_size: int = 800
+    max_size: int = 1333
+    max_detections: int = 100
+    # Fixes of the reward server's quirks, off by default: the strict correctness reads the
+    # exclude clauses; ``bgr``: the detector sees the image's channels swapped, as the reward
+    # server's (it hands mmdet RGB arrays, which mmdet takes for BGR).
+    strict_exclude: bool = False
+    channels: Literal["rgb", "bgr"] = "rgb"
+    # Colour crops per CLIP call.
+    color_batch: int = 64
+
+
+def read_settings() -> GenEvalSettings:
+    """The settings from the environment; ``ConfigError`` for a bad one."""
+    settings = from_env(GenEvalSettings, SECTION)
+    for field in ("threshold", "counting_threshold", "position_threshold"):
+        value = getattr(settings, field)
+        if not (math.isfinite(value) and 0 <= value <= 1):
+            raise ConfigError(f"{env_name(SECTION, field)}={value} must be a number from 0 to 1")
+    for field in ("max_objects", "min_size", "max_size", "max_detections", "color_batch"):
+        if getattr(settings, field) < 1:
+            raise ConfigError(f"{env_name(SECTION, field)} must be at least 1")
+    for field in ("detector", "clip"):
+        if not getattr(settings, field).strip():
+            raise ConfigError(f"{env_name(SECTION, field)} is empty; give a directory or a hub id")
+    return settings
+
+
+def missing(settings: GenEvalSettings, allow_download: bool) -> str | None:
+    """Why the detector or the CLIP can't be loaded, judged from the disk and the hub cache."""
+    setting = env_name(SECTION, "detector")
+    hint = (
+        f"Set {setting} (run.sh geneval --detector) to a directory holding a transformers Mask2Former "
+        "(GenEval's mmdet checkpoint converted: python -m services.geneval.convert CHECKPOINT DIR), or to a hub id "
+        "such as facebook/mask2former-swin-small-coco-instance."
+    )
+    problem = missing_weights(settings.detector, setting, hint, allow_download)
+    if problem:
+        return problem
+    setting = env_name(SECTION, "clip")
+    hint = f"Set {setting} (run.sh geneval --clip) to a transformers CLIP directory or hub id."
+    return missing_weights(settings.clip, setting, hint, allow_download)
+
+
+def preflight(service: str = SECTION) -> str | None:
+    """Why the service cannot start on this node without a download; None when it can."""
+    return offline_problem(read_settings, missing)
