@@ -133,6 +133,17 @@ SERVICES: dict[str, Service] = {
             image=True,
         ),
         Service(
+            name="judge",
+            port=18086,
+            scorer="services.judge.scorer:JudgeScorer",
+            # The model runs in the engine; the service only talks to it.
+            uses_gpu=False,
+            requirements=("requirements.txt", "requirements-judge.txt"),
+            flags=("judge", "engine", "model", "parse_failure_score"),
+            preflight="services.judge.settings:preflight",
+            image=True,
+        ),
+        Service(
             name="multi",
             port=18100,
             scorer="common.combined:CombinedScorer",
