@@ -288,6 +288,11 @@ case $command in
       ensure_venv reference
       export SCORER_TEST_REFERENCE_PYTHON=$VENV/bin/python
     fi
+    if [ -z "${SCORER_TEST_SKIP_ENGINE:-}" ]; then
+      # transformers serve, the judge tests' OpenAI-compatible engine (testing/judge_engine.py).
+      ensure_venv engine
+      export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
+    fi
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
   all)

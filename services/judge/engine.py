@@ -3,6 +3,7 @@ the engine's token usage in ``/metrics``."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +44,7 @@ class EngineClient:
         concurrency: int,
         retries: int,
         backoff_s: float,
+        backoff_max_s: float,
         api_key: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -50,6 +52,7 @@ class EngineClient:
         self.service = service
         self.retries = retries
         self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
         self.sleep = sleep
         self.session = requests.Session()
         self.session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=concurrency))
@@ -64,13 +67,18 @@ class EngineClient:
         answer.raise_for_status()
         return [model["id"] for model in answer.json()["data"]]
 
-    def wait_for_models(self, seconds: float) -> list[str]:
-        """``models()`` once the engine answers, trying for ``seconds``; the last error after."""
+    def wait_until_up(self, seconds: float, need_models: bool) -> list[str]:
+        """The engine's model names once it answers, trying for ``seconds``; the last error
+        after. An engine whose ``/v1/models`` fails (transformers serve offline scans the hub
+        cache) is up when its ``/health`` answers, unless the model's name must come from it."""
         end = time.monotonic() + seconds
         while True:
             try:
                 return self.models(timeout=5.0)
             except (requests.RequestException, KeyError, ValueError):
+                with contextlib.suppress(requests.RequestException):
+                    if not need_models and self.session.get(f"{self.url}/health", timeout=5.0).ok:
+                        return []
                 if time.monotonic() >= end:
                     raise
                 self.sleep(1.0)
@@ -100,7 +108,7 @@ class EngineClient:
             if not retry or attempt >= self.retries:
                 CALLS.labels(self.service, "failed").inc()
                 raise EngineUnavailable(f"the judge's engine {problem}")
-            delay = self.backoff_s * 2**attempt
+            delay = min(self.backoff_s * 2**attempt, self.backoff_max_s)
             if time.monotonic() + delay >= expires:
                 CALLS.labels(self.service, "deadline").inc()
                 raise EngineUnavailable(f"the judge's engine {problem}; no time left to retry")

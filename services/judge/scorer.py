@@ -75,9 +75,11 @@ class JudgeScorer(ImageScorer):
 
     def setup(self, device: str) -> None:
         s = self.settings
-        self.engine = EngineClient(s.engine, self.name, s.concurrency, s.retries, s.backoff_s, s.api_key)
+        self.engine = EngineClient(
+            s.engine, self.name, s.concurrency, s.retries, s.backoff_s, s.backoff_max_s, s.api_key
+        )
         try:
-            served = self.engine.wait_for_models(s.engine_wait_s)
+            served = self.engine.wait_until_up(s.engine_wait_s, need_models=not self.model)
         except Exception as exc:
             raise ConfigError(
                 f"the judge's engine at {s.engine} ({env_name(SECTION, 'engine')}) did not list its models "

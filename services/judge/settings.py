@@ -33,9 +33,10 @@ class JudgeSettings:
     # Chat completions one worker has in flight at once, across its requests.
     concurrency: int = 64
     # Retries of a call the engine answered 429 or 5xx, or could not be reached for, each after
-    # backoff_s doubling, never past the request's deadline.
+    # backoff_s doubling up to backoff_max_s, never past the request's deadline.
     retries: int = 3
     backoff_s: float = 0.5
+    backoff_max_s: float = 4.0
     # Pairwise: judge each pair in both orders (position bias cancels), twice the calls.
     both_orders: bool = False
     # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
