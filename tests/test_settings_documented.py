@@ -15,6 +15,7 @@ from services.aesthetic.settings import AestheticSettings
 from services.clip.settings import WEIGHTS
 from services.code.settings import CodeSettings
 from services.hpsv3.settings import HPSv3Settings
+from services.judge.settings import JudgeSettings
 from services.ocr.scorer import OcrSettings
 
 pytestmark = pytest.mark.unit
@@ -29,9 +30,10 @@ DOCUMENTED: list[tuple[str, type, str]] = [
     *((f"SCORER_{name.upper()}_", spec.settings_class, "services/clip/README.md") for name, spec in WEIGHTS.items()),
     ("SCORER_HPSV3_", HPSv3Settings, "services/hpsv3/README.md"),
     ("SCORER_CODE_", CodeSettings, "services/code/README.md"),
+    ("SCORER_JUDGE_", JudgeSettings, "services/judge/README.md"),
 ]
 # Variables the documents name that are not settings of a service.
-NOT_SETTINGS = {"SCORER_TEST_SKIP_REFERENCE", "SCORER_TEST_VERL_OMNI_HPSV3", "SCORER_BRIGHTNESS_THRESHOLD"}
+NOT_SETTINGS = {"SCORER_TEST_SKIP_REFERENCE", "SCORER_TEST_SKIP_ENGINE", "SCORER_TEST_VERL_OMNI_HPSV3", "SCORER_BRIGHTNESS_THRESHOLD"}
 
 
 def table_cells(path: str) -> set[str]:
