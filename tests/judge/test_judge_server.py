@@ -139,3 +139,18 @@ def test_an_engine_down_is_retried_within_the_deadline_then_a_503(models: dict[s
         with engine(ENGINE_PYTHON, log, port):
             waiting.join(timeout=120)
         assert outcome.get("scores") == [0.8], outcome
+
+
+def test_multi_serves_the_judge_beside_ocr(engine_url: str, models: dict[str, Path], tmp_path: Path) -> None:
+    env = {
+        "SCORER_MULTI_REWARDS": "ocr,judge",
+        "SCORER_DEVICE": "cpu",
+        "SCORER_JUDGE_JUDGE": "unifiedreward-v1",
+        "SCORER_JUDGE_ENGINE": engine_url,
+        "SCORER_JUDGE_MODEL": str(models["v1"]),
+        "SCORER_JUDGE_PARSE_FAILURE_SCORE": "nan",
+    }
+    with gunicorn_server("multi", env, threads=16, log_dir=tmp_path) as server:
+        answer = ScorerClient(server.url).score([render_text("hello", 256)], ['a sign that says "hello"'])
+        assert answer["details"]["judge"] == [0.8], answer
+        assert answer["scores"] == [pytest.approx(answer["details"]["ocr"][0] + 0.8)], answer
