@@ -139,7 +139,7 @@ SERVICES: dict[str, Service] = {
             # The model runs in the engine; the service only talks to it.
             uses_gpu=False,
             requirements=("requirements.txt", "requirements-judge.txt"),
-            flags=("judge", "engine", "model", "parse_failure_score"),
+            flags=("judge", "engine", "model", "parse_failure_score", "serve"),
             preflight="services.judge.settings:preflight",
             image=True,
         ),

@@ -43,14 +43,23 @@ class JudgeSettings:
     engine_wait_s: float = 600.0
     # A bearer token for the engine, if it wants one.
     api_key: str | None = None
+    # A model directory or hub id: start the engine as a child of the service (run.sh judge
+    # --serve), wait for it, and stop it with the service; ``engine`` and ``model`` then follow.
+    serve: str = ""
+    # The child engine's command: {model}, {port} and {gpus} (the node's visible GPUs) filled in.
+    # vLLM's own environment, installed only on the GPU node, must have ``vllm`` on PATH.
+    serve_command: str = (
+        "vllm serve {model} --host 127.0.0.1 --port {port} --data-parallel-size {gpus} "
+        "--limit-mm-per-prompt.image 32 --enable-prefix-caching --trust-remote-code"
+    )
 
 
 def settings_problem(settings: JudgeSettings) -> str | None:
     """Why the judge cannot start with these settings; None when it can."""
-    if not settings.engine:
+    if not settings.engine and not settings.serve:
         return (
             f"{env_name(SECTION, 'engine')} (run.sh judge --engine URL) must name the OpenAI-compatible "
-            "engine serving the judge model, e.g. http://127.0.0.1:8000"
+            "engine serving the judge model, e.g. http://127.0.0.1:8000 (or --serve MODEL to start vLLM as its child)"
         )
     if settings.parse_failure_score is None:
         return PARSE_FAILURE_HELP

@@ -7,7 +7,11 @@ import base64
 import contextlib
 import math
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import requests
 from common.client import ScorerClient
 from testing.images import blank, render_text
 from testing.judge_engine import engine, save_judge_model
-from testing.server import free_port, gunicorn_server
+from testing.server import ROOT, free_port, gunicorn_server
 
 ENGINE_PYTHON = os.environ.get("SCORER_TEST_ENGINE_PYTHON")
 pytestmark = pytest.mark.skipif(not ENGINE_PYTHON, reason="engine environment not built (run via 'bash run.sh test')")
@@ -154,3 +158,42 @@ def test_multi_serves_the_judge_beside_ocr(engine_url: str, models: dict[str, Pa
         answer = ScorerClient(server.url).score([render_text("hello", 256)], ['a sign that says "hello"'])
         assert answer["details"]["judge"] == [0.8], answer
         assert answer["scores"] == [pytest.approx(answer["details"]["ocr"][0] + 0.8)], answer
+
+
+def test_serve_runs_the_engine_as_a_child_and_stops_it_with_the_service(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "SCORER_PORT": str(port),
+        "SCORER_JUDGE_JUDGE": "unifiedreward-v1",
+        "SCORER_JUDGE_SERVE": str(models["v1"]),
+        "SCORER_JUDGE_SERVE_COMMAND": f"{ENGINE_PYTHON} -m transformers.cli.transformers serve --host 127.0.0.1 "
+        "--port {port} --device cpu --model-timeout 600",
+        "SCORER_JUDGE_PARSE_FAILURE_SCORE": "nan",
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log = (tmp_path / "serve.log").open("wb")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "services.judge.serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 240
+        while time.monotonic() < end and supervisor.poll() is None:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(url + "/ready", timeout=2).ok:
+                    break
+            time.sleep(1)
+        assert ScorerClient(url).scores([blank(64)], ["a cat"]) == [0.8], (tmp_path / "serve.log").read_text()
+        children = [
+            int(pid) for pid in Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children").read_text().split()
+        ]
+        assert len(children) == 2, children  # the engine and gunicorn
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=90) == 0, (tmp_path / "serve.log").read_text()
+    for pid in children:  # gone with it
+        assert not Path(f"/proc/{pid}").exists(), pid
