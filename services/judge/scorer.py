@@ -18,7 +18,7 @@ from PIL import Image
 
 from common.batching import current_deadline
 from common.config import ConfigError, describe, env_name, from_env
-from common.errors import Unprocessable
+from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_per_image
 from common.media import MediaRequest
 from common.scorer import ImageScorer, Scored
@@ -106,6 +106,13 @@ class JudgeScorer(ImageScorer):
                 raise Unprocessable(
                     f"prompts[{alone[0]}] has no other sample in the request: the pairwise judge scores each "
                     "sample by its wins against the others of its prompt, so send each prompt's group together"
+                )
+            orders = 2 if self.settings.both_orders else 1
+            asked = sum(n * (n - 1) // 2 for n in counts.values()) * orders
+            if asked > self.settings.max_comparisons:
+                raise PayloadTooLarge(
+                    f"the request's groups need {asked} comparisons; the limit is {self.settings.max_comparisons} "
+                    f"({env_name(SECTION, 'max_comparisons')}): send smaller groups"
                 )
 
     def prepare_images(self, images: list[Image.Image], prompts_: list[str], metadata: dict[str, Any]) -> list[Any]:

@@ -39,6 +39,9 @@ class JudgeSettings:
     backoff_max_s: float = 4.0
     # Pairwise: judge each pair in both orders (position bias cancels), twice the calls.
     both_orders: bool = False
+    # Pairwise: comparisons (engine calls) one request may ask for, checked before any is sent
+    # (413): a group of n samples is n(n-1)/2 pairs, 523,776 for one group of 1,024.
+    max_comparisons: int = 1024
     # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
     engine_wait_s: float = 600.0
     # A bearer token for the engine, if it wants one.

@@ -3,13 +3,16 @@ pairwise groups, with the engine's replies given (the engine itself: test_judge_
 
 from __future__ import annotations
 
+import io
 import math
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from common.config import ConfigError
+from common.errors import PayloadTooLarge, Unprocessable
 from common.settings import CoreSettings
 from services.judge.engine import Reply
 from services.judge.scorer import JudgeItem, JudgeScorer
@@ -97,3 +100,18 @@ def test_pairwise_both_orders_cancel_a_position_bias(monkeypatch: pytest.MonkeyP
     results = judge.score_request(items(["a", "b"]) + items(["c", "d", "e"], "q"))
     assert [r.score for r in results] == [0.5] * 5
     assert [r.extras["comparisons"] for r in results] == [2, 2, 4, 4, 4]
+
+
+def request(prompts: list[str]) -> dict[str, Any]:
+    image = io.BytesIO()
+    Image.new("RGB", (32, 32), "white").save(image, "PNG")
+    return {"images": [image.getvalue()] * len(prompts), "prompts": prompts}
+
+
+def test_a_pairwise_request_is_bounded_before_any_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    judge = scorer(monkeypatch, "unifiedreward-think", "nan", None, max_comparisons="10")
+    assert len(judge.prepare_samples(request(["p"] * 5)).items) == 5  # 10 pairs
+    with pytest.raises(PayloadTooLarge, match="11 comparisons"):
+        judge.prepare_samples(request(["p"] * 5 + ["q"] * 2))
+    with pytest.raises(Unprocessable, match="no other sample"):
+        judge.prepare_samples(request(["p", "p", "q"]))
