@@ -75,6 +75,11 @@ def test_pointwise_scores_the_engines_reply_by_the_published_rule(
         # One token of reply and <|im_end|> per call.
         assert 'scorer_judge_tokens_total{kind="completion",service="judge"} 4.0' in metrics, metrics
         assert 'scorer_judge_calls_total{outcome="ok",service="judge"} 2.0' in metrics
+        # A video: its chosen frames judged as images (frame_interval), their scores' mean.
+        frames = [b64(blank(64 + 8 * i)) for i in range(5)]
+        video = {"videos": [frames], "prompts": ["a cat"], "metadata": {"frame_interval": 2}}
+        answer = requests.post(server.url + "/", json=video, timeout=120).json()
+        assert answer["scores"] == [0.75] and answer["frame_scores"] == [[0.75] * 3], answer
 
 
 def test_v1_scores_the_final_score_over_5(engine_url: str, models: dict[str, Path], tmp_path: Path) -> None:
