@@ -101,7 +101,7 @@ class EngineClient:
                 answer = self.session.post(f"{self.url}/v1/chat/completions", json=body, timeout=remaining)
                 problem = f"answered {answer.status_code}: {answer.text[:200]}"
                 if answer.status_code == 200:
-                    return self._reply(answer.json())
+                    return self._reply(answer)
                 retry = answer.status_code in RETRY_STATUSES
             except requests.RequestException as exc:
                 problem, retry = f"could not be reached: {type(exc).__name__}", True
@@ -116,14 +116,16 @@ class EngineClient:
             self.sleep(delay)
             attempt += 1
 
-    def _reply(self, answer: dict[str, Any]) -> Reply:
+    def _reply(self, response: requests.Response) -> Reply:
+        """A 200's chat completion; one that is not is the engine's fault, not retried."""
         try:
+            answer = response.json()
             text = answer["choices"][0]["message"]["content"] or ""
             usage = answer.get("usage") or {}
             prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             CALLS.labels(self.service, "failed").inc()
-            raise EngineUnavailable(f"the judge's engine answered no chat completion ({exc!r})") from None
+            raise EngineUnavailable(f"the judge's engine answered no chat completion ({type(exc).__name__})") from None
         if not isinstance(text, str):
             raise EngineUnavailable("the judge's engine answered a non-text message")
         CALLS.labels(self.service, "ok").inc()

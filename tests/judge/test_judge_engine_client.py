@@ -27,6 +27,7 @@ class Engine:
 
     def __init__(self, statuses: list[int] | None = None) -> None:
         self.statuses = list(statuses or [])
+        self.body = json.dumps(COMPLETION).encode()
         self.release = threading.Event()
         self.release.set()
         self.lock = threading.Lock()
@@ -44,7 +45,7 @@ class Engine:
                     engine.most = max(engine.most, engine.in_flight)
                     status = engine.statuses.pop(0) if engine.statuses else 200
                 engine.release.wait(30)
-                body = json.dumps(COMPLETION if status == 200 else {"error": "busy"}).encode()
+                body = engine.body if status == 200 else b'{"error": "busy"}'
                 with engine.lock:
                     engine.in_flight -= 1
                 self.send_response(status)
@@ -123,3 +124,11 @@ def test_an_unreachable_engine_is_retried_then_unavailable() -> None:
     with pytest.raises(EngineUnavailable, match="could not be reached"):
         client("http://127.0.0.1:9", retries=2, sleeps=sleeps).complete({"model": "m"}, time.monotonic() + 60)
     assert sleeps == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("body", [b"<html>oops</html>", b"[]", b'{"choices": []}', b'{"choices": [{"message": 1}]}'])
+def test_a_200_that_is_no_chat_completion_is_the_engines_failure_not_retried(engine: Engine, body: bytes) -> None:
+    engine.body = body
+    with pytest.raises(EngineUnavailable, match="no chat completion"):
+        client(engine.url, sleeps=[]).complete({"model": "m"}, time.monotonic() + 60)
+    assert engine.calls == 1
