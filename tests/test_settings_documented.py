@@ -33,7 +33,12 @@ DOCUMENTED: list[tuple[str, type, str]] = [
     ("SCORER_JUDGE_", JudgeSettings, "services/judge/README.md"),
 ]
 # Variables the documents name that are not settings of a service.
-NOT_SETTINGS = {"SCORER_TEST_SKIP_REFERENCE", "SCORER_TEST_SKIP_ENGINE", "SCORER_TEST_VERL_OMNI_HPSV3", "SCORER_BRIGHTNESS_THRESHOLD"}
+NOT_SETTINGS = {
+    "SCORER_TEST_SKIP_REFERENCE",
+    "SCORER_TEST_SKIP_ENGINE",
+    "SCORER_TEST_VERL_OMNI_HPSV3",
+    "SCORER_BRIGHTNESS_THRESHOLD",
+}
 
 
 def table_cells(path: str) -> set[str]:
