@@ -7,6 +7,7 @@
 #   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
 #   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
 #   bash run.sh hpsv3 [--port N] [--workers N] [--model FILE_OR_HUB_ID] [--base DIR_OR_HUB_ID]
+#   bash run.sh judge --engine URL|--serve MODEL --parse-failure-score nan|zero|tie|mean [--judge NAME] [--model NAME]
 #   bash run.sh multi --rewards ocr,pickscore,aesthetic [--port N] [--workers N]
 #                                     several image rewards in one call (each reward's own
 #                                     settings: SCORER_PICKSCORE_MODEL, SCORER_OCR_ENGINE, ...)
@@ -267,6 +268,10 @@ start() {
   local service=$1
   ensure_venv "$service"
   log "starting $service on port ${SCORER_PORT:-$PORT}"
+  if [ "$service" = judge ] && [ -n "${SCORER_JUDGE_SERVE:-}" ]; then
+    # The engine as the service's managed child (services/judge/serve.py).
+    SCORER_SERVICE=$service exec "$VENV/bin/python" -m services.judge.serve
+  fi
   SCORER_SERVICE=$service exec "$VENV/bin/python" -m gunicorn -c "$ROOT/gunicorn.conf.py"
 }
 
@@ -354,6 +359,11 @@ case $command in
       # open_clip and torchvision, the CLIP reward tests' reference libraries (tests/clip_reference.py).
       ensure_venv reference
       export SCORER_TEST_REFERENCE_PYTHON=$VENV/bin/python
+    fi
+    if [ -z "${SCORER_TEST_SKIP_ENGINE:-}" ]; then
+      # transformers serve, the judge tests' OpenAI-compatible engine (testing/judge_engine.py).
+      ensure_venv engine
+      export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
     fi
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;

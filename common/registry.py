@@ -159,6 +159,17 @@ SERVICES: dict[str, Service] = {
             protocols=("services.geneval.protocol:GenEvalProtocol",),
         ),
         Service(
+            name="judge",
+            port=18086,
+            scorer="services.judge.scorer:JudgeScorer",
+            # The model runs in the engine; the service only talks to it.
+            uses_gpu=False,
+            requirements=("requirements.txt", "requirements-judge.txt"),
+            flags=("judge", "engine", "model", "parse_failure_score", "serve"),
+            preflight="services.judge.settings:preflight",
+            image=True,
+        ),
+        Service(
             name="multi",
             port=18100,
             scorer="common.combined:CombinedScorer",
@@ -214,6 +225,9 @@ TEST_NO_DEPS = ("open_clip_torch==3.3.0",)
 # environment: torchvision needs a torch of its own build.
 REFERENCE_REQUIREMENTS = ("requirements-reference.txt",)
 TEST_SYSTEM_PACKAGES = ("nginx",)
+# The judge tests' OpenAI-compatible engine (transformers serve), in its own environment: Qwen2-VL's
+# processor needs torchvision, which needs a torch of its own build.
+ENGINE_REQUIREMENTS = ("requirements-engine.txt",)
 
 
 def get(name: str) -> Service:
@@ -289,8 +303,8 @@ class Setup:
 
 def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
     """The set-up of ``run.sh <command>``: a service, ``test`` (every service's packages in one
-    ``.venv``, plus the test tools), ``reference`` (the tests' reference libraries) or ``all``
-    (system packages only: each service has its own)."""
+    ``.venv``, plus the test tools), ``reference`` (the tests' reference libraries), ``engine``
+    (the judge tests' engine) or ``all`` (system packages only: each service has its own)."""
     services = SERVICES.values()
     if command == "test":
         return Setup(
@@ -309,6 +323,8 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
         )
     if command == "reference":
         return Setup(venv=".venv-reference", requirements=REFERENCE_REQUIREMENTS)
+    if command == "engine":
+        return Setup(venv=".venv-engine", requirements=ENGINE_REQUIREMENTS)
     if command == "multi":
         return _multi_setup(environ)
     service = get(command)

@@ -41,6 +41,12 @@ def test_every_services_check_runs_without_installed_packages(service: str, tmp_
     elif service == "code":
         assert done.returncode == 1 and "SCORER_CODE_INFRA_FAILURE_SCORE" in done.stderr
         assert bare_preflight(service, {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan"}).returncode == 0
+    elif service == "judge":  # no engine named, then no parse-failure score chosen
+        assert done.returncode == 1 and "SCORER_JUDGE_ENGINE" in done.stderr, done.stderr
+        engine = {"SCORER_JUDGE_ENGINE": "http://127.0.0.1:8000"}
+        unset = bare_preflight(service, engine)
+        assert unset.returncode == 1 and "SCORER_JUDGE_PARSE_FAILURE_SCORE" in unset.stderr, unset.stderr
+        assert bare_preflight(service, {**engine, "SCORER_JUDGE_PARSE_FAILURE_SCORE": "nan"}).returncode == 0
     elif service == "multi":  # no reward listed; then a listed reward's own check, named
         assert done.returncode == 1 and "SCORER_MULTI_REWARDS" in done.stderr, done.stderr
         env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1", "SCORER_MULTI_REWARDS": "ocr,pickscore"}

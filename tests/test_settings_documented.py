@@ -16,6 +16,7 @@ from services.clip.settings import WEIGHTS
 from services.code.settings import CodeSettings
 from services.geneval.settings import GenEvalSettings
 from services.hpsv3.settings import HPSv3Settings
+from services.judge.settings import JudgeSettings
 from services.ocr.scorer import OcrSettings
 
 pytestmark = pytest.mark.unit
@@ -31,12 +32,14 @@ DOCUMENTED: list[tuple[str, type, str]] = [
     ("SCORER_HPSV3_", HPSv3Settings, "services/hpsv3/README.md"),
     ("SCORER_CODE_", CodeSettings, "services/code/README.md"),
     ("SCORER_GENEVAL_", GenEvalSettings, "services/geneval/README.md"),
+    ("SCORER_JUDGE_", JudgeSettings, "services/judge/README.md"),
 ]
 # Variables the documents name that are not settings of a service.
 NOT_SETTINGS = {
     "SCORER_TEST_SKIP_REFERENCE",
     "SCORER_TEST_VERL_OMNI_HPSV3",
     "SCORER_TEST_FLOW_GRPO_REWARDS",
+    "SCORER_TEST_SKIP_ENGINE",
     "SCORER_BRIGHTNESS_THRESHOLD",
 }
 

@@ -1,0 +1,257 @@
+"""VLM judges served through an OpenAI-compatible engine (services/judge/README.md): each
+sample's image and prompt become the judge's published chat completion, its reply the score by
+the published rule, and a reply that does not parse the sample's judge failure, never a 0."""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from common.batching import current_deadline
+from common.config import ConfigError, describe, env_name, from_env
+from common.errors import PayloadTooLarge, Unprocessable
+from common.images import once_per_image
+from common.media import MediaRequest
+from common.scorer import ImageScorer, Scored
+from common.settings import CoreSettings
+from services.judge import prompts
+from services.judge.engine import EngineClient, Reply
+from services.judge.prompts import ParseFailure
+from services.judge.settings import PAIRWISE, SECTION, JudgeSettings, settings_problem
+from services.ocr.reward import RuleOptions, check_targets, reward
+
+# flow_grpo resizes each image to 512x512 before sending it to UnifiedReward v1.
+V1_SIZE = (512, 512)
+PARSE_FAILURE = "parse_failure"
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    """One image (or chosen frame) to judge: its data URL, its prompt, and for VLM OCR the
+    prompt's target texts."""
+
+    url: str
+    prompt: str
+    targets: list[str] | None
+    show_reply: bool
+
+
+def data_url(image: Image.Image) -> str:
+    """A PNG data URL of an image (lossless: the judge sees the pixels the trainer made)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _show_reply(metadata: dict[str, Any]) -> bool:
+    option = metadata.get("judge", {})
+    if not isinstance(option, dict) or set(option) - {"reply"} or not isinstance(option.get("reply", False), bool):
+        raise Unprocessable("metadata['judge'] must be {'reply': true|false}")
+    return option.get("reply", False)
+
+
+class JudgeScorer(ImageScorer):
+    name = "judge"
+
+    def __init__(self, core: CoreSettings) -> None:
+        super().__init__(core)
+        self.settings = from_env(JudgeSettings, SECTION)
+        problem = settings_problem(self.settings)
+        if problem:
+            raise ConfigError(problem)
+        self.pairwise = self.settings.judge == PAIRWISE
+        self.ocr_options = RuleOptions()
+        self.engine: EngineClient | None = None
+        self.model = self.settings.model
+
+    def setup(self, device: str) -> None:
+        s = self.settings
+        self.engine = EngineClient(
+            s.engine, self.name, s.concurrency, s.retries, s.backoff_s, s.backoff_max_s, s.api_key
+        )
+        try:
+            served = self.engine.wait_until_up(s.engine_wait_s, need_models=not self.model)
+        except Exception as exc:
+            raise ConfigError(
+                f"the judge's engine at {s.engine} ({env_name(SECTION, 'engine')}) did not list its models "
+                f"within {s.engine_wait_s:g} s: {exc}"
+            ) from None
+        if not self.model:
+            if not served:
+                raise ConfigError(f"the engine at {s.engine} serves no model")
+            self.model = served[0]
+
+    def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
+        _show_reply(request.metadata)
+        if self.settings.judge == "vlm-ocr":
+            for index, prompt in enumerate(request.prompts, request.first_prompt):
+                check_targets(prompt, self.ocr_options, index)
+        if self.pairwise:
+            if request.frames is not None:
+                raise Unprocessable("the pairwise judge takes images; its video judging is not served yet")
+            counts: dict[str, int] = {}
+            for prompt in request.prompts:
+                counts[prompt] = counts.get(prompt, 0) + 1
+            alone = [index for index, prompt in enumerate(request.prompts, request.first_prompt) if counts[prompt] < 2]
+            if alone:
+                raise Unprocessable(
+                    f"prompts[{alone[0]}] has no other sample in the request: the pairwise judge scores each "
+                    "sample by its wins against the others of its prompt, so send each prompt's group together"
+                )
+            orders = 2 if self.settings.both_orders else 1
+            asked = sum(n * (n - 1) // 2 for n in counts.values()) * orders
+            if asked > self.settings.max_comparisons:
+                raise PayloadTooLarge(
+                    f"the request's groups need {asked} comparisons; the limit is {self.settings.max_comparisons} "
+                    f"({env_name(SECTION, 'max_comparisons')}): send smaller groups"
+                )
+
+    def prepare_images(self, images: list[Image.Image], prompts_: list[str], metadata: dict[str, Any]) -> list[Any]:
+        show = _show_reply(metadata)
+        resize = self.settings.judge == "unifiedreward-v1"
+
+        def encode(batch: list[Image.Image]) -> list[str]:
+            return [data_url(image.resize(V1_SIZE) if resize else image) for image in batch]
+
+        urls = once_per_image(images, encode)
+        targets: dict[str, list[str] | None] = {}
+        if self.settings.judge == "vlm-ocr":
+            for index, prompt in enumerate(prompts_):
+                if prompt not in targets:
+                    targets[prompt] = check_targets(prompt, self.ocr_options, index)
+        return [JudgeItem(url, prompt, targets.get(prompt), show) for url, prompt in zip(urls, prompts_)]
+
+    def _expires(self) -> float:
+        deadline = current_deadline()
+        return deadline.expires if deadline is not None else time.monotonic() + self.core.request_timeout_s
+
+    def _body(self, messages: list[dict[str, Any]], sampling: prompts.Sampling) -> dict[str, Any]:
+        return {"model": self.model, "messages": messages, **sampling.body()}
+
+    def score_request(self, items: Sequence[JudgeItem]) -> list[Scored]:
+        expires = self._expires()
+        if self.pairwise:
+            return self._pairwise(items, expires)
+        futures = [self.engine.submit(self._pointwise_body(item), expires) for item in items]
+        replies = _results(futures)
+        return self._fill_failures([self._pointwise(item, reply) for item, reply in zip(items, replies)])
+
+    def _pointwise_body(self, item: JudgeItem) -> dict[str, Any]:
+        image = {"type": "image_url", "image_url": {"url": item.url}}
+        judge = self.settings.judge
+        if judge == "vlm-ocr":
+            messages = [
+                {"role": "system", "content": prompts.VLM_OCR_SYSTEM},
+                {"role": "user", "content": [image, {"type": "text", "text": prompts.VLM_OCR_PROMPT}]},
+            ]
+            return self._body(messages, prompts.VLM_OCR_SAMPLING)
+        if judge == "unifiedreward-v1":
+            text, sampling = prompts.unified_reward_v1_prompt(item.prompt), prompts.UNIFIED_REWARD_V1_SAMPLING
+        else:
+            text, sampling = prompts.unified_reward_prompt(item.prompt), prompts.UNIFIED_REWARD_SAMPLING
+        return self._body([{"role": "user", "content": [image, {"type": "text", "text": text}]}], sampling)
+
+    def _pointwise(self, item: JudgeItem, reply: Reply) -> Scored:
+        extras: dict[str, Any] = {"reply": reply.text} if item.show_reply else {}
+        judge = self.settings.judge
+        try:
+            if judge == "vlm-ocr":
+                lines = prompts.transcription_lines(reply.text)
+                return Scored(reward(item.targets, lines, self.ocr_options), extras)
+            if judge == "unifiedreward-v1":
+                final = prompts.parse_unified_reward_v1(reply.text)
+                return Scored(final / 5.0, {**extras, "final_score": final})
+            axes = prompts.parse_unified_reward(reply.text)
+            return Scored(prompts.unified_reward_score(axes), {**extras, **axes})
+        except ParseFailure as exc:
+            return Scored(math.nan, {**extras, "error_types": PARSE_FAILURE, "error": str(exc)})
+
+    def _pairwise(self, items: Sequence[JudgeItem], expires: float) -> list[Scored]:
+        """Every pair of each prompt's group judged at once (both orders when asked); each
+        sample's score its win rate over its comparisons."""
+        groups: dict[str, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(item.prompt, []).append(index)
+        orders = [
+            (first, second)
+            for members in groups.values()
+            for a, b in itertools.combinations(members, 2)
+            for first, second in ([(a, b), (b, a)] if self.settings.both_orders else [(a, b)])
+        ]
+        futures = [self.engine.submit(self._pair_body(items[a], items[b]), expires) for a, b in orders]
+        wins = [0.0] * len(items)
+        counted = [0] * len(items)
+        failed = [0] * len(items)
+        replies: list[list[str]] = [[] for _ in items]
+        policy = self.settings.parse_failure_score
+        for (a, b), reply in zip(orders, _results(futures)):
+            for index in (a, b):
+                replies[index].append(reply.text)
+            try:
+                winner = a if prompts.parse_think(reply.text) == 1 else b
+            except ParseFailure:
+                failed[a] += 1
+                failed[b] += 1
+                if policy in ("zero", "tie"):
+                    counted[a] += 1
+                    counted[b] += 1
+                    if policy == "tie":
+                        wins[a] += 0.5
+                        wins[b] += 0.5
+                continue
+            wins[winner] += 1
+            counted[a] += 1
+            counted[b] += 1
+        results = []
+        for index, item in enumerate(items):
+            extras: dict[str, Any] = {
+                "comparisons": counted[index] + (failed[index] if policy in ("nan", "mean") else 0)
+            }
+            if item.show_reply:
+                extras["replies"] = replies[index]
+            if failed[index]:
+                extras["error_types"] = PARSE_FAILURE
+                extras["failed_comparisons"] = failed[index]
+            if (failed[index] and policy == "nan") or not counted[index]:
+                results.append(Scored(math.nan, extras))
+            else:
+                results.append(Scored(wins[index] / counted[index], extras))
+        return results
+
+    def _pair_body(self, first: JudgeItem, second: JudgeItem) -> dict[str, Any]:
+        content = [
+            {"type": "image_url", "image_url": {"url": first.url}},
+            {"type": "image_url", "image_url": {"url": second.url}},
+            {"type": "text", "text": prompts.think_prompt(first.prompt)},
+        ]
+        return self._body([{"role": "user", "content": content}], prompts.THINK_SAMPLING)
+
+    def _fill_failures(self, results: list[Scored]) -> list[Scored]:
+        """Parse failures scored by the ``parse_failure_score`` setting (NaN already)."""
+        policy = self.settings.parse_failure_score
+        if policy == "nan":
+            return results
+        parsed = [r.score for r in results if "error_types" not in r.extras]
+        fill = 0.0 if policy == "zero" else (math.fsum(parsed) / len(parsed) if parsed else math.nan)
+        return [Scored(fill, r.extras) if "error_types" in r.extras else r for r in results]
+
+    def info(self) -> dict[str, Any]:
+        return {"judge": self.settings.judge, "model": self.model, "settings": describe(self.settings)}
+
+
+def _results(futures: list[Future[Reply]]) -> list[Reply]:
+    """The replies, in order; the first engine failure fails the request (503), the rest cancelled."""
+    try:
+        return [future.result() for future in futures]
+    finally:
+        for future in futures:
+            future.cancel()

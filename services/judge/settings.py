@@ -1,0 +1,81 @@
+"""Settings of the VLM judges; each is ``SCORER_JUDGE_<FIELD>`` in the environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from common.config import ConfigError, env_name, from_env
+
+SECTION = "judge"
+# The judge that compares samples in pairs; the others score each alone.
+PAIRWISE = "unifiedreward-think"
+PARSE_FAILURE_HELP = (
+    f"{env_name(SECTION, 'parse_failure_score')} (run.sh judge --parse-failure-score) must be set to 'nan', "
+    "'zero', 'tie' or 'mean': the score of a sample whose judge reply does not parse. 'nan' (with the reply's "
+    "error in error_types) lets the trainer drop it; 'zero' is flow_grpo's and VeRL-Omni's convention, which "
+    "teaches the policy to avoid whatever made the judge ramble; 'tie' counts a pairwise comparison as half a "
+    "win each (the pairwise judge only); 'mean' gives it the mean of the request's parsed scores. There "
+    "is no default because the right choice depends on the trainer."
+)
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    # Which judge: the published prompt and reply rule (services/judge/README.md).
+    judge: Literal["unifiedreward", "unifiedreward-v1", "unifiedreward-think", "vlm-ocr"] = "unifiedreward"
+    # The OpenAI-compatible engine's base URL (http://HOST:PORT, its /v1/chat/completions beneath).
+    engine: str = ""
+    # The engine's model name; empty: the first model its /v1/models lists.
+    model: str = ""
+    # What a sample whose reply does not parse scores; no default on purpose (PARSE_FAILURE_HELP).
+    parse_failure_score: Literal["nan", "zero", "tie", "mean"] | None = None
+    # Chat completions one worker has in flight at once, across its requests.
+    concurrency: int = 64
+    # Retries of a call the engine answered 429 or 5xx, or could not be reached for, each after
+    # backoff_s doubling up to backoff_max_s, never past the request's deadline.
+    retries: int = 3
+    backoff_s: float = 0.5
+    backoff_max_s: float = 4.0
+    # Pairwise: judge each pair in both orders (position bias cancels), twice the calls.
+    both_orders: bool = False
+    # Pairwise: comparisons (engine calls) one request may ask for, checked before any is sent
+    # (413): a group of n samples is n(n-1)/2 pairs, 523,776 for one group of 1,024.
+    max_comparisons: int = 1024
+    # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
+    engine_wait_s: float = 600.0
+    # A bearer token for the engine, if it wants one.
+    api_key: str | None = None
+    # A model directory or hub id: start the engine as a child of the service (run.sh judge
+    # --serve), wait for it, and stop it with the service; ``engine`` and ``model`` then follow.
+    serve: str = ""
+    # The child engine's command: {model}, {port} and {gpus} (the node's visible GPUs) filled in.
+    # vLLM's own environment, installed only on the GPU node, must have ``vllm`` on PATH.
+    serve_command: str = (
+        "vllm serve {model} --host 127.0.0.1 --port {port} --data-parallel-size {gpus} "
+        "--limit-mm-per-prompt.image 32 --enable-prefix-caching --trust-remote-code"
+    )
+
+
+def settings_problem(settings: JudgeSettings) -> str | None:
+    """Why the judge cannot start with these settings; None when it can."""
+    if not settings.engine and not settings.serve:
+        return (
+            f"{env_name(SECTION, 'engine')} (run.sh judge --engine URL) must name the OpenAI-compatible "
+            "engine serving the judge model, e.g. http://127.0.0.1:8000 (or --serve MODEL to start vLLM as its child)"
+        )
+    if settings.parse_failure_score is None:
+        return PARSE_FAILURE_HELP
+    if settings.parse_failure_score == "tie" and settings.judge != PAIRWISE:
+        return f"{env_name(SECTION, 'parse_failure_score')}=tie applies to the pairwise judge ({PAIRWISE}) only"
+    if settings.concurrency < 1:
+        return f"{env_name(SECTION, 'concurrency')} must be at least 1"
+    return None
+
+
+def preflight(service: str = SECTION) -> str | None:
+    """Why the judge cannot start here: its settings (standard library only, as run.sh calls it)."""
+    try:
+        return settings_problem(from_env(JudgeSettings, SECTION))
+    except ConfigError as exc:
+        return str(exc)
