@@ -77,6 +77,12 @@ class CodeSettings:
     max_samples: int = 1024
     max_text_chars: int = 2_000_000
     max_request_chars: int = 64_000_000
+    # A label's Python code (an assert label's setup and tests together): past it, 413. It is
+    # compiled in helper processes (a MB takes seconds and ~250 MB), never on a request's thread.
+    max_label_code_chars: int = 1_000_000
+    # What the worker keeps of label code it compiled (digests and verdicts, so a GRPO group's
+    # label compiles once): at most this many MB, least recently used first out.
+    label_cache_mb: int = 32
     # Values (dict keys included) of an OpenRLHF JSON body, counted before it is parsed (413 ->
     # 422): room for labels of call-based tests whose arguments are long lists (a label at the
     # 2,000,000-character cap written as a list of small numbers is ~1 M values); 4 M values

@@ -12,6 +12,7 @@ from collections import Counter, OrderedDict, namedtuple
 
 import pytest
 
+from common.batching import Deadline
 from common.config import ConfigError
 from common.errors import Unprocessable
 from common.settings import CoreSettings
@@ -19,7 +20,8 @@ from services.code import environments
 from services.code.cgroups import Cgroups
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
-from services.code.labels import Suite, parse_label, result_matches, stdout_matches
+from services.code.label_code import ENTRY_BYTES, Checked, LabelCode
+from services.code.labels import Suite, label_code_of, parse_label, result_matches, stdout_matches
 from services.code.sandbox import FairSlots, SandboxFailure
 from services.code.sandboxed.wire import StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
@@ -102,9 +104,32 @@ def test_plain_data_crosses_as_fresh_builtins() -> None:
 def test_assert_labels_must_compile_and_may_carry_a_setup() -> None:
     suite = parse_label({"test": "assert f(1)", "entry_point": "f", "setup": "def helper():\n    pass"})
     assert suite.setup.startswith("def helper")
-    for bad in ({"test": "assert f(1"}, {"test": "assert f(1)", "setup": "def ("}, {"test": "x", "setup": 3}):
-        with pytest.raises(Unprocessable):
-            parse_label(bad)
+    with pytest.raises(Unprocessable):
+        parse_label({"test": "x", "setup": 3})
+    code = LabelCode(1, 1 << 20)
+    try:
+        checked = code.check(label_code_of(suite), Deadline(60))
+        assert checked == {"assert f(1)": Checked("", False), "def helper():\n    pass": Checked("", False)}
+        humaneval = "def check(c):\n    assert c(1)"
+        assert code.check([humaneval], Deadline(60))[humaneval].defines_check
+        for bad in ({"test": "assert f(1"}, {"test": "assert f(1)", "setup": "def ("}):
+            with pytest.raises(Unprocessable, match="does not compile"):
+                code.check(label_code_of(parse_label(bad)), Deadline(60))
+        assert code.stats()["entries"] == 5  # every verdict kept, a failed compile's too
+    finally:
+        code.close()
+
+
+def test_label_code_verdicts_are_kept_up_to_their_bytes() -> None:
+    """Each kept verdict costs its digest and error, whatever the code's length: a cache of
+    a few entries' bytes keeps the latest few of many large distinct labels."""
+    code = LabelCode(1, 3 * ENTRY_BYTES)
+    try:
+        for n in range(6):
+            code.check([f"assert f({n})\n" + "#" * 100_000], Deadline(60))
+        assert code.stats() == {"entries": 3, "bytes": 3 * ENTRY_BYTES, "max_bytes": 3 * ENTRY_BYTES}
+    finally:
+        code.close()
 
 
 def test_environments_ship_at_least_eight_problems() -> None:
