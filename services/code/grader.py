@@ -107,6 +107,10 @@ class JudgeFailure(Exception):
     sample gets no verdict."""
 
 
+# What a label's checker is given to start, beyond its tests' wall limits (``_check_reserve``).
+CHECK_START_S = 1.0
+
+
 # What a call-based or assert test that failed before an answer or a report gets.
 FAILURES = {
     "compile_error": "compile_error", "timeout": "timeout", "output_exceeded": "output_limit",
@@ -227,22 +231,29 @@ class Grader:
             return self._run(suite, sample.code, deadline, request, program)
 
     @contextlib.contextmanager
-    def _built(self, program: Program, deadline: float, request: object) -> Iterator[str | None]:
-        """``program``'s build held in the compile cache (built in a slot if it is not there):
-        yields its compile error, or None."""
+    def _built(
+        self, program: Program, deadline: float, request: object, uid: int | None = None
+    ) -> Iterator[str | None]:
+        """``program``'s build held in the compile cache (built if it is not there, in the slot
+        ``uid`` when the caller holds one, else in one of its own): yields its compile error, or None."""
         builds = self.builds
         assert builds is not None
 
-        def build() -> str | None:
+        def build_in(slot: int) -> str | None:
             job = builds.build_job(program, self._job(Suite("stdin", [""], [""]), "", deadline), self._cgroups())
-            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
-                if uid is None or time.monotonic() >= deadline:
+            runs = self.sandbox.run(job, slot)
+            try:
+                return builds.compile_error(next(runs, None))
+            finally:
+                runs.close()
+
+        def build() -> str | None:
+            if uid is not None:
+                return build_in(uid)
+            with self.sandbox.slot(request, deadline - time.monotonic()) as slot:
+                if slot is None or time.monotonic() >= deadline:
                     raise SandboxFailure("no run slot came free before the request deadline")
-                runs = self.sandbox.run(job, uid)
-                try:
-                    return builds.compile_error(next(runs, None))
-                finally:
-                    runs.close()
+                return build_in(slot)
 
         with builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
             yield error
@@ -255,10 +266,21 @@ class Grader:
     ) -> Verdict:
         statuses = ["timeout"] * len(suite.tests)
         outputs: dict[int, str] = {}  # what the custom checker judges
-        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+        with contextlib.ExitStack() as stack:
+            uid = stack.enter_context(self.sandbox.slot(request, deadline - time.monotonic()))
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
-            job = self._job(suite, code, deadline, program.language.name if program else PYTHON)
+            # A label's checker is built, and its time kept, before the program runs: whatever
+            # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
+            try:
+                checker = stack.enter_context(self._checker(suite, deadline, request, uid))
+            except JudgeFailure as exc:
+                log.warning("a label's checker failed a code sample (no verdict): %s", exc)
+                return Verdict("judge_failure", 0, len(statuses), None)
+            runs_by = deadline - (self._check_reserve(suite) if checker is not None else 0.0)
+            if runs_by <= time.monotonic():
+                raise SandboxFailure("no time left before the request deadline for the program and its checker")
+            job = self._job(suite, code, runs_by, program.language.name if program else PYTHON)
             if program is not None:
                 assert self.builds is not None
                 job = self.builds.run_job(program, job, self._cgroups())
@@ -278,14 +300,15 @@ class Grader:
                             outputs[run.index] = run.stdout
             finally:
                 runs.close()
-        points = [float(status == "passed") for status in statuses]
-        if outputs:
-            try:
-                for index, (status, got) in self._check(suite, outputs, deadline, request).items():
-                    statuses[index], points[index] = status, got
-            except JudgeFailure as exc:
-                log.warning("a label's checker failed a code sample (no verdict): %s", exc)
-                return Verdict("judge_failure", 0, len(statuses), None)
+            points = [float(status == "passed") for status in statuses]
+            if outputs:
+                assert checker is not None
+                try:
+                    for index, (status, got) in self._check(suite, checker, outputs, deadline, uid).items():
+                        statuses[index], points[index] = status, got
+                except JudgeFailure as exc:
+                    log.warning("a label's checker failed a code sample (no verdict): %s", exc)
+                    return Verdict("judge_failure", 0, len(statuses), None)
         return self._score(suite, statuses, points)
 
     def _score(self, suite: Suite, statuses: list[str], points: list[float]) -> Verdict:
@@ -303,11 +326,13 @@ class Grader:
             score = sum(points) / len(points)
         return Verdict(status, passed, len(statuses), score)
 
-    def _check(
-        self, suite: Suite, outputs: dict[int, str], deadline: float, request: object
-    ) -> dict[int, tuple[str, float]]:
-        """The label's custom checker on each test's output, in a sandbox of its own (the
-        program has exited): ``checker input output answer``. Raises ``JudgeFailure``."""
+    @contextlib.contextmanager
+    def _checker(self, suite: Suite, deadline: float, request: object, uid: int) -> Iterator[Program | None]:
+        """The label's custom checker (None without one), built in the slot ``uid`` and held in
+        the compile cache while the sample runs. Raises ``JudgeFailure``."""
+        if suite.checker.mode != "custom":
+            yield None
+            return
         if self.builds is None:
             raise JudgeFailure("this server builds no programs")
         checker = suite.checker
@@ -315,31 +340,43 @@ class Grader:
         if self.builds.missing(language):
             raise JudgeFailure(f"the checker's toolchain is missing ({', '.join(self.builds.missing(language))})")
         program = self.builds.program(language, checker.program, self.settings.memory_mb)
-        order = sorted(outputs)
-        with self._built(program, deadline, request) as error:
+        with self._built(program, deadline, request, uid) as error:
             if error is not None:
                 raise JudgeFailure(f"the checker does not compile: {error[:300]}")
-            files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
-            job = self.builds.check_job(program, self._job(Suite("stdin", [""] * len(order), [""]), "", deadline,
-                                                                    language.name),
-                                        files, self._cgroups())  # fmt: skip
-            found: dict[int, tuple[str, float]] = {}
-            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
-                if uid is None or time.monotonic() >= deadline:
-                    raise SandboxFailure("no run slot came free before the request deadline")
-                runs = self.sandbox.run(job, uid)
-                try:
-                    for run in runs:
-                        if not isinstance(run, StdinOutcome):
-                            raise JudgeFailure("the checker ran out of time")
-                        verdict = checkers.custom_verdict(
-                            run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
-                        )
-                        if verdict is None:
-                            raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")
-                        found[order[run.index]] = verdict
-                finally:
-                    runs.close()
+            yield program
+
+    def _check_reserve(self, suite: Suite) -> float:
+        """The time the label's checker may take on every test's output at its CPU limit (its
+        language's, each: a checker that sleeps is the label's failure), and a second for its
+        start: kept from the program's."""
+        language = LANGUAGES[CHECKER_LANGUAGES[suite.checker.language]].name
+        return self._scale(language).of(self.settings.test_cpu_s) * len(suite.tests) + CHECK_START_S
+
+    def _check(
+        self, suite: Suite, checker: Program, outputs: dict[int, str], deadline: float, uid: int
+    ) -> dict[int, tuple[str, float]]:
+        """The label's custom checker on each test's output, in a sandbox of its own (the
+        program has exited) in the sample's slot: ``checker input output answer``. Raises
+        ``JudgeFailure``."""
+        assert self.builds is not None
+        order = sorted(outputs)
+        files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
+        job = self._job(Suite("stdin", [""] * len(order), [""]), "", deadline, checker.language.name)
+        job = self.builds.check_job(checker, job, files, self._cgroups())
+        found: dict[int, tuple[str, float]] = {}
+        runs = self.sandbox.run(job, uid)
+        try:
+            for run in runs:
+                if not isinstance(run, StdinOutcome):
+                    raise JudgeFailure("the checker ran out of time")
+                verdict = checkers.custom_verdict(
+                    run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
+                )
+                if verdict is None:
+                    raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")
+                found[order[run.index]] = verdict
+        finally:
+            runs.close()
         if len(found) != len(order):
             raise JudgeFailure("the checker's runs ended early")
         return found
