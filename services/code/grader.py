@@ -9,18 +9,21 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.batching import Deadline
 from services.code import checkers
+from services.code.admission import Admission, Cost
 from services.code.compile_cache import Builds
 from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
-from services.code.sandbox import HELD_OUTPUT_FACTOR, Sandbox, SandboxFailure
+from services.code.sandbox import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
@@ -28,7 +31,7 @@ log = logging.getLogger(__name__)
 
 STATUSES = (
     "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit", "compile_error", "no_code",
-    "invalid_label", "sandbox_error", "language_unavailable", "judge_failure", "prompt_not_found",
+    "invalid_label", "sandbox_error", "language_unavailable", "judge_failure", "prompt_not_found", "deadline",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
@@ -61,7 +64,8 @@ class Verdict:
 
 
 def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
-    """The status of test ``run.index`` from what the sandbox reported."""
+    """The status of test ``run.index`` from what the sandbox reported (a test the sample's
+    time did not reach: ``timeout``, its own time spent)."""
     if isinstance(run, Skipped):
         return "timeout"
     if isinstance(run, CallOutcome):
@@ -88,6 +92,16 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     if checker.mode == "default":
         return "passed" if stdout_matches(run.stdout, want, tolerance) else "wrong_answer"
     return "passed" if checkers.matches(checker, run.stdout, want) else "wrong_answer"
+
+
+def cut_short(run: Outcome, job: Job) -> bool:
+    """Whether the sample's time, not the test's own limits, ended test ``run.index``: it was
+    never reached, or it was stopped under its CPU and wall limits."""
+    if isinstance(run, Skipped):
+        return True
+    if not isinstance(run, StdinOutcome) or not run.timed_out:
+        return False
+    return not (run.exit == -signal.SIGXCPU or run.cpu_s > job.cpu_s or run.wall_s >= job.wall_s)
 
 
 # What a program that failed to allocate prints as it dies: Python's and Java's error, C++'s
@@ -174,6 +188,8 @@ class Grader:
         self.timeout_s = timeout_s
         self.builds = builds
         self.time_scales = time_scales(settings.time_scales)
+        slots = settings.parallel - (settings.parallel >= RESERVE_FROM_SLOTS)  # what one request may hold
+        self.admission = Admission(len(os.sched_getaffinity(0)), slots, "SCORER_CODE_TEST_CPU_S, ..._WALL_S")
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -182,18 +198,54 @@ class Grader:
         """Verdicts in order, ``by`` the request's deadline; never raises for what a sample's code does."""
         deadline = (by or Deadline(self.timeout_s)).expires
         request = object()  # this request's place in the round-robin of slots
-        if len(samples) == 1:
-            verdicts = [self.grade_one(samples[0], deadline, request)]
-        else:
-            threads = min(len(samples), self.settings.parallel)
-            with ThreadPoolExecutor(threads, thread_name_prefix="code-grade") as pool:
-                verdicts = list(pool.map(lambda s: self.grade_one(s, deadline, request), samples))
+        with self._admitted(samples, deadline) as done:
+
+            def one(index: int) -> Verdict:
+                try:
+                    return self.grade_one(samples[index], deadline, request)
+                finally:
+                    done(index)
+
+            if len(samples) == 1:
+                verdicts = [one(0)]
+            else:
+                with ThreadPoolExecutor(min(len(samples), self.settings.parallel), "code-grade") as pool:
+                    verdicts = list(pool.map(one, range(len(samples))))
         self._count_masked(verdicts)
         invalid = [s.suite for s, v in zip(samples, verdicts, strict=True) if v.status == "invalid_label"]
         if invalid and invalid[0] is not None:
             reason = invalid[0].invalid or LONG_OUTPUT
             log.warning("%d code sample(s) scored 0 for an invalid label; one: %s", len(invalid), reason)
         return verdicts
+
+    @contextlib.contextmanager
+    def _admitted(self, samples: Sequence[Sample], deadline: float) -> Iterator[Callable[[int], None]]:
+        """The request's samples admitted at their full limits (``admission``; 413 / 503 when
+        they do not fit): yields what gives a sample's cost back as it ends."""
+        if self.settings.admission == "off":
+            yield lambda index: None
+            return
+        with self.admission.admit([self.cost(sample) for sample in samples], deadline) as admitted:
+            yield admitted.done
+
+    def cost(self, sample: Sample) -> Cost:
+        """What ``sample`` may take at its limits: its build, its tests (no more than its sample's
+        wall time; CPU no more than that on every core) and its label's checker."""
+        suite = sample.suite
+        if suite is None or suite.invalid or not sample.code:
+            return Cost(0.0, 0.0)
+        s = self.settings
+        scale = self._scale(sample.language)
+        tests = len(suite.tests)
+        own = self._own_sample_s(suite, sample.language)
+        cpu = min(tests * scale.of(s.test_cpu_s), own * self.admission.cores)
+        slot = min(tests * scale.of(s.test_wall_s), own)
+        if sample.language != PYTHON:
+            cpu, slot = cpu + s.compile_cpu_s, slot + s.compile_cpu_s
+        if suite.checker.mode == "custom":
+            reserve = self._check_reserve(suite) + (s.compile_cpu_s if suite.checker.language != PYTHON else 0.0)
+            cpu, slot = cpu + reserve, slot + reserve
+        return Cost(cpu, slot)
 
     def grade_one(self, sample: Sample, deadline: float, request: object) -> Verdict:
         if sample.suite is None:
@@ -266,6 +318,7 @@ class Grader:
     ) -> Verdict:
         statuses = ["timeout"] * len(suite.tests)
         outputs: dict[int, str] = {}  # what the custom checker judges
+        cut = False
         with contextlib.ExitStack() as stack:
             uid = stack.enter_context(self.sandbox.slot(request, deadline - time.monotonic()))
             if uid is None or time.monotonic() >= deadline:
@@ -280,7 +333,12 @@ class Grader:
             runs_by = deadline - (self._check_reserve(suite) if checker is not None else 0.0)
             if runs_by <= time.monotonic():
                 raise SandboxFailure("no time left before the request deadline for the program and its checker")
-            job = self._job(suite, code, runs_by, program.language.name if program else PYTHON)
+            language = program.language.name if program else PYTHON
+            job = self._job(suite, code, runs_by, language)
+            # Admitted at its limits, a sample the request's deadline ends before its own time
+            # ran late through no choice of its program: a test cut short is no verdict, never
+            # its timeout. Not admitted so, the program may have spent that time: its timeout.
+            deadline_cuts = self.settings.admission == "limits" and job.sample_s < self._own_sample_s(suite, language)
             if program is not None:
                 assert self.builds is not None
                 job = self.builds.run_job(program, job, self._cgroups())
@@ -290,6 +348,9 @@ class Grader:
             try:
                 held = 0  # characters of output waiting for the checker
                 for run in runs:
+                    if deadline_cuts and cut_short(run, job):
+                        cut = True
+                        continue
                     statuses[run.index] = self._judge(suite, run)
                     if statuses[run.index] == UNCHECKED:
                         assert isinstance(run, StdinOutcome)
@@ -300,6 +361,11 @@ class Grader:
                             outputs[run.index] = run.stdout
             finally:
                 runs.close()
+            if cut:
+                log.warning(
+                    "the request's deadline cut a code sample's test short (no verdict): a node behind its plan"
+                )
+                return Verdict("deadline", 0, len(statuses), None)
             points = [float(status == "passed") for status in statuses]
             if outputs:
                 assert checker is not None
@@ -386,8 +452,7 @@ class Grader:
         expected outputs), each test's time limits scaled for its language."""
         s = self.settings
         scale = self._scale(language)
-        # The sample's wall time scales too, its seconds once per test (each pays a start).
-        sample_s = s.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
+        sample_s = self._own_sample_s(suite, language)
         cgroups = self.sandbox.cgroups
         return Job(
             kind=suite.kind, code=code, fn_name=suite.fn_name,
@@ -405,6 +470,11 @@ class Grader:
             cgroup_memory_bytes=(s.memory_mb + s.tmp_mb + SUPERVISOR_MB) << 20,
             cgroup_tasks=s.max_threads + SUPERVISOR_TASKS,
         )  # fmt: skip
+
+    def _own_sample_s(self, suite: Suite, language: str) -> float:
+        """The sample's own wall time: it scales too, its seconds once per test (each pays a start)."""
+        scale = self._scale(language)
+        return self.settings.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
 
     @staticmethod
     def _trusted(suite: Suite) -> TrustedTests | None:

@@ -302,6 +302,7 @@ class CodeScorer(Scorer):
             "languages": self.grader.builds.availability() if self.grader and self.grader.builds else None,
             "compile_cache": self.grader.builds.cache.stats() if self.grader and self.grader.builds else None,
             "label_cache": self.label_code.stats(),
+            "admission": self.grader.admission.stats() if self.grader else None,
             "time_limits": self.grader.time_limits() if self.grader else None,
             "parallel": self.settings.parallel,
             "environment": self.settings.env or None,

@@ -34,6 +34,12 @@ class CodeSettings:
     # before and around the program (bench/code/startup.py measures it).
     time_scales: str = "java=2+0.5 javascript=2+0.5"
     sample_wall_s: float = 60.0
+    # Which requests a worker takes on (services/code/admission.py): "limits", only those whose
+    # samples all run every test at their full limits before the deadline, beside the work
+    # already admitted (the rest: 503 before any work, 413 for one that could never fit), a test
+    # the deadline cuts short anyway getting no verdict; "off", every request, a test the
+    # deadline cuts short being the program's timeout (it may have spent that time itself).
+    admission: Literal["limits", "off"] = "limits"
     # Limits of each test process.
     memory_mb: int = 1024
     # Tasks (processes and threads) per sample with cgroups (v2: its pids limit; v1: the rlimit
