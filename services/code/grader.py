@@ -189,7 +189,8 @@ class Grader:
         self.builds = builds
         self.time_scales = time_scales(settings.time_scales)
         slots = settings.parallel - (settings.parallel >= RESERVE_FROM_SLOTS)  # what one request may hold
-        self.admission = Admission(len(os.sched_getaffinity(0)), slots, "SCORER_CODE_TEST_CPU_S, ..._WALL_S")
+        limits = "SCORER_CODE_TEST_CPU_S / _TEST_WALL_S / _SAMPLE_WALL_S"
+        self.admission = Admission(len(os.sched_getaffinity(0)), slots, limits)
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
