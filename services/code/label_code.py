@@ -8,7 +8,6 @@ on meanwhile. What is kept of a verdict is a digest of the code and the verdict,
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import multiprocessing
 import resource
@@ -19,6 +18,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from types import CodeType
 
 from common.batching import Deadline, hold_work
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable
@@ -35,24 +35,23 @@ OUT_OF_MEMORY = "out of memory"
 
 @dataclass(frozen=True)
 class Checked:
-    """A piece of label code: why it does not compile ("" when it does), and whether it defines
-    ``check`` at its top level (HumanEval's form)."""
+    """A piece of label code: why it does not compile ("" when it does), and whether its module
+    defines a function ``check`` (HumanEval's form)."""
 
     error: str
     defines_check: bool
 
 
 def check_code(code: str) -> Checked:
-    """In a helper process: compile ``code`` and look for a top-level ``check``."""
+    """In a helper process: compile ``code`` (from its text: twice as fast as through ``ast``)
+    and look for a function ``check`` among what its module defines."""
     try:
-        tree = ast.parse(code, "<label>")
-        compile(tree, "<label>", "exec", dont_inherit=True)
+        compiled = compile(code, "<label>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         return Checked(str(exc) or type(exc).__name__, False)
     except (MemoryError, RecursionError):
         return Checked(OUT_OF_MEMORY, False)
-    body = tree.body
-    return Checked("", any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "check" for n in body))
+    return Checked("", any(isinstance(c, CodeType) and c.co_name == "check" for c in compiled.co_consts))
 
 
 def _limit_memory(nbytes: int) -> None:
