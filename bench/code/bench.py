@@ -98,7 +98,8 @@ CLIENTS = {"http.client": post_http, "requests": post_requests}
 def bench_service(names: list[str], parallel: int) -> dict[str, dict]:
     """One sample per request, all at once, as OpenRLHF sends them: call-based labels (the
     environment's), then the same tests as assert labels."""
-    env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV}
+    # The grader's throughput past what admission would take on (services/code/README.md#admission).
+    env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV, "SCORER_CODE_ADMISSION": "off"}
     labels = {"call-based": {}, **assert_labels()}
     post = CLIENTS[os.environ.get("BENCH_CODE_CLIENT", "http.client")]
     results = {}

@@ -27,7 +27,8 @@ from testing.server import gunicorn_server
 
 slots, copies = sys.argv[1], int(sys.argv[2])
 code = "import time\\nend = time.process_time() + 0.75\\nwhile time.process_time() < end:\\n    pass\\nprint('ok')"
-env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_MAX_PARALLEL": slots}
+# The grader's throughput past what admission would take on (services/code/README.md#admission).
+env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_MAX_PARALLEL": slots, "SCORER_CODE_ADMISSION": "off"}
 label = {"inputs": [""], "outputs": ["ok"]}
 with gunicorn_server("code", env, threads=64) as server:
     body = {"outputs": [f"```python\\n{code}\\n```"] * copies, "prompts": ["p"] * copies, "labels": [label] * copies}

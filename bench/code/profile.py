@@ -116,7 +116,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args()
-    env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV}
+    # The grader's throughput past what admission would take on (services/code/README.md#admission).
+    env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV, "SCORER_CODE_ADMISSION": "off"}
     with gunicorn_server("code", env, threads=256) as server, tempfile.TemporaryDirectory() as tmp:
         stop, done = threading.Event(), []
         loader = threading.Thread(target=load, args=(server.url + "/reward/score", stop, done))

@@ -9,19 +9,22 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.batching import Deadline
 from services.code import checkers, compare
+from services.code.admission import Admission, Cost
 from services.code.compile_cache import Builds
 from services.code.labels import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
 from services.code.preludes import prelude
-from services.code.sandbox import HELD_OUTPUT_FACTOR, Sandbox, SandboxFailure
+from services.code.sandbox import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
@@ -29,7 +32,7 @@ log = logging.getLogger(__name__)
 
 STATUSES = (
     "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit", "compile_error", "no_code",
-    "invalid_label", "sandbox_error", "language_unavailable", "judge_failure", "prompt_not_found",
+    "invalid_label", "sandbox_error", "language_unavailable", "judge_failure", "prompt_not_found", "deadline",
 )  # fmt: skip
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
@@ -62,7 +65,8 @@ class Verdict:
 
 
 def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
-    """The status of test ``run.index`` from what the sandbox reported."""
+    """The status of test ``run.index`` from what the sandbox reported (a test the sample's
+    time did not reach: ``timeout``, its own time spent)."""
     if isinstance(run, Skipped):
         return "timeout"
     if isinstance(run, CallOutcome):
@@ -90,6 +94,16 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     return "passed" if compare.output_matches(checker.mode, run.stdout, want, abs_tol, rel_tol) else "wrong_answer"
 
 
+def cut_short(run: Outcome, job: Job) -> bool:
+    """Whether the sample's time, not the test's own limits, ended test ``run.index``: it was
+    never reached, or it was stopped under its CPU and wall limits."""
+    if isinstance(run, Skipped):
+        return True
+    if not isinstance(run, StdinOutcome) or not run.timed_out:
+        return False
+    return not (run.exit == -signal.SIGXCPU or run.cpu_s > job.cpu_s or run.wall_s >= job.wall_s)
+
+
 # What a program that failed to allocate prints as it dies: Python's and Java's error, C++'s
 # exception, Go's and Rust's runtimes, a V8 heap at its limit. Without cgroups the address
 # space limit makes an allocation fail; with them, the kernel's OOM kill says it.
@@ -105,6 +119,10 @@ UNCHECKED = "unchecked"
 class JudgeFailure(Exception):
     """A label's custom checker failed (did not build, crashed, hung, flooded, exit 3): the
     sample gets no verdict."""
+
+
+# What a label's checker is given to start, beyond its tests' wall limits (``_check_reserve``).
+CHECK_START_S = 1.0
 
 
 # What a call-based or assert test that failed before an answer or a report gets.
@@ -170,6 +188,9 @@ class Grader:
         self.timeout_s = timeout_s
         self.builds = builds
         self.time_scales = time_scales(settings.time_scales)
+        slots = settings.parallel - (settings.parallel >= RESERVE_FROM_SLOTS)  # what one request may hold
+        limits = "SCORER_CODE_TEST_CPU_S / _TEST_WALL_S / _SAMPLE_WALL_S"
+        self.admission = Admission(len(os.sched_getaffinity(0)), slots, limits)
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -178,18 +199,54 @@ class Grader:
         """Verdicts in order, ``by`` the request's deadline; never raises for what a sample's code does."""
         deadline = (by or Deadline(self.timeout_s)).expires
         request = object()  # this request's place in the round-robin of slots
-        if len(samples) == 1:
-            verdicts = [self.grade_one(samples[0], deadline, request)]
-        else:
-            threads = min(len(samples), self.settings.parallel)
-            with ThreadPoolExecutor(threads, thread_name_prefix="code-grade") as pool:
-                verdicts = list(pool.map(lambda s: self.grade_one(s, deadline, request), samples))
+        with self._admitted(samples, deadline) as done:
+
+            def one(index: int) -> Verdict:
+                try:
+                    return self.grade_one(samples[index], deadline, request)
+                finally:
+                    done(index)
+
+            if len(samples) == 1:
+                verdicts = [one(0)]
+            else:
+                with ThreadPoolExecutor(min(len(samples), self.settings.parallel), "code-grade") as pool:
+                    verdicts = list(pool.map(one, range(len(samples))))
         self._count_masked(verdicts)
         invalid = [s.suite for s, v in zip(samples, verdicts, strict=True) if v.status == "invalid_label"]
         if invalid and invalid[0] is not None:
             reason = invalid[0].invalid or LONG_OUTPUT
             log.warning("%d code sample(s) scored 0 for an invalid label; one: %s", len(invalid), reason)
         return verdicts
+
+    @contextlib.contextmanager
+    def _admitted(self, samples: Sequence[Sample], deadline: float) -> Iterator[Callable[[int], None]]:
+        """The request's samples admitted at their full limits (``admission``; 413 / 503 when
+        they do not fit): yields what gives a sample's cost back as it ends."""
+        if self.settings.admission == "off":
+            yield lambda index: None
+            return
+        with self.admission.admit([self.cost(sample) for sample in samples], deadline) as admitted:
+            yield admitted.done
+
+    def cost(self, sample: Sample) -> Cost:
+        """What ``sample`` may take at its limits: its build, its tests (no more than its sample's
+        wall time; CPU no more than that on every core) and its label's checker."""
+        suite = sample.suite
+        if suite is None or suite.invalid or not sample.code:
+            return Cost(0.0, 0.0)
+        s = self.settings
+        scale = self._scale(sample.language)
+        tests = len(suite.tests)
+        own = self._own_sample_s(suite, sample.language)
+        cpu = min(tests * scale.of(s.test_cpu_s), own * self.admission.cores)
+        slot = min(tests * scale.of(s.test_wall_s), own)
+        if sample.language != PYTHON:
+            cpu, slot = cpu + s.compile_cpu_s, slot + s.compile_cpu_s
+        if suite.checker.mode == "custom":
+            reserve = self._check_reserve(suite) + (s.compile_cpu_s if suite.checker.language != PYTHON else 0.0)
+            cpu, slot = cpu + reserve, slot + reserve
+        return Cost(cpu, slot)
 
     def grade_one(self, sample: Sample, deadline: float, request: object) -> Verdict:
         if sample.suite is None:
@@ -227,22 +284,29 @@ class Grader:
             return self._run(suite, sample.code, deadline, request, program)
 
     @contextlib.contextmanager
-    def _built(self, program: Program, deadline: float, request: object) -> Iterator[str | None]:
-        """``program``'s build held in the compile cache (built in a slot if it is not there):
-        yields its compile error, or None."""
+    def _built(
+        self, program: Program, deadline: float, request: object, uid: int | None = None
+    ) -> Iterator[str | None]:
+        """``program``'s build held in the compile cache (built if it is not there, in the slot
+        ``uid`` when the caller holds one, else in one of its own): yields its compile error, or None."""
         builds = self.builds
         assert builds is not None
 
-        def build() -> str | None:
+        def build_in(slot: int) -> str | None:
             job = builds.build_job(program, self._job(Suite("stdin", [""], [""]), "", deadline), self._cgroups())
-            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
-                if uid is None or time.monotonic() >= deadline:
+            runs = self.sandbox.run(job, slot)
+            try:
+                return builds.compile_error(next(runs, None))
+            finally:
+                runs.close()
+
+        def build() -> str | None:
+            if uid is not None:
+                return build_in(uid)
+            with self.sandbox.slot(request, deadline - time.monotonic()) as slot:
+                if slot is None or time.monotonic() >= deadline:
                     raise SandboxFailure("no run slot came free before the request deadline")
-                runs = self.sandbox.run(job, uid)
-                try:
-                    return builds.compile_error(next(runs, None))
-                finally:
-                    runs.close()
+                return build_in(slot)
 
         with builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
             yield error
@@ -255,10 +319,27 @@ class Grader:
     ) -> Verdict:
         statuses = ["timeout"] * len(suite.tests)
         outputs: dict[int, str] = {}  # what the custom checker judges
-        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+        cut = False
+        with contextlib.ExitStack() as stack:
+            uid = stack.enter_context(self.sandbox.slot(request, deadline - time.monotonic()))
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
-            job = self._job(suite, code, deadline, program.language.name if program else PYTHON)
+            # A label's checker is built, and its time kept, before the program runs: whatever
+            # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
+            try:
+                checker = stack.enter_context(self._checker(suite, deadline, request, uid))
+            except JudgeFailure as exc:
+                log.warning("a label's checker failed a code sample (no verdict): %s", exc)
+                return Verdict("judge_failure", 0, len(statuses), None)
+            runs_by = deadline - (self._check_reserve(suite) if checker is not None else 0.0)
+            if runs_by <= time.monotonic():
+                raise SandboxFailure("no time left before the request deadline for the program and its checker")
+            language = program.language.name if program else PYTHON
+            job = self._job(suite, code, runs_by, language)
+            # Admitted at its limits, a sample the request's deadline ends before its own time
+            # ran late through no choice of its program: a test cut short is no verdict, never
+            # its timeout. Not admitted so, the program may have spent that time: its timeout.
+            deadline_cuts = self.settings.admission == "limits" and job.sample_s < self._own_sample_s(suite, language)
             if program is not None:
                 assert self.builds is not None
                 job = self.builds.run_job(program, job, self._cgroups())
@@ -268,6 +349,9 @@ class Grader:
             try:
                 held = 0  # characters of output waiting for the checker
                 for run in runs:
+                    if deadline_cuts and cut_short(run, job):
+                        cut = True
+                        continue
                     statuses[run.index] = self._judge(suite, run)
                     if statuses[run.index] == UNCHECKED:
                         assert isinstance(run, StdinOutcome)
@@ -278,14 +362,20 @@ class Grader:
                             outputs[run.index] = run.stdout
             finally:
                 runs.close()
-        points = [float(status == "passed") for status in statuses]
-        if outputs:
-            try:
-                for index, (status, got) in self._check(suite, outputs, deadline, request).items():
-                    statuses[index], points[index] = status, got
-            except JudgeFailure as exc:
-                log.warning("a label's checker failed a code sample (no verdict): %s", exc)
-                return Verdict("judge_failure", 0, len(statuses), None)
+            if cut:
+                log.warning(
+                    "the request's deadline cut a code sample's test short (no verdict): a node behind its plan"
+                )
+                return Verdict("deadline", 0, len(statuses), None)
+            points = [float(status == "passed") for status in statuses]
+            if outputs:
+                assert checker is not None
+                try:
+                    for index, (status, got) in self._check(suite, checker, outputs, deadline, uid).items():
+                        statuses[index], points[index] = status, got
+                except JudgeFailure as exc:
+                    log.warning("a label's checker failed a code sample (no verdict): %s", exc)
+                    return Verdict("judge_failure", 0, len(statuses), None)
         return self._score(suite, statuses, points)
 
     def _score(self, suite: Suite, statuses: list[str], points: list[float]) -> Verdict:
@@ -303,11 +393,13 @@ class Grader:
             score = sum(points) / len(points)
         return Verdict(status, passed, len(statuses), score)
 
-    def _check(
-        self, suite: Suite, outputs: dict[int, str], deadline: float, request: object
-    ) -> dict[int, tuple[str, float]]:
-        """The label's custom checker on each test's output, in a sandbox of its own (the
-        program has exited): ``checker input output answer``. Raises ``JudgeFailure``."""
+    @contextlib.contextmanager
+    def _checker(self, suite: Suite, deadline: float, request: object, uid: int) -> Iterator[Program | None]:
+        """The label's custom checker (None without one), built in the slot ``uid`` and held in
+        the compile cache while the sample runs. Raises ``JudgeFailure``."""
+        if suite.checker.mode != "custom":
+            yield None
+            return
         if self.builds is None:
             raise JudgeFailure("this server builds no programs")
         checker = suite.checker
@@ -315,31 +407,43 @@ class Grader:
         if self.builds.missing(language):
             raise JudgeFailure(f"the checker's toolchain is missing ({', '.join(self.builds.missing(language))})")
         program = self.builds.program(language, checker.program, self.settings.memory_mb)
-        order = sorted(outputs)
-        with self._built(program, deadline, request) as error:
+        with self._built(program, deadline, request, uid) as error:
             if error is not None:
                 raise JudgeFailure(f"the checker does not compile: {error[:300]}")
-            files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
-            job = self.builds.check_job(program, self._job(Suite("stdin", [""] * len(order), [""]), "", deadline,
-                                                                    language.name),
-                                        files, self._cgroups())  # fmt: skip
-            found: dict[int, tuple[str, float]] = {}
-            with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
-                if uid is None or time.monotonic() >= deadline:
-                    raise SandboxFailure("no run slot came free before the request deadline")
-                runs = self.sandbox.run(job, uid)
-                try:
-                    for run in runs:
-                        if not isinstance(run, StdinOutcome):
-                            raise JudgeFailure("the checker ran out of time")
-                        verdict = checkers.custom_verdict(
-                            run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
-                        )
-                        if verdict is None:
-                            raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")
-                        found[order[run.index]] = verdict
-                finally:
-                    runs.close()
+            yield program
+
+    def _check_reserve(self, suite: Suite) -> float:
+        """The time the label's checker may take on every test's output at its CPU limit (its
+        language's, each: a checker that sleeps is the label's failure), and a second for its
+        start: kept from the program's."""
+        language = LANGUAGES[CHECKER_LANGUAGES[suite.checker.language]].name
+        return self._scale(language).of(self.settings.test_cpu_s) * len(suite.tests) + CHECK_START_S
+
+    def _check(
+        self, suite: Suite, checker: Program, outputs: dict[int, str], deadline: float, uid: int
+    ) -> dict[int, tuple[str, float]]:
+        """The label's custom checker on each test's output, in a sandbox of its own (the
+        program has exited) in the sample's slot: ``checker input output answer``. Raises
+        ``JudgeFailure``."""
+        assert self.builds is not None
+        order = sorted(outputs)
+        files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
+        job = self._job(Suite("stdin", [""] * len(order), [""]), "", deadline, checker.language.name)
+        job = self.builds.check_job(checker, job, files, self._cgroups())
+        found: dict[int, tuple[str, float]] = {}
+        runs = self.sandbox.run(job, uid)
+        try:
+            for run in runs:
+                if not isinstance(run, StdinOutcome):
+                    raise JudgeFailure("the checker ran out of time")
+                verdict = checkers.custom_verdict(
+                    run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
+                )
+                if verdict is None:
+                    raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")
+                found[order[run.index]] = verdict
+        finally:
+            runs.close()
         if len(found) != len(order):
             raise JudgeFailure("the checker's runs ended early")
         return found
@@ -349,8 +453,7 @@ class Grader:
         expected outputs), each test's time limits scaled for its language."""
         s = self.settings
         scale = self._scale(language)
-        # The sample's wall time scales too, its seconds once per test (each pays a start).
-        sample_s = s.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
+        sample_s = self._own_sample_s(suite, language)
         cgroups = self.sandbox.cgroups
         return Job(
             kind=suite.kind, code=code, fn_name=suite.fn_name, prelude=prelude(suite.prelude or s.prelude, suite.kind),
@@ -368,6 +471,11 @@ class Grader:
             cgroup_memory_bytes=(s.memory_mb + s.tmp_mb + SUPERVISOR_MB) << 20,
             cgroup_tasks=s.max_threads + SUPERVISOR_TASKS,
         )  # fmt: skip
+
+    def _own_sample_s(self, suite: Suite, language: str) -> float:
+        """The sample's own wall time: it scales too, its seconds once per test (each pays a start)."""
+        scale = self._scale(language)
+        return self.settings.sample_wall_s * scale.factor + scale.offset_s * len(suite.tests)
 
     @staticmethod
     def _trusted(suite: Suite) -> TrustedTests | None:

@@ -9,10 +9,9 @@ process, apart from the candidate's (see ``sandboxed.calls``).
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,23 +74,20 @@ def _pairs(inputs: Any, outputs: Any) -> tuple[list[Any], list[Any]]:
     return inputs, outputs
 
 
-@functools.lru_cache(maxsize=4096)
-def _check_python(code: str) -> None:
-    """A label's test or setup code must compile (labels repeat across a prompt's samples)."""
-    try:
-        compile(code, "<label>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:
-        raise Unprocessable(f"labels: test code does not compile: {exc}") from None
-
-
 NO_ENTRY_POINT = "its test defines check(candidate) but no 'entry_point' names the function to check"
 
 
-@functools.lru_cache(maxsize=4096)
-def _defines_check(code: str) -> bool:
-    """Whether test code defines ``check`` at its top level (HumanEval's form)."""
-    tree = ast.parse(code)
-    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "check" for node in tree.body)
+def label_code_of(suite: Suite) -> list[str]:
+    """An assert label's Python code (its setup and tests): what must compile before it runs."""
+    return [code for code in (suite.setup, *suite.tests) if code] if suite.kind == "assert" else []
+
+
+def with_checked_code(suite: Suite, defines_check: Callable[[str], bool]) -> Suite:
+    """An assert ``suite`` whose code compiled, invalid when a test defines ``check`` (HumanEval's
+    form) and no ``entry_point`` names what it checks."""
+    if suite.kind != "assert" or suite.entry_point or suite.invalid or not any(map(defines_check, suite.tests)):
+        return suite
+    return dataclasses.replace(suite, invalid=NO_ENTRY_POINT)
 
 
 def parse_label(label: Any) -> Suite | str:
@@ -125,10 +121,7 @@ def parse_label(label: Any) -> Suite | str:
         setup = label.get("setup") or ""
         if not isinstance(entry, str) or not isinstance(setup, str):
             raise Unprocessable("labels: 'entry_point' and 'setup' must be strings")
-        for code in (setup, *tests):
-            _check_python(code)
-        invalid = "" if entry or not any(map(_defines_check, tests)) else NO_ENTRY_POINT
-        return Suite("assert", tests, [None] * len(tests), entry_point=entry, setup=setup, invalid=invalid)
+        return Suite("assert", tests, [None] * len(tests), entry_point=entry, setup=setup)
     if "tests" in label:
         cases = label["tests"]
         if not isinstance(cases, list) or not all(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -18,15 +19,15 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from common.batching import current_deadline
+from common.batching import Deadline, current_deadline
 from common.config import ConfigError, env_name, from_env
-from common.errors import Unprocessable, quote
+from common.errors import PayloadTooLarge, Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
-from services.code import compile_cache, environments, languages, packages, sandbox
+from services.code import compile_cache, environments, label_code, languages, packages, sandbox
 from services.code.extract import extract_program, response_from_query
 from services.code.grader import Grader, Sample, Verdict
-from services.code.labels import Suite, parse_label
+from services.code.labels import Suite, label_code_of, parse_label, with_checked_code
 from services.code.preflight import preflight
 from services.code.settings import CodeSettings
 
@@ -67,6 +68,18 @@ else:
 """
 
 SECTION = "code"
+# Helper processes per worker that compile label code (at most one per core).
+LABEL_HELPERS = 4
+
+
+def _label_text(label: Any) -> Any:
+    """A label as the text caps count it: a string as it is, a dict or list as its JSON."""
+    if label is None or isinstance(label, str):
+        return label or ""
+    try:
+        return json.dumps(label, default=str)
+    except (ValueError, TypeError, RecursionError):
+        raise Unprocessable("labels: a label must be plain JSON data") from None
 
 
 class Graded(Scored):
@@ -107,6 +120,9 @@ class CodeScorer(Scorer):
         self.isolation = self._choose_isolation()
         self.sandbox: sandbox.Sandbox | None = None
         self.grader: Grader | None = None
+        helpers = max(1, min(LABEL_HELPERS, len(os.sched_getaffinity(0))))
+        self.label_code = label_code.LabelCode(helpers, s.label_cache_mb << 20)
+        atexit.register(self.label_code.close)
 
     @staticmethod
     def _load_environment(name: str) -> environments.Environment:
@@ -201,7 +217,7 @@ class CodeScorer(Scorer):
         if len(responses) > s.max_samples:
             raise Unprocessable(f"{len(responses)} samples; the limit is {s.max_samples} per request")
         total = 0
-        for text in (*responses, *prompts, *(label for label in labels if isinstance(label, str))):
+        for text in (*responses, *prompts, *map(_label_text, labels)):
             if not isinstance(text, str):
                 raise Unprocessable("every response/query and prompt must be a string")
             if len(text) > s.max_text_chars:
@@ -209,7 +225,26 @@ class CodeScorer(Scorer):
             total += len(text)
         if total > s.max_request_chars:
             raise Unprocessable(f"{total} characters in the request; the limit is {s.max_request_chars}")
-        return [self._sample(r, p, label, from_query, wanted) for r, p, label in zip(responses, prompts, labels)]
+        samples = [self._sample(r, p, label, from_query, wanted) for r, p, label in zip(responses, prompts, labels)]
+        return self._with_checked_code(samples)
+
+    def _with_checked_code(self, samples: list[Sample]) -> list[Sample]:
+        """The samples, their assert labels' code compiled (in ``label_code``'s helpers) first."""
+        codes = {id(s.suite): label_code_of(s.suite) for s in samples if s.suite is not None}
+        for code in codes.values():
+            if sum(map(len, code)) > self.settings.max_label_code_chars:
+                raise PayloadTooLarge(
+                    f"a label of {sum(map(len, code))} characters of code; the limit is "
+                    f"{self.settings.max_label_code_chars} ({env_name(SECTION, 'max_label_code_chars')})"
+                )
+        wanted = [piece for code in codes.values() for piece in code]
+        if not wanted:
+            return samples
+        checked = self.label_code.check(wanted, current_deadline() or Deadline(self.core.request_timeout_s))
+        return [
+            s if s.suite is None else replace(s, suite=with_checked_code(s.suite, lambda c: checked[c].defines_check))
+            for s in samples
+        ]
 
     def _sample(self, text: str, prompt: str, label: Any, from_query: bool, wanted: str | None = None) -> Sample:
         suite = self._suite(label)
@@ -267,6 +302,8 @@ class CodeScorer(Scorer):
             "languages": self.grader.builds.availability() if self.grader and self.grader.builds else None,
             "toolchains": self.grader.builds.toolchains() if self.grader and self.grader.builds else None,
             "compile_cache": self.grader.builds.cache.stats() if self.grader and self.grader.builds else None,
+            "label_cache": self.label_code.stats(),
+            "admission": self.grader.admission.stats() if self.grader else None,
             "time_limits": self.grader.time_limits() if self.grader else None,
             "parallel": self.settings.parallel,
             "environment": self.settings.env or None,

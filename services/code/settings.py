@@ -34,6 +34,12 @@ class CodeSettings:
     # before and around the program (bench/code/startup.py measures it).
     time_scales: str = "java=2+0.5 javascript=2+0.5"
     sample_wall_s: float = 60.0
+    # Which requests a worker takes on (services/code/admission.py): "limits", only those whose
+    # samples all run every test at their full limits before the deadline, beside the work
+    # already admitted (the rest: 503 before any work, 413 for one that could never fit), a test
+    # the deadline cuts short anyway getting no verdict; "off", every request, a test the
+    # deadline cuts short being the program's timeout (it may have spent that time itself).
+    admission: Literal["limits", "off"] = "limits"
     # Limits of each test process.
     memory_mb: int = 1024
     # Tasks (processes and threads) per sample with cgroups (v2: its pids limit; v1: the rlimit
@@ -81,6 +87,12 @@ class CodeSettings:
     max_samples: int = 1024
     max_text_chars: int = 2_000_000
     max_request_chars: int = 64_000_000
+    # A label's Python code (an assert label's setup and tests together): past it, 413. It is
+    # compiled in helper processes (a MB takes seconds and ~250 MB), never on a request's thread.
+    max_label_code_chars: int = 1_000_000
+    # What the worker keeps of label code it compiled (digests and verdicts, so a GRPO group's
+    # label compiles once): at most this many MB, least recently used first out.
+    label_cache_mb: int = 32
     # Values (dict keys included) of an OpenRLHF JSON body, counted before it is parsed (413 ->
     # 422): room for labels of call-based tests whose arguments are long lists (a label at the
     # 2,000,000-character cap written as a list of small numbers is ~1 M values); 4 M values

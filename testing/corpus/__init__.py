@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 HUMAN_EVAL = HERE.parents[1] / "tests" / "code" / "data" / "HumanEval.jsonl.gz"
 # The server the corpus is graded by: the shipped limits, a few runs at once (2 shared cores
 # would otherwise turn the wall limit into verdicts).
-SERVER_ENV = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_MAX_PARALLEL": "4"}
+SERVER_ENV = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_MAX_PARALLEL": "4", "SCORER_CODE_ADMISSION": "off"}
 
 
 @dataclass(frozen=True)

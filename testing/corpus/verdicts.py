@@ -144,6 +144,8 @@ def server_env(limits: tuple[float, int]) -> dict[str, str]:
         "SCORER_CODE_TEST_CPU_S": str(time_limit),
         "SCORER_CODE_TEST_WALL_S": str(max(10.0, 2 * time_limit)),
         "SCORER_CODE_MEMORY_MB": str(memory_mb),
+        # The corpus is sent as fast as the server answers, not sized for admission at full limits.
+        "SCORER_CODE_ADMISSION": "off",
     }
 
 

@@ -30,3 +30,23 @@ def test_samples_are_graded_by_the_requests_deadline(variable: str, tmp_path: Pa
     assert out["error_types"][2] == "sandbox_error" and out["rewards"][2] != out["rewards"][2], out
     assert elapsed < 7.5, f"answered after {elapsed:.1f} s, past the 4 s deadline and the run in flight"
     assert deprecated == (variable == "SCORER_CODE_REQUEST_TIMEOUT_S")
+
+
+# Answers the first test at once, then spends each later test's wall limit (4 s) sleeping.
+FIRST_THEN_SLEEP = "import time\nif input() != '0':\n    time.sleep(100)\nprint(0)"
+
+
+def test_a_program_that_spends_its_time_leaves_its_checker_time_and_a_slot(tmp_path: Path) -> None:
+    """With a checker in the label, a program whose tests sleep to their wall limit until the
+    request deadline still gets the checker's verdict on what it answered (1 of 12 tests):
+    the checker's time and slot are kept before the program runs, never a NaN it chose."""
+    env = {**ENV, "SCORER_CODE_TEST_WALL_S": "4", "SCORER_CODE_SAMPLE_WALL_S": "120", "SCORER_REQUEST_TIMEOUT_S": "30"}
+    checker = {"program": "import sys\nsys.exit(0 if open(sys.argv[2]).read().strip() == '0' else 1)",
+               "language": "python"}  # fmt: skip
+    label = {"inputs": [str(i) for i in range(12)], "outputs": ["0"] * 12, "checker": checker}
+    with gunicorn_server("code", env, threads=8, log_dir=tmp_path) as server:
+        started = time.monotonic()
+        out = grade(server.url, [FIRST_THEN_SLEEP], label)
+        elapsed = time.monotonic() - started
+    assert out["error_types"] == ["timeout"] and out["rewards"] == [1 / 12], out
+    assert elapsed < 34, f"answered after {elapsed:.1f} s, past the 30 s deadline"

@@ -28,7 +28,13 @@ ROUNDS = 3
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    env = {**ENV, "SCORER_CODE_TEST_WALL_S": "5", "SCORER_CODE_SAMPLE_WALL_S": "20"}
+    # A label may hold 4.8 MB of expected answers (test_code_call_relay): a dict label counts as its JSON.
+    env = {
+        **ENV,
+        "SCORER_CODE_TEST_WALL_S": "5",
+        "SCORER_CODE_SAMPLE_WALL_S": "20",
+        "SCORER_CODE_MAX_TEXT_CHARS": "8000000",
+    }
     with gunicorn_server("code", env, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
 

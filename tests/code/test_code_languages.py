@@ -26,6 +26,8 @@ from tests.code.test_code_server import SECRET
 
 ENV = {
     "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
+    # Their requests are sized for the suites, not for a 2-core node at full limits (test_code_admission.py).
+    "SCORER_CODE_ADMISSION": "off",
     "SCORER_CODE_TEST_CPU_S": "2",
     "SCORER_CODE_TEST_WALL_S": "4",
     "SCORER_CODE_SAMPLE_WALL_S": "40",

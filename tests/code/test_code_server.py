@@ -27,6 +27,8 @@ from testing.server import Server, gunicorn_server
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
 ENV = {
     "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
+    # Their requests are sized for the suites, not for a 2-core node at full limits (test_code_admission.py).
+    "SCORER_CODE_ADMISSION": "off",
     "SCORER_CODE_ENV": "coin_change",
     "SCORER_CODE_TEST_CPU_S": "1",
     "SCORER_CODE_TEST_WALL_S": "2",

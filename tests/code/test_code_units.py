@@ -15,18 +15,21 @@ from pathlib import Path
 import pytest
 
 from common import registry
+from common.batching import Deadline
 from common.config import ConfigError
-from common.errors import Unprocessable
+from common.errors import Overloaded, PayloadTooLarge, Unprocessable
 from common.settings import CoreSettings
 from services.code import environments, languages
+from services.code.admission import Admission, Cost
 from services.code.cgroups import Cgroups
 from services.code.compare import output_matches, result_matches
 from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
-from services.code.labels import Suite, parse_label
+from services.code.label_code import ENTRY_BYTES, Checked, LabelCode
+from services.code.labels import Suite, label_code_of, parse_label
 from services.code.preludes import prelude
 from services.code.sandbox import FairSlots, SandboxFailure
-from services.code.sandboxed.wire import StdinOutcome, from_plain, to_plain
+from services.code.sandboxed.wire import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 
@@ -142,9 +145,32 @@ def test_plain_data_crosses_as_fresh_builtins() -> None:
 def test_assert_labels_must_compile_and_may_carry_a_setup() -> None:
     suite = parse_label({"test": "assert f(1)", "entry_point": "f", "setup": "def helper():\n    pass"})
     assert suite.setup.startswith("def helper")
-    for bad in ({"test": "assert f(1"}, {"test": "assert f(1)", "setup": "def ("}, {"test": "x", "setup": 3}):
-        with pytest.raises(Unprocessable):
-            parse_label(bad)
+    with pytest.raises(Unprocessable):
+        parse_label({"test": "x", "setup": 3})
+    code = LabelCode(1, 1 << 20)
+    try:
+        checked = code.check(label_code_of(suite), Deadline(60))
+        assert checked == {"assert f(1)": Checked("", False), "def helper():\n    pass": Checked("", False)}
+        humaneval = "def check(c):\n    assert c(1)"
+        assert code.check([humaneval], Deadline(60))[humaneval].defines_check
+        for bad in ({"test": "assert f(1"}, {"test": "assert f(1)", "setup": "def ("}):
+            with pytest.raises(Unprocessable, match="does not compile"):
+                code.check(label_code_of(parse_label(bad)), Deadline(60))
+        assert code.stats()["entries"] == 5  # every verdict kept, a failed compile's too
+    finally:
+        code.close()
+
+
+def test_label_code_verdicts_are_kept_up_to_their_bytes() -> None:
+    """Each kept verdict costs its digest and error, whatever the code's length: a cache of
+    a few entries' bytes keeps the latest few of many large distinct labels."""
+    code = LabelCode(1, 3 * ENTRY_BYTES)
+    try:
+        for n in range(6):
+            code.check([f"assert f({n})\n" + "#" * 100_000], Deadline(60))
+        assert code.stats() == {"entries": 3, "bytes": 3 * ENTRY_BYTES, "max_bytes": 3 * ENTRY_BYTES}
+    finally:
+        code.close()
 
 
 def test_environments_ship_at_least_eight_problems() -> None:
@@ -187,6 +213,46 @@ class FailingSandbox:
 SUITE = Suite("stdin", ["", ""], ["ok", "ok"])
 
 
+class LateSandbox(FailingSandbox):
+    """Reports a sample's first test, then the rest as its time's end cut them (``Skipped``)."""
+
+    def run(self, job, uid, trusted=None, held_bytes=0):
+        self.jobs.append(job)
+        yield StdinOutcome(0, 0, False, False, False, 0.0, 0.0, stdout="ok", stderr="", result="")
+        yield from (Skipped(index) for index in range(1, len(job.tests)))
+
+
+@pytest.mark.parametrize(("admission", "status", "score"), [("limits", "deadline", None), ("off", "timeout", 0.5)])
+def test_a_test_the_request_deadline_cuts_short_is_no_verdict_when_admitted(admission, status, score) -> None:
+    """Admitted at its limits, a sample the deadline ends before its own time ran late through
+    no choice of its program: no verdict. Not admitted, the program may have spent the time."""
+    sandbox = LateSandbox(0)
+    sandbox.jobs = []
+    settings = CodeSettings(infra_failure_score="nan", test_cpu_s=0.5, test_wall_s=1.0, admission=admission)
+    [verdict] = Grader(settings, sandbox, 5.0).grade([Sample("print('ok')", SUITE)])
+    assert sandbox.jobs[0].sample_s < settings.sample_wall_s  # the deadline, not its own time, ended it
+    assert (verdict.status, verdict.score) == (status, score)
+
+
+def test_admission_refuses_what_the_node_cannot_finish_by_the_deadline() -> None:
+    """2 cores, 2 slots: CPU seconds over the cores and slot seconds over the slots (Graham's
+    bound) must fit before the earliest deadline among the admitted requests."""
+    admission = Admission(cores=2, slots=2, setting="limits")
+    now = time.monotonic()
+    # 3 x 10 s of CPU on 2 cores: 15 s > 10 s, alone
+    with pytest.raises(PayloadTooLarge), admission.admit([Cost(10, 10)] * 3, now + 10):
+        pass
+    with admission.admit([Cost(4, 6)] * 2, now + 10) as first:  # slots: 12 / 2 + 6 / 2 = 9 s <= 10 s
+        # Beside it, by the earlier deadline: 24 / 2 + 3 = 15 s > 10 s.
+        with pytest.raises(Overloaded), admission.admit([Cost(4, 6)] * 2, now + 100):
+            pass
+        first.done(0)
+        first.done(1)  # its samples ended: their cost is given back
+        with admission.admit([Cost(4, 6)] * 2, now + 100):
+            assert admission.stats()["samples"] == 2
+    assert admission.stats() == {"requests": 0, "samples": 0, "cpu_s": 0, "slot_s": 0}
+
+
 def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:
     slots = FairSlots(range(8))
     big, small, other = object(), object(), object()
@@ -225,7 +291,8 @@ def test_more_than_5_of_100_masked_is_a_warning(caplog) -> None:
     programs = [f"print({i})" for i in range(94)]
     # 12 runs fail once and pass on their re-run; only the 6 samples without a prompt stay masked.
     failing = FailingSandbox(failures=1, programs=set(programs[:12]))
-    grader = Grader(CodeSettings(infra_failure_score="zero", retry_pause_s=0.01), failing, 150.0)
+    settings = CodeSettings(infra_failure_score="zero", retry_pause_s=0.01, admission="off")
+    grader = Grader(settings, failing, 150.0)
     with caplog.at_level(logging.WARNING):
         grader.grade([Sample(code, SUITE) for code in programs] + [Sample("x", None)] * 6)
     assert "6 of the last 100" in caplog.text
