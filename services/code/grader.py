@@ -52,6 +52,25 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class RunLimits:
+    """What a client asks of one run (``Grader.run_once``); the server's own limits cap each."""
+
+    cpu_s: float
+    wall_s: float
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One unjudged run (``Grader.run_once``): the build's compile error and how long getting
+    the build took (a cached one: its wait), for a compiled language; the run, when it built."""
+
+    compile_error: str | None
+    compile_s: float | None
+    run: StdinOutcome | None
+
+
+@dataclass(frozen=True)
 class Verdict:
     status: str
     passed: int
@@ -398,18 +417,45 @@ class Grader:
         job = self._job(Suite("stdin", list(inputs), [""] * len(inputs)), code, deadline, language)
         job = dataclasses.replace(job, keep_bytes=self.settings.max_output_bytes)
         if language == PYTHON:
-            return self._trial_runs(job, request)
+            return self._trial_runs(job, request, deadline)
         assert self.builds is not None
         program = self.builds.program(LANGUAGES[language], code, self.settings.memory_mb)
         with self._built(program, deadline, request) as error:
             if error is not None:
                 raise SandboxFailure(f"a trial program does not build: {error[:300]}")
-            return self._trial_runs(self.builds.run_job(program, job, self._cgroups()), request)
+            return self._trial_runs(self.builds.run_job(program, job, self._cgroups()), request, deadline)
 
-    def _trial_runs(self, job: Job, request: object) -> list[StdinOutcome]:
-        with self.sandbox.slot(request, self.timeout_s) as uid:
-            if uid is None:
-                raise SandboxFailure("no run slot came free")
+    def run_once(
+        self, code: str, language: str, stdin: str, limits: RunLimits, deadline: float, request: object
+    ) -> Trial:
+        """One run of ``code`` on ``stdin`` (built first, through the compile cache, when
+        compiled), unjudged, within ``limits`` (never more than the server's), by ``deadline``,
+        in a slot lent to ``request``: SandboxFusion's ``/run_code``. Raises ``SandboxFailure``."""
+        s = self.settings
+        memory_mb = min(limits.memory_mb, s.memory_mb)
+        less = (s.memory_mb - memory_mb) << 20
+        job = self._job(Suite("stdin", [stdin], [""]), code, deadline, language)
+        job = dataclasses.replace(
+            job, cpu_s=min(job.cpu_s, limits.cpu_s), wall_s=min(job.wall_s, limits.wall_s),
+            keep_bytes=s.max_output_bytes, memory_bytes=job.memory_bytes - less,
+            judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
+        )  # fmt: skip
+        if language == PYTHON:
+            return Trial(None, None, self._trial_runs(job, request, deadline)[0])
+        assert self.builds is not None
+        program = self.builds.program(LANGUAGES[language], code, memory_mb)
+        started = time.monotonic()
+        with self._built(program, deadline, request) as error:
+            built_s = time.monotonic() - started
+            if error is not None:
+                return Trial(error, built_s, None)
+            [run] = self._trial_runs(self.builds.run_job(program, job, self._cgroups()), request, deadline)
+            return Trial(None, built_s, run)
+
+    def _trial_runs(self, job: Job, request: object, deadline: float) -> list[StdinOutcome]:
+        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+            if uid is None or time.monotonic() >= deadline:
+                raise SandboxFailure("no run slot came free before the deadline")
             runs = list(self.sandbox.run(job, uid))
         if not all(isinstance(run, StdinOutcome) for run in runs):
             raise SandboxFailure(f"a trial run answered {runs}")

@@ -1,0 +1,161 @@
+"""SandboxFusion's ``/run_code``: its request, its answer, and one run through the grader.
+
+Field names, statuses and language names follow bytedance/SandboxFusion at commit 469de08
+(``sandbox/server/sandbox_api.py``: ``RunCodeRequest``, ``RunCodeResponse``, ``RunStatus``;
+``sandbox/runners/types.py``: ``CommandRunResult``, ``CommandRunStatus``, ``Language``), as
+verl's client reads them (volcengine/verl at b178a3c,
+``verl/utils/reward_score/sandbox_fusion/utils.py``). What differs is bounded by the node: a
+client's timeouts and memory never exceed the server's limits (``RunLimits``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import Unprocessable, quote
+from common.scorer import Scored
+from services.code.compile_cache import Unremembered
+from services.code.grader import Grader, RunLimits, Trial
+from services.code.languages import LANGUAGES, PYTHON
+from services.code.sandboxed.wire import StdinOutcome
+from services.code.settings import CodeSettings
+
+# SandboxFusion's language names this node runs, to ours.
+SERVED = {"python": PYTHON, "cpp": "cpp", "nodejs": "javascript", "go": "go", "java": "java", "rust": "rust"}
+# SandboxFusion's other names: a run it would make and this node cannot is its ``SandboxError``.
+NOT_SERVED = (
+    "go_test", "php", "csharp", "bash", "typescript", "sql", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala",
+    "julia", "pytest", "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift", "racket",
+)  # fmt: skip
+# SandboxFusion's defaults (``RunCodeRequest``): seconds, and -1 for "no memory limit asked".
+DEFAULT_TIMEOUT_S = 10.0
+# What a process killed at a limit reports as its return code (SIGKILL, negated as Python does).
+KILLED = -9
+
+
+@dataclass(frozen=True)
+class RunCode:
+    """One ``/run_code`` request, validated: ``language`` is ours ("" for a name SandboxFusion
+    knows and this node does not serve), ``asked`` the client's."""
+
+    code: str
+    asked: str
+    language: str
+    stdin: str
+    limits: RunLimits
+
+
+def parse(payload: dict[str, Any], settings: CodeSettings) -> RunCode:
+    """The request, or ``Unprocessable`` (SandboxFusion's FastAPI answers 422 too)."""
+    code, asked, stdin = payload.get("code"), payload.get("language"), payload.get("stdin")
+    if not isinstance(code, str):
+        raise Unprocessable("'code' must be a string")
+    if not isinstance(asked, str) or (asked not in SERVED and asked not in NOT_SERVED):
+        raise Unprocessable(
+            f"unknown language {quote(asked)}: SandboxFusion's names are {', '.join((*SERVED, *NOT_SERVED))}"
+        )
+    if stdin is not None and not isinstance(stdin, str):
+        raise Unprocessable("'stdin' must be a string or null")
+    for text in (code, stdin or ""):
+        if len(text) > settings.max_text_chars:
+            raise Unprocessable(f"a text of {len(text)} characters; the limit is {settings.max_text_chars}")
+    for name in ("files", "fetch_files", "args"):
+        if payload.get(name):
+            raise Unprocessable(f"'{name}' is not served by this node: only empty ones are accepted")
+    run_s = _seconds(payload, "run_timeout")
+    _seconds(payload, "compile_timeout")  # builds are shared: the server's compile limits apply
+    memory = payload.get("memory_limit_MB", -1)
+    if isinstance(memory, bool) or not isinstance(memory, int) or (memory <= 0 and memory != -1):
+        raise Unprocessable(f"'memory_limit_MB' must be a positive integer or -1, not {quote(memory)}")
+    memory_mb = settings.memory_mb if memory == -1 else min(memory, settings.memory_mb)
+    limits = RunLimits(cpu_s=run_s, wall_s=run_s, memory_mb=memory_mb)
+    return RunCode(code, asked, SERVED.get(asked, ""), stdin or "", limits)
+
+
+def _seconds(payload: dict[str, Any], name: str) -> float:
+    value = payload.get(name, DEFAULT_TIMEOUT_S)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise Unprocessable(f"'{name}' must be a positive number of seconds, not {quote(value)}")
+    return float(value)
+
+
+def run(grader: Grader, request: RunCode, deadline: float, owner: object) -> dict[str, Any]:
+    """The answer to ``request``: its run within its limits, by ``deadline``, in a slot lent
+    to ``owner``. Raises ``SandboxFailure`` when the sandbox could not make the run (no slot
+    in time, the sandbox failed)."""
+    if not request.language:
+        return sandbox_error(f"language {request.asked!r} is not served by this node (served: {', '.join(SERVED)})")
+    language = LANGUAGES.get(request.language)
+    if language is not None and (grader.builds is None or grader.builds.missing(language)):
+        return sandbox_error(f"the {request.asked} toolchain is not installed on this node")
+    trial = grader.run_once(request.code, request.language, request.stdin, request.limits, deadline, owner)
+    return answer(trial)
+
+
+def answer(trial: Trial) -> dict[str, Any]:
+    """``RunCodeResponse`` of one trial: ``Success`` when every command finished with 0,
+    ``Failed`` otherwise (a compile error, a non-zero exit, a limit), as ``parse_run_status``."""
+    compile_result = None
+    if trial.compile_s is not None:
+        error = trial.compile_error
+        compile_result = command_result(
+            "TimeLimitExceeded" if isinstance(error, Unremembered) else "Finished",
+            trial.compile_s, None if isinstance(error, Unremembered) else int(error is not None), "", error or "",
+        )  # fmt: skip
+    run_result = None if trial.run is None else _run_result(trial.run)
+    results = [r for r in (compile_result, run_result) if r is not None]
+    ok = all(r["status"] == "Finished" and r["return_code"] == 0 for r in results) and run_result is not None
+    return _response("Success" if ok else "Failed", "", compile_result, run_result)
+
+
+def _run_result(run: StdinOutcome) -> dict[str, Any]:
+    """A run's ``CommandRunResult``: a limit the program went over is named at the end of its
+    stderr, and a program stopped at one never reports 0."""
+    if run.timed_out:
+        return command_result("TimeLimitExceeded", run.wall_s, None, run.stdout, run.stderr)
+    syntax = _python_compile_error(run)
+    if syntax is not None:  # CPython itself exits 1 with it on stderr
+        return command_result("Finished", run.wall_s, 1, run.stdout, run.stderr + syntax)
+    limit = "memory" if run.over_memory else "output" if run.output_exceeded else ""
+    code = run.exit if run.exit or not limit else KILLED
+    stderr = run.stderr + (f"\n[sandbox] the {limit} limit was exceeded\n" if limit else "")
+    return command_result("Finished", run.wall_s, code, run.stdout, stderr)
+
+
+def _python_compile_error(run: StdinOutcome) -> str | None:
+    """The compile error a Python run reported before its program ran, or None."""
+    try:
+        reported = json.loads(run.result) if run.result else {}
+    except ValueError:
+        return None
+    return str(reported["compile_error"]) if isinstance(reported, dict) and "compile_error" in reported else None
+
+
+def command_result(
+    status: str, seconds: float | None, return_code: int | None, stdout: str, stderr: str
+) -> dict[str, Any]:
+    return {"status": status, "execution_time": seconds, "return_code": return_code, "stdout": stdout,
+            "stderr": stderr}  # fmt: skip
+
+
+def sandbox_error(message: str) -> dict[str, Any]:
+    """SandboxFusion's answer for a run it could not make."""
+    return _response("SandboxError", message, None, None)
+
+
+def _response(
+    status: str, message: str, compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {"status": status, "message": message, "compile_result": compile_result, "run_result": run_result,
+            "executor_pod_name": None, "files": {}}  # fmt: skip
+
+
+class Ran(Scored):
+    """A ``/run_code`` answer where the core's request path expects a result (it scores nothing)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__(math.nan)
+        self.answer = answer
