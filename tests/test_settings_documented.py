@@ -31,7 +31,10 @@ DOCUMENTED: list[tuple[str, type, str]] = [
     ("SCORER_CODE_", CodeSettings, "services/code/README.md"),
 ]
 # Variables the documents name that are not settings of a service.
-NOT_SETTINGS = {"SCORER_TEST_SKIP_REFERENCE", "SCORER_TEST_VERL_OMNI_HPSV3", "SCORER_BRIGHTNESS_THRESHOLD"}
+NOT_SETTINGS = {
+    "SCORER_TEST_SKIP_REFERENCE", "SCORER_TEST_VERL_OMNI_HPSV3", "SCORER_TEST_VERL_SANDBOX_FUSION",
+    "SCORER_BRIGHTNESS_THRESHOLD",
+}  # fmt: skip
 
 
 def table_cells(path: str) -> set[str]:
