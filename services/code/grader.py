@@ -21,6 +21,7 @@ from services.code.compile_cache import Builds
 from services.code.labels import Suite, result_matches, stdout_matches
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
 from services.code.sandbox import HELD_OUTPUT_FACTOR, Sandbox, SandboxFailure
+from services.code.sandboxed import wire
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
@@ -53,11 +54,14 @@ class Sample:
 
 @dataclass(frozen=True)
 class RunLimits:
-    """What a client asks of one run (``Grader.run_once``); the server's own limits cap each."""
+    """What a client asks of one run (``Grader.run_once``); the server's own limits cap each.
+    ``files`` are placed under its ``/tmp`` (path -> base64), ``fetch`` read back after it."""
 
     cpu_s: float
     wall_s: float
     memory_mb: int
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    fetch: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Trial:
     compile_error: str | None
     compile_s: float | None
     run: StdinOutcome | None
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # fetched: path -> base64
 
 
 @dataclass(frozen=True)
@@ -439,9 +444,10 @@ class Grader:
             job, cpu_s=min(job.cpu_s, limits.cpu_s), wall_s=min(job.wall_s, limits.wall_s),
             keep_bytes=s.max_output_bytes, memory_bytes=job.memory_bytes - less,
             judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
+            files=limits.files, fetch=list(limits.fetch), fetch_bytes=s.run_code_file_bytes,
         )  # fmt: skip
         if language == PYTHON:
-            return Trial(None, None, self._trial_runs(job, request, deadline)[0])
+            return self._run_once(job, request, deadline, None)
         assert self.builds is not None
         program = self.builds.program(LANGUAGES[language], code, memory_mb)
         started = time.monotonic()
@@ -449,17 +455,27 @@ class Grader:
             built_s = time.monotonic() - started
             if error is not None:
                 return Trial(error, built_s, None)
-            [run] = self._trial_runs(self.builds.run_job(program, job, self._cgroups()), request, deadline)
-            return Trial(None, built_s, run)
+            return self._run_once(self.builds.run_job(program, job, self._cgroups()), request, deadline, built_s)
+
+    def _run_once(self, job: Job, request: object, deadline: float, built_s: float | None) -> Trial:
+        messages = self._sandbox_run(job, request, deadline)
+        fetched = next((m.files for m in messages if isinstance(m, wire.Fetched)), {})
+        runs = [m for m in messages if not isinstance(m, wire.Fetched)]
+        if len(runs) != 1 or not isinstance(runs[0], StdinOutcome):
+            raise SandboxFailure(f"a run answered {runs}")
+        return Trial(None, built_s, runs[0], fetched)
 
     def _trial_runs(self, job: Job, request: object, deadline: float) -> list[StdinOutcome]:
-        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
-            if uid is None or time.monotonic() >= deadline:
-                raise SandboxFailure("no run slot came free before the deadline")
-            runs = list(self.sandbox.run(job, uid))
+        runs = self._sandbox_run(job, request, deadline)
         if not all(isinstance(run, StdinOutcome) for run in runs):
             raise SandboxFailure(f"a trial run answered {runs}")
         return runs  # type: ignore[return-value]
+
+    def _sandbox_run(self, job: Job, request: object, deadline: float) -> list[Outcome | wire.Fetched]:
+        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+            if uid is None or time.monotonic() >= deadline:
+                raise SandboxFailure("no run slot came free before the deadline")
+            return list(self.sandbox.run(job, uid))
 
     def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""

@@ -5,6 +5,7 @@ run, and verl's own client when a fetched copy of it is named (``SCORER_TEST_VER
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import threading
@@ -56,6 +57,10 @@ def run_code(url: str, code: str, language: str = "python", stdin: str | None = 
     response = requests.post(url + "/run_code", json=body, timeout=120)
     assert response.status_code == 200, response.text[:500]
     return response.json()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 # -- the wire contract ------------------------------------------------------------------------
@@ -139,12 +144,60 @@ def test_languages_it_does_not_run_are_refused_clearly(server) -> None:
 @pytest.mark.parametrize(
     "fields",
     [{"memory_limit_MB": 0}, {"run_timeout": -1}, {"run_timeout": "10"}, {"code": 3}, {"stdin": ["x"]},
-     {"files": {"a.txt": "eA=="}}, {"fetch_files": ["a.txt"]}],
+     {"args": ["-x"]}, {"files": {"a.txt": "not base64!"}}, {"files": {"../a.txt": "eA=="}},
+     {"files": {"/etc/a.txt": "eA=="}}, {"files": {".judge/prog": "eA=="}}, {"files": {"a": "eA==", "a/b": "eA=="}},
+     {"files": {f"f{i}": "eA==" for i in range(17)}}, {"files": {"big": b64(b"x" * ((8 << 20) + 1))}},
+     {"fetch_files": ["../../etc/passwd"]}, {"fetch_files": "a.txt"}],
 )  # fmt: skip
 def test_bad_requests_are_422(server, fields) -> None:
     body = {"code": "print(1)", "language": "python", **fields}
     response = requests.post(server.url + "/run_code", json=body, timeout=30)
     assert response.status_code == 422, response.text
+
+
+def test_files_go_in_and_come_back(server) -> None:
+    code = (
+        "import os\nos.makedirs('out', exist_ok=True)\n"
+        "open('out/result.txt', 'w').write(open('data/in.txt').read().upper())\nprint(os.getcwd())"
+    )
+    answer = run_code(server.url, code, files={"data/in.txt": b64(b"hello"), "skipped": None},
+                      fetch_files=["out/result.txt", "missing.txt", "data/in.txt"])  # fmt: skip
+    assert answer["status"] == "Success", answer
+    assert answer["files"] == {"out/result.txt": b64(b"HELLO"), "data/in.txt": b64(b"hello")}, answer
+
+
+def test_a_compiled_program_reads_and_writes_files_too(server) -> None:
+    code = (
+        '#include <fstream>\n#include <string>\nint main(){std::ifstream in("in.txt");std::string s;in>>s;'
+        'std::ofstream("out.txt")<<s<<s;}'
+    )
+    answer = run_code(server.url, code, "cpp", files={"in.txt": b64(b"ab")}, fetch_files=["out.txt"])
+    assert answer["status"] == "Success" and answer["files"] == {"out.txt": b64(b"abab")}, answer
+
+
+def test_fetching_follows_no_link_and_reads_regular_files_only(server) -> None:
+    """The program makes what the client fetches links to files the sandbox holds (its
+    supervisor's environment, the dynamic linker's cache) and a pipe: none comes back, and
+    the fetch does not block."""
+    code = (
+        "import os\nos.symlink('/proc/1/environ', 'environ')\nos.symlink('/etc', 'etc')\n"
+        "os.symlink('/proc/1', 'proc1')\nos.mkfifo('pipe')\nopen('plain', 'w').write('mine')"
+    )
+    fetch = ["environ", "etc/ld.so.cache", "proc1/environ", "pipe", "plain"]
+    answer = run_code(server.url, code, fetch_files=fetch)
+    assert answer["status"] == "Success" and answer["files"] == {"plain": b64(b"mine")}, answer
+
+
+def test_fetched_files_stop_at_the_limit(server) -> None:
+    code = "for name in ('a', 'b'):\n    open(name, 'wb').write(b'x' * (5 << 20))"
+    answer = run_code(server.url, code, fetch_files=["a", "b"])
+    assert answer["status"] == "Success" and set(answer["files"]) == {"a"}, sorted(answer["files"])
+
+
+def test_a_run_does_not_see_an_earlier_runs_files(server) -> None:
+    run_code(server.url, "print(1)", files={"secret.txt": b64(b"earlier")})
+    later = run_code(server.url, "import os\nprint(os.path.exists('secret.txt'))", fetch_files=["secret.txt"])
+    assert later["run_result"]["stdout"] == "False\n" and later["files"] == {}, later
 
 
 def test_run_jupyter_is_not_served(server) -> None:

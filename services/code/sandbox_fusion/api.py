@@ -10,6 +10,7 @@ client's timeouts and memory never exceed the server's limits (``RunLimits``).
 
 from __future__ import annotations
 
+import binascii
 import json
 import math
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from common.scorer import Scored
 from services.code.compile_cache import Unremembered
 from services.code.grader import Grader, RunLimits, Trial
 from services.code.languages import LANGUAGES, PYTHON
+from services.code.sandboxed.files import components
 from services.code.sandboxed.wire import StdinOutcome
 from services.code.settings import CodeSettings
 
@@ -62,17 +64,56 @@ def parse(payload: dict[str, Any], settings: CodeSettings) -> RunCode:
     for text in (code, stdin or ""):
         if len(text) > settings.max_text_chars:
             raise Unprocessable(f"a text of {len(text)} characters; the limit is {settings.max_text_chars}")
-    for name in ("files", "fetch_files", "args"):
-        if payload.get(name):
-            raise Unprocessable(f"'{name}' is not served by this node: only empty ones are accepted")
+    if payload.get("args"):
+        raise Unprocessable("'args' (pytest's) is not served by this node: only an empty list is accepted")
     run_s = _seconds(payload, "run_timeout")
     _seconds(payload, "compile_timeout")  # builds are shared: the server's compile limits apply
     memory = payload.get("memory_limit_MB", -1)
     if isinstance(memory, bool) or not isinstance(memory, int) or (memory <= 0 and memory != -1):
         raise Unprocessable(f"'memory_limit_MB' must be a positive integer or -1, not {quote(memory)}")
     memory_mb = settings.memory_mb if memory == -1 else min(memory, settings.memory_mb)
-    limits = RunLimits(cpu_s=run_s, wall_s=run_s, memory_mb=memory_mb)
+    files, fetch = _files(payload.get("files") or {}, settings), _fetch(payload.get("fetch_files") or [], settings)
+    limits = RunLimits(cpu_s=run_s, wall_s=run_s, memory_mb=memory_mb, files=files, fetch=fetch)
     return RunCode(code, asked, SERVED.get(asked, ""), stdin or "", limits)
+
+
+def _files(given: object, settings: CodeSettings) -> dict[str, str]:
+    """``files``: path -> base64 (a null content is skipped, as SandboxFusion does), at most
+    ``run_code_files`` of them and ``run_code_file_bytes`` decoded in all, each a plain path
+    under the run's directory that no other names as a directory."""
+    if not isinstance(given, dict):
+        raise Unprocessable("'files' must be an object of path -> base64 content")
+    files = {path: data for path, data in given.items() if data is not None}
+    if len(files) > settings.run_code_files:
+        raise Unprocessable(f"{len(files)} files; the limit is {settings.run_code_files} (run_code_files)")
+    total, placed = 0, set()
+    for path, data in files.items():
+        if not isinstance(data, str):
+            raise Unprocessable(f"the content of file {quote(path)} must be base64 text or null")
+        pieces = components(path)
+        if pieces is None:
+            raise Unprocessable(f"file path {quote(path)} must be relative, without '..'")
+        try:
+            total += len(binascii.a2b_base64(data, strict_mode=True))
+        except binascii.Error:
+            raise Unprocessable(f"the content of file {quote(path)} is not base64") from None
+        if total > settings.run_code_file_bytes:
+            raise Unprocessable(f"files of more than {settings.run_code_file_bytes} bytes (run_code_file_bytes)")
+        placed.add(tuple(pieces))
+    if len(placed) < len(files) or any(path[:end] in placed for path in placed for end in range(1, len(path))):
+        raise Unprocessable("two files name the same path, or one names another's directory")
+    return files
+
+
+def _fetch(given: object, settings: CodeSettings) -> tuple[str, ...]:
+    if not isinstance(given, list) or not all(isinstance(path, str) for path in given):
+        raise Unprocessable("'fetch_files' must be a list of paths")
+    if len(given) > settings.run_code_files:
+        raise Unprocessable(f"{len(given)} files to fetch; the limit is {settings.run_code_files} (run_code_files)")
+    for path in given:
+        if components(path) is None:
+            raise Unprocessable(f"file path {quote(path)} must be relative, without '..'")
+    return tuple(dict.fromkeys(given))
 
 
 def _seconds(payload: dict[str, Any], name: str) -> float:
@@ -108,7 +149,7 @@ def answer(trial: Trial) -> dict[str, Any]:
     run_result = None if trial.run is None else _run_result(trial.run)
     results = [r for r in (compile_result, run_result) if r is not None]
     ok = all(r["status"] == "Finished" and r["return_code"] == 0 for r in results) and run_result is not None
-    return _response("Success" if ok else "Failed", "", compile_result, run_result)
+    return _response("Success" if ok else "Failed", "", compile_result, run_result, trial.files)
 
 
 def _run_result(run: StdinOutcome) -> dict[str, Any]:
@@ -147,10 +188,14 @@ def sandbox_error(message: str) -> dict[str, Any]:
 
 
 def _response(
-    status: str, message: str, compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None
+    status: str,
+    message: str,
+    compile_result: dict[str, Any] | None,
+    run_result: dict[str, Any] | None,
+    files: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     return {"status": status, "message": message, "compile_result": compile_result, "run_result": run_result,
-            "executor_pod_name": None, "files": {}}  # fmt: skip
+            "executor_pod_name": None, "files": files or {}}  # fmt: skip
 
 
 class Ran(Scored):
