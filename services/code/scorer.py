@@ -265,12 +265,12 @@ class CodeScorer(Scorer):
         return [Graded(self.reward(v), v) for v in self.grade(items)]  # type: ignore[arg-type]
 
     def run_code(self, request: sandbox_fusion.RunCode) -> sandbox_fusion.Ran:
-        """One ``/run_code`` run by the request's deadline, in a slot of its own request."""
+        """One ``/run_code`` run by the request's deadline, in a slot lent to its client."""
         if self.grader is None:
             raise RuntimeError("the code sandbox is not started")
         deadline = current_deadline() or Deadline(self.core.request_timeout_s)
         try:
-            return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, deadline.expires, object()))
+            return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, deadline.expires))
         except sandbox.SandboxFailure as exc:
             raise Overloaded(f"the sandbox could not make the run ({exc}); retry") from exc
 

@@ -41,17 +41,27 @@ KILLED = -9
 @dataclass(frozen=True)
 class RunCode:
     """One ``/run_code`` request, validated: ``language`` is ours ("" for a name SandboxFusion
-    knows and this node does not serve), ``asked`` the client's."""
+    knows and this node does not serve), ``asked`` the client's; ``client`` its address, whose
+    runs share one turn at the run slots (``owner``)."""
 
     code: str
     asked: str
     language: str
     stdin: str
     limits: RunLimits
+    client: str = ""
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        """Whom its run slot is lent to: one client's calls take their turns together, as one
+        graded request's samples do, so a client with many calls at once (or many slow ones)
+        holds at most all slots but one while another client waits."""
+        return ("run_code", self.client)
 
 
-def parse(payload: dict[str, Any], settings: CodeSettings) -> RunCode:
-    """The request, or ``Unprocessable`` (SandboxFusion's FastAPI answers 422 too)."""
+def parse(payload: dict[str, Any], settings: CodeSettings, client: str = "") -> RunCode:
+    """The request of ``client`` (its address), or ``Unprocessable`` (SandboxFusion's FastAPI
+    answers 422 too)."""
     code, asked, stdin = payload.get("code"), payload.get("language"), payload.get("stdin")
     if not isinstance(code, str):
         raise Unprocessable("'code' must be a string")
@@ -74,7 +84,7 @@ def parse(payload: dict[str, Any], settings: CodeSettings) -> RunCode:
     memory_mb = settings.memory_mb if memory == -1 else min(memory, settings.memory_mb)
     files, fetch = _files(payload.get("files") or {}, settings), _fetch(payload.get("fetch_files") or [], settings)
     limits = RunLimits(cpu_s=run_s, wall_s=run_s, memory_mb=memory_mb, files=files, fetch=fetch)
-    return RunCode(code, asked, SERVED.get(asked, ""), stdin or "", limits)
+    return RunCode(code, asked, SERVED.get(asked, ""), stdin or "", limits, client)
 
 
 def _files(given: object, settings: CodeSettings) -> dict[str, str]:
@@ -123,16 +133,16 @@ def _seconds(payload: dict[str, Any], name: str) -> float:
     return float(value)
 
 
-def run(grader: Grader, request: RunCode, deadline: float, owner: object) -> dict[str, Any]:
+def run(grader: Grader, request: RunCode, deadline: float) -> dict[str, Any]:
     """The answer to ``request``: its run within its limits, by ``deadline``, in a slot lent
-    to ``owner``. Raises ``SandboxFailure`` when the sandbox could not make the run (no slot
+    to its client. Raises ``SandboxFailure`` when the sandbox could not make the run (no slot
     in time, the sandbox failed)."""
     if not request.language:
         return sandbox_error(f"language {request.asked!r} is not served by this node (served: {', '.join(SERVED)})")
     language = LANGUAGES.get(request.language)
     if language is not None and (grader.builds is None or grader.builds.missing(language)):
         return sandbox_error(f"the {request.asked} toolchain is not installed on this node")
-    trial = grader.run_once(request.code, request.language, request.stdin, request.limits, deadline, owner)
+    trial = grader.run_once(request.code, request.language, request.stdin, request.limits, deadline, request.owner)
     return answer(trial)
 
 
