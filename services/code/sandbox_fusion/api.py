@@ -32,7 +32,7 @@ NOT_SERVED = (
     "go_test", "php", "csharp", "bash", "typescript", "sql", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala",
     "julia", "pytest", "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift", "racket",
 )  # fmt: skip
-# SandboxFusion's defaults (``RunCodeRequest``): seconds, and -1 for "no memory limit asked".
+# SandboxFusion's default compile and run timeouts (``RunCodeRequest``).
 DEFAULT_TIMEOUT_S = 10.0
 # What a process killed at a limit reports as its return code (SIGKILL, negated as Python does).
 KILLED = -9
@@ -74,6 +74,8 @@ def parse(payload: dict[str, Any], settings: CodeSettings, client: str = "") -> 
     for text in (code, stdin or ""):
         if len(text) > settings.max_text_chars:
             raise Unprocessable(f"a text of {len(text)} characters; the limit is {settings.max_text_chars}")
+    if stdin is not None and not _unicode(stdin):
+        raise Unprocessable("'stdin' holds a lone surrogate: it is no Unicode text a program could read")
     if payload.get("args"):
         raise Unprocessable("'args' (pytest's) is not served by this node: only an empty list is accepted")
     run_s = _seconds(payload, "run_timeout")
@@ -100,30 +102,44 @@ def _files(given: object, settings: CodeSettings) -> dict[str, str]:
     for path, data in files.items():
         if not isinstance(data, str):
             raise Unprocessable(f"the content of file {quote(path)} must be base64 text or null")
-        pieces = components(path)
-        if pieces is None:
-            raise Unprocessable(f"file path {quote(path)} must be relative, without '..'")
+        pieces = _path(path)
         try:
             total += len(binascii.a2b_base64(data, strict_mode=True))
         except binascii.Error:
             raise Unprocessable(f"the content of file {quote(path)} is not base64") from None
         if total > settings.run_code_file_bytes:
             raise Unprocessable(f"files of more than {settings.run_code_file_bytes} bytes (run_code_file_bytes)")
-        placed.add(tuple(pieces))
+        placed.add(pieces)
     if len(placed) < len(files) or any(path[:end] in placed for path in placed for end in range(1, len(path))):
         raise Unprocessable("two files name the same path, or one names another's directory")
     return files
 
 
 def _fetch(given: object, settings: CodeSettings) -> tuple[str, ...]:
-    if not isinstance(given, list) or not all(isinstance(path, str) for path in given):
+    if not isinstance(given, list):
         raise Unprocessable("'fetch_files' must be a list of paths")
     if len(given) > settings.run_code_files:
         raise Unprocessable(f"{len(given)} files to fetch; the limit is {settings.run_code_files} (run_code_files)")
     for path in given:
-        if components(path) is None:
-            raise Unprocessable(f"file path {quote(path)} must be relative, without '..'")
+        _path(path)
     return tuple(dict.fromkeys(given))
+
+
+def _unicode(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (JSON may carry lone surrogates, which do not)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _path(path: object) -> tuple[str, ...]:
+    """A file path's components under the run's directory, or ``Unprocessable``."""
+    pieces = components(path) if isinstance(path, str) and _unicode(path) else None
+    if pieces is None:
+        raise Unprocessable(f"file path {quote(path)} must be relative text, without '..'")
+    return tuple(pieces)
 
 
 def _seconds(payload: dict[str, Any], name: str) -> float:
