@@ -333,6 +333,23 @@ start_all() {
   wait
 }
 
+# verl_client PYTHON: exports SCORER_TEST_VERL_SANDBOX_FUSION, verl's SandboxFusion client
+# (verl/utils/reward_score/sandbox_fusion/utils.py, which tests/code/test_sandbox_fusion.py runs
+# against /run_code), taken from the verl wheel requirements-verl-client.txt pins: downloaded
+# without its dependencies into .verl-client/, never installed. Without it that test skips.
+verl_client() {
+  local dir=$ROOT/.verl-client file=verl/utils/reward_score/sandbox_fusion/utils.py
+  if [ ! -f "$dir/utils.py" ]; then
+    if ! "$1" -m pip download -q --no-deps -r requirements-verl-client.txt -d "$dir"; then
+      log "could not download verl's wheel: the verl client tests skip"
+      return 0
+    fi
+    "$1" -c 'import glob, sys, zipfile; [wheel] = glob.glob(sys.argv[1] + "/verl-*.whl")
+open(sys.argv[1] + "/utils.py", "wb").write(zipfile.ZipFile(wheel).read(sys.argv[2]))' "$dir" "$file"
+  fi
+  export SCORER_TEST_VERL_SANDBOX_FUSION=$dir/utils.py
+}
+
 command=${1:-all}
 [ $# -gt 0 ] && shift
 case $command in
@@ -365,6 +382,7 @@ case $command in
       ensure_venv engine
       export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
     fi
+    [ -n "${SCORER_TEST_VERL_SANDBOX_FUSION:-}" ] || verl_client "$tests_venv/bin/python"
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
   all)

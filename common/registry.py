@@ -189,7 +189,11 @@ SERVICES: dict[str, Service] = {
             go=True,
             flags=("infra_failure_score", "env"),
             preflight="services.code.preflight:preflight",
-            protocols=("services.code.openrlhf:OpenRLHFProtocol",),
+            protocols=(
+                "services.code.openrlhf:OpenRLHFProtocol",
+                "services.code.sandbox_fusion.protocol:RunCodeProtocol",
+                "services.code.sandbox_fusion.protocol:RunJupyterProtocol",
+            ),
             # The packages graded programs may import, in a directory of their own.
             prepare=("services.code.packages",),
         ),

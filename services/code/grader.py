@@ -25,6 +25,7 @@ from services.code.labels import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
 from services.code.preludes import prelude
 from services.code.sandbox import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
+from services.code.sandboxed import wire
 from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
@@ -53,6 +54,29 @@ class Sample:
     code: str
     suite: Suite | None
     language: str = PYTHON
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """What a client asks of one run (``Grader.run_once``); the server's own limits cap each.
+    ``files`` are placed under its ``/tmp`` (path -> base64), ``fetch`` read back after it."""
+
+    cpu_s: float
+    wall_s: float
+    memory_mb: int
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    fetch: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One unjudged run (``Grader.run_once``): the build's compile error and how long getting
+    the build took (a cached one: its wait), for a compiled language; the run, when it built."""
+
+    compile_error: str | None
+    compile_s: float | None
+    run: StdinOutcome | None
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # fetched: path -> base64
 
 
 @dataclass(frozen=True)
@@ -506,22 +530,60 @@ class Grader:
         job = self._job(Suite("stdin", list(inputs), [""] * len(inputs)), code, deadline, language)
         job = dataclasses.replace(job, keep_bytes=self.settings.max_output_bytes)
         if language == PYTHON:
-            return self._trial_runs(job, request)
+            return self._trial_runs(job, request, deadline)
         assert self.builds is not None
         program = self.builds.program(LANGUAGES[language], code, self.settings.memory_mb)
         with self._built(program, deadline, request) as error:
             if error is not None:
                 raise SandboxFailure(f"a trial program does not build: {error[:300]}")
-            return self._trial_runs(self.builds.run_job(program, job, self._cgroups()), request)
+            return self._trial_runs(self.builds.run_job(program, job, self._cgroups()), request, deadline)
 
-    def _trial_runs(self, job: Job, request: object) -> list[StdinOutcome]:
-        with self.sandbox.slot(request, self.timeout_s) as uid:
-            if uid is None:
-                raise SandboxFailure("no run slot came free")
-            runs = list(self.sandbox.run(job, uid))
+    def run_once(
+        self, code: str, language: str, stdin: str, limits: RunLimits, deadline: float, request: object
+    ) -> Trial:
+        """One run of ``code`` on ``stdin`` (built first, through the compile cache, when
+        compiled), unjudged, within ``limits`` (never more than the server's), by ``deadline``,
+        in a slot lent to ``request``: SandboxFusion's ``/run_code``. Raises ``SandboxFailure``."""
+        s = self.settings
+        memory_mb = min(limits.memory_mb, s.memory_mb)
+        less = (s.memory_mb - memory_mb) << 20
+        job = self._job(Suite("stdin", [stdin], [""]), code, deadline, language)
+        job = dataclasses.replace(
+            job, cpu_s=min(job.cpu_s, limits.cpu_s), wall_s=min(job.wall_s, limits.wall_s),
+            keep_bytes=s.max_output_bytes, memory_bytes=job.memory_bytes - less,
+            judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
+            files=limits.files, fetch=list(limits.fetch), fetch_bytes=s.run_code_file_bytes,
+        )  # fmt: skip
+        if language == PYTHON:
+            return self._run_once(job, request, deadline, None)
+        assert self.builds is not None
+        program = self.builds.program(LANGUAGES[language], code, memory_mb)
+        started = time.monotonic()
+        with self._built(program, deadline, request) as error:
+            built_s = time.monotonic() - started
+            if error is not None:
+                return Trial(error, built_s, None)
+            return self._run_once(self.builds.run_job(program, job, self._cgroups()), request, deadline, built_s)
+
+    def _run_once(self, job: Job, request: object, deadline: float, built_s: float | None) -> Trial:
+        messages = self._sandbox_run(job, request, deadline)
+        fetched = next((m.files for m in messages if isinstance(m, wire.Fetched)), {})
+        runs = [m for m in messages if not isinstance(m, wire.Fetched)]
+        if len(runs) != 1 or not isinstance(runs[0], StdinOutcome):
+            raise SandboxFailure(f"a run answered {runs}")
+        return Trial(None, built_s, runs[0], fetched)
+
+    def _trial_runs(self, job: Job, request: object, deadline: float) -> list[StdinOutcome]:
+        runs = self._sandbox_run(job, request, deadline)
         if not all(isinstance(run, StdinOutcome) for run in runs):
             raise SandboxFailure(f"a trial run answered {runs}")
         return runs  # type: ignore[return-value]
+
+    def _sandbox_run(self, job: Job, request: object, deadline: float) -> list[Outcome | wire.Fetched]:
+        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+            if uid is None or time.monotonic() >= deadline:
+                raise SandboxFailure("no run slot came free before the deadline")
+            return list(self.sandbox.run(job, uid))
 
     def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from common.batching import Deadline, current_deadline
 from common.config import ConfigError, env_name, from_env
-from common.errors import PayloadTooLarge, Unprocessable, quote
+from common.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 from services.code import compile_cache, environments, label_code, languages, packages, sandbox
@@ -29,6 +29,7 @@ from services.code.extract import extract_program, response_from_query
 from services.code.grader import Grader, Sample, Verdict
 from services.code.labels import Suite, label_code_of, parse_label, with_checked_code
 from services.code.preflight import preflight
+from services.code.sandbox_fusion import api as sandbox_fusion
 from services.code.settings import CodeSettings
 
 log = logging.getLogger(__name__)
@@ -291,9 +292,22 @@ class CodeScorer(Scorer):
             return verdict.score
         return math.nan if self.settings.infra_failure_score == "nan" else 0.0
 
-    def score_request(self, items: Sequence[Sample]) -> list[Graded]:
-        """Sandboxed runs, under the grader's own slot limit rather than a batcher."""
-        return [Graded(self.reward(v), v) for v in self.grade(items)]
+    def score_request(self, items: Sequence[Sample | sandbox_fusion.RunCode]) -> list[Scored]:
+        """Sandboxed runs, under the grader's own slot limit rather than a batcher: samples
+        graded, or SandboxFusion's runs (``sandbox_fusion``) answered unjudged."""
+        if items and isinstance(items[0], sandbox_fusion.RunCode):
+            return [self.run_code(item) for item in items]  # type: ignore[arg-type]
+        return [Graded(self.reward(v), v) for v in self.grade(items)]  # type: ignore[arg-type]
+
+    def run_code(self, request: sandbox_fusion.RunCode) -> sandbox_fusion.Ran:
+        """One ``/run_code`` run by the request's deadline, in a slot lent to its client."""
+        if self.grader is None:
+            raise RuntimeError("the code sandbox is not started")
+        deadline = current_deadline() or Deadline(self.core.request_timeout_s)
+        try:
+            return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, deadline.expires))
+        except sandbox.SandboxFailure as exc:
+            raise Overloaded(f"the sandbox could not make the run ({exc}); retry") from exc
 
     def info(self) -> dict[str, Any]:
         return {

@@ -65,6 +65,10 @@ class CodeSettings:
     compile_cache_mb: int = 1024
     # Size of each sample's own /tmp (also its /dev/shm) and the most SysV shared memory it holds.
     tmp_mb: int = 64
+    # SandboxFusion's /run_code (services/code/sandbox_fusion): the most files a request may
+    # place in its run's /tmp or fetch from it, and their bytes in all, each way.
+    run_code_files: int = 16
+    run_code_file_bytes: int = 8 << 20
     # Relative/absolute tolerance for numbers in stdout and call results; 0 compares exactly.
     float_tolerance: float = 0.0
     # The import block run before a Python program whose label names none (``preludes``):

@@ -7,6 +7,7 @@
 - ``harness``: the bodies of the processes that run untrusted or label code: a stdin program,
   the candidate's call server, the assert tests' process;
 - ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
+- ``files``: a ``/run_code`` run's files, placed before it and fetched after it;
 - ``calls``: the relay of a candidate's calls, trusted: it times each test on the candidate's
   CPU clock (run by the supervisor for assert tests, by the server for call-based ones);
 - ``supervisor``: one sample, trusted (root): runs its tests, times them, streams their outcomes;
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("wire", "confine", "harness", "compiled", "calls", "supervisor", "zygote")
+MODULES = ("wire", "confine", "harness", "compiled", "files", "calls", "supervisor", "zygote")
 
 
 # What ``python -I -S -c`` runs in the sandbox: the bundle, read from its stdin (then

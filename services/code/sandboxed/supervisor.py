@@ -18,7 +18,7 @@ import socket
 import time
 import typing
 
-from services.code.sandboxed import calls, compiled, confine, harness, wire
+from services.code.sandboxed import calls, compiled, confine, files, harness, wire
 from services.code.sandboxed.calls import CPU_TICK_S
 from services.code.sandboxed.wire import (
     ANSWERS_FD,
@@ -245,6 +245,7 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
         cgroup.set_limits(job)
     confine.private_tmp(job)
     compiled.mount_artifact(job)
+    files.place(job)
     if job.kind == "call":
         _become_candidate(job, conn, cgroup)
     outbox = wire.Outbox(conn)
@@ -279,4 +280,6 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
                 index = run_stdin_test(job, index, workdir, deadline, conn, cgroup)
     finally:
         confine.clean_up(job.uid)
+    if job.fetch:
+        wire.send(conn, files.fetch(job))
     wire.send(conn, wire.Done())

@@ -74,6 +74,11 @@ class Job:
     checks: list[list[str]] = field(default_factory=list)
     # Python: the import block run before the program, in its namespace (``preludes``).
     prelude: str = ""
+    # A ``/run_code`` run (``files``): files placed under /tmp before it (path -> base64), and
+    # those fetched after it, up to ``fetch_bytes`` in all.
+    files: dict[str, str] = field(default_factory=dict)
+    fetch: list[str] = field(default_factory=list)
+    fetch_bytes: int = 0
 
 
 @dataclass
@@ -138,12 +143,21 @@ class Skipped:
 
 
 @dataclass
+class Fetched:
+    """The files a job asked to fetch that were there (path -> base64), before ``Done``."""
+
+    files: dict[str, str]
+
+
+@dataclass
 class Done:
     """The sample's last message."""
 
 
 Outcome = StdinOutcome | CallOutcome | Skipped
-MESSAGES = {kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Started, Skipped, Done)}
+MESSAGES = {
+    kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Started, Skipped, Fetched, Done)
+}
 
 
 def _framed(message: object) -> bytes:
