@@ -554,16 +554,28 @@ class Grader:
             judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
             files=limits.files, fetch=list(limits.fetch), fetch_bytes=s.run_code_file_bytes,
         )  # fmt: skip
-        if language == PYTHON:
-            return self._run_once(job, request, deadline, None)
-        assert self.builds is not None
-        program = self.builds.program(LANGUAGES[language], code, memory_mb)
-        started = time.monotonic()
-        with self._built(program, deadline, request) as error:
-            built_s = time.monotonic() - started
-            if error is not None:
-                return Trial(error, built_s, None)
-            return self._run_once(self.builds.run_job(program, job, self._cgroups()), request, deadline, built_s)
+        build_s = 0.0 if language == PYTHON else s.compile_cpu_s
+        with self._admitted_run(Cost(job.cpu_s + build_s, job.wall_s + build_s), deadline):
+            if language == PYTHON:
+                return self._run_once(job, request, deadline, None)
+            assert self.builds is not None
+            program = self.builds.program(LANGUAGES[language], code, memory_mb)
+            started = time.monotonic()
+            with self._built(program, deadline, request) as error:
+                built_s = time.monotonic() - started
+                if error is not None:
+                    return Trial(error, built_s, None)
+                return self._run_once(self.builds.run_job(program, job, self._cgroups()), request, deadline, built_s)
+
+    @contextlib.contextmanager
+    def _admitted_run(self, cost: Cost, deadline: float) -> Iterator[None]:
+        """A ``/run_code`` run admitted beside the graded samples at its limits (413 / 503, which
+        its route answers as SandboxFusion's retried 504, when it does not fit)."""
+        if self.settings.admission == "off":
+            yield
+            return
+        with self.admission.admit([cost], deadline):
+            yield
 
     def _run_once(self, job: Job, request: object, deadline: float, built_s: float | None) -> Trial:
         messages = self._sandbox_run(job, request, deadline)
