@@ -27,6 +27,7 @@ BUSY = (
     "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3:\n    pass\n"
     "print(sum(map(int, input().split())))"
 )
+CPP_SUM = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }"
 LABEL = {"inputs": ["1 2", "3 4", "5 6", "7 8"], "outputs": ["3", "7", "11", "15"]}
 
 
@@ -59,10 +60,40 @@ def test_a_request_beside_admitted_work_is_503_before_it_runs(server: Server) ->
     first: dict[str, object] = {}
     thread = threading.Thread(target=lambda: first.update(zip(("response", "seconds"), post(server.url, 4))))
     thread.start()
-    time.sleep(1.0)
+    wait_until_admitted(server.url, samples=4)
     second, seconds = post(server.url, 4)
     thread.join()
     assert second.status_code == 503 and "retry later" in second.text, (second.status_code, second.text[:500])
     assert seconds < 5, f"refused after {seconds:.1f} s"
     response = first["response"]
     assert isinstance(response, requests.Response) and response.json()["scores"] == [1.0] * 4, response.text[:500]
+
+
+def test_a_run_code_call_beside_admitted_work_is_sandbox_fusions_retried_504(server: Server) -> None:
+    """SandboxFusion's ``/run_code`` shares the admission: with the node's time taken by a
+    graded request (6 samples: 56 of its 60 s on 2 slots), a C++ run (its build and its test,
+    14 s more on a slot) is refused at once with the status verl's client retries, and it runs once
+    the node is free again."""
+    first: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: first.update(zip(("response", "seconds"), post(server.url, 6))))
+    thread.start()
+    wait_until_admitted(server.url, samples=6)
+    run = {"code": CPP_SUM, "language": "cpp", "stdin": "2 3"}
+    refused = requests.post(server.url + "/run_code", json=run, timeout=120)
+    thread.join()
+    assert refused.status_code == 504 and "retry later" in refused.text, (refused.status_code, refused.text[:500])
+    response = first["response"]
+    assert isinstance(response, requests.Response) and response.json()["scores"] == [1.0] * 6, response.text[:500]
+    ran = requests.post(server.url + "/run_code", json=run, timeout=120)
+    assert ran.status_code == 200 and ran.json()["run_result"]["stdout"] == "5\n", ran.text[:500]
+
+
+def wait_until_admitted(url: str, samples: int, timeout_s: float = 60.0) -> None:
+    """Until the server holds ``samples`` admitted samples (``/info``), whatever the machine's load."""
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        admitted = requests.get(url + "/info", timeout=30).json()["model"]["admission"]
+        if admitted["samples"] >= samples:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{samples} samples were never admitted")
