@@ -161,6 +161,15 @@ def test_nothing_a_sample_leaves_reaches_a_later_one(server: Server) -> None:
     rounds(server.url, LEFTOVERS, "nothing left")
 
 
+def test_nothing_a_test_leaves_reaches_the_samples_next_test(server: Server) -> None:
+    """A contest judge starts every test afresh: a too-slow program saving partial work in
+    /tmp (or SysV, a POSIX queue) for its next tests would spread its work over them."""
+    label = {"inputs": [""] * 4, "outputs": ["nothing left"] * 4}
+    body = {"outputs": [f"```python\n{LEFTOVERS}\n```"], "prompts": ["p"], "labels": [label]}
+    out = requests.post(server.url + "/reward/score", json=body, timeout=200).json()
+    assert out["rewards"] == [1.0], out["error_types"]
+
+
 # -- resources, enforced by the kernel per sample ---------------------------------------------
 def stdin_verdict(url: str, code: str, expected: str) -> tuple[float, str | None]:
     out = group(url, [code], expected)

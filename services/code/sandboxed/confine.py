@@ -35,6 +35,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
     0x40000000,
 )
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 12, 1 << 14, 1 << 18
+MNT_DETACH = 2
 SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 TMP_INODES = 4096
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
@@ -111,6 +112,18 @@ def private_tmp(job: Job) -> None:
     for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
         with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
             sysctl.write(str(value))
+
+
+def fresh_tmp(job: Job) -> None:
+    """Start a test afresh, as a contest judge does: an empty ``/tmp`` (and ``/dev/shm``) and
+    an IPC namespace of its own (no SysV object or POSIX queue of an earlier test). Called
+    between tests, once every process of the earlier one is gone (``clean_up``); the old
+    tmpfs and namespace go with their last reference."""
+    for path in (b"/dev/shm", b"/tmp"):
+        if os.path.ismount(path):
+            _check(_LIBC.umount2(path, MNT_DETACH), f"unmount {path.decode()}")
+    _check(_LIBC.unshare(CLONE_NEWIPC), "unshare an IPC namespace")
+    private_tmp(job)
 
 
 def _check(result: int, what: str) -> None:

@@ -211,6 +211,14 @@ def run_stdin_test(
     return start + 1
 
 
+def fresh_start(job: Job) -> None:
+    """The sample's writable state as it was before its first stdin test: an empty ``/tmp``
+    and IPC namespace (``confine.fresh_tmp``), its build shown there again. What one isolated
+    run needs between two (nothing of an earlier test's survives: its processes are gone)."""
+    confine.fresh_tmp(job)
+    compiled.mount_artifact(job)
+
+
 def prepare_and_supervise(listener: socket.socket, accepted: int, cgroup: confine.SampleCgroup | None) -> None:
     """As a sample's init (pid 1 of a PID namespace of its own, forked by the zygote): join
     the sample's cgroup (``None`` without cgroups) and make its other namespaces, then take
@@ -276,6 +284,8 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
                     wire.send(conn, Skipped(index))
                     index += 1
                     continue
+                if index:
+                    fresh_start(job)
                 index = run_stdin_test(job, index, workdir, deadline, conn, cgroup)
     finally:
         confine.clean_up(job.uid)
