@@ -301,7 +301,7 @@ def test_without_cgroups_the_fallback_still_bounds_shared_memory(tmp_path) -> No
     """Forced by the setting: rlimits only, and memfd_create (which no rlimit counts) refused."""
     with gunicorn_server("code", {**ENV, "SCORER_CODE_CGROUPS": "off"}, log_dir=tmp_path) as srv:
         model = requests.get(srv.url + "/info", timeout=10).json()["model"]
-        assert model["resource_limits"] == "rlimits only, per process (no cgroups: SCORER_CODE_CGROUPS=off)"
+        assert model["resource_limits"].startswith("rlimits only, per process (no cgroups: SCORER_CODE_CGROUPS=off);")
         assert stdin_verdict(srv.url, MEMFD_HOG, "held")[0] == 0.0
         assert stdin_verdict(srv.url, STACK, "ok") == (1.0, None)
         assert group(srv.url, [NETWORK_MEETING] * 4, "alone")["rewards"] == [1.0] * 4
@@ -358,7 +358,9 @@ def _worker_dirs(pid: int) -> list[Path]:
     process's cgroup, as ``cgroups.setup`` does)."""
     mounts, own = cgroups._mounts(), cgroups._own_paths()
     return [
-        Path(mounts[c] + own[c], f"{cgroups.WORKER_PREFIX}{pid}") for c in ("memory", "") if c in mounts and c in own
+        Path(mounts[c] + own[c], f"{cgroups.WORKER_PREFIX}{pid}")
+        for c in ("memory", "cpuacct", "")
+        if c in mounts and c in own
     ]
 
 
