@@ -15,6 +15,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import time
 import typing
 
@@ -53,23 +54,90 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     return pid, {read_end: role for role, (read_end, _) in pipes.items()}
 
 
-class ForkedCandidate(calls.Candidate):
-    """Assert tests: a candidate's process forked here (the slot's uid, no child processes)."""
+class CandidateSource:
+    """Assert tests: forks the sample's candidates from a process that holds no outcome.
 
-    def __init__(self, job: Job, workdir: str, cgroup: confine.SampleCgroup | None) -> None:
-        calls_pipe, answers = os.pipe(), os.pipe()
-        out, err = os.pipe(), os.pipe()
+    A candidate is a copy of the process that forks it: forked by the supervisor after a
+    candidate died, it would hold (in live or freed memory) the outcomes of the tests so far,
+    which it could read and answer from. So the supervisor forks this source before the first
+    test, and the source forks each candidate (through a process that exits at once, so that
+    the candidate is the supervisor's child: its init's) and sends back its pid and the
+    supervisor's ends of its pipes."""
+
+    def __init__(self, job: Job, workdir: str) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                self.sock.close()
+                _serve_candidates(job, workdir, theirs)
+                code = 0
+            finally:
+                os._exit(code)
+        theirs.close()
+
+    def start(self) -> tuple[int, list[int]]:
+        """A new candidate: its pid and the ends of its calls, answers, stdout and stderr pipes."""
+        self.sock.sendall(b".")
+        data, fds, _, _ = socket.recv_fds(self.sock, PID_BYTES, len(SOURCE_FDS))
+        if len(data) != PID_BYTES or len(fds) != len(SOURCE_FDS):
+            for fd in fds:
+                os.close(fd)
+            raise OSError("the candidates' source is gone")
+        return struct.unpack("i", data)[0], fds
+
+    def close(self) -> None:
+        """End the source (it reads the end of its socket) and reap it."""
+        self.sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+# What the source sends per candidate: its pid, then the supervisor's ends of its pipes.
+PID_BYTES = struct.calcsize("i")
+SOURCE_FDS = ("calls", "answers", "stdout", "stderr")
+
+
+def _serve_candidates(job: Job, workdir: str, sock: socket.socket) -> None:
+    """The body of the candidates' source (``CandidateSource``): a candidate per byte read."""
+    while sock.recv(1):
+        calls_pipe, answers, out, err, told = os.pipe(), os.pipe(), os.pipe(), os.pipe(), os.pipe()
         null = os.open("/dev/null", os.O_RDONLY)
-
-        def body() -> None:
-            confine.forbid_new_processes()
-            harness.serve_calls(job.code)
-
-        fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
-        pid = confine.spawn(job, job.uid, fds, workdir, body, tests=len(job.tests))
-        for fd in (null, calls_pipe[0], answers[1], out[1], err[1]):
+        middle = os.fork()
+        if middle == 0:
+            try:
+                fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
+                os.write(
+                    told[1],
+                    struct.pack("i", confine.spawn(job, job.uid, fds, workdir, _candidate_body(job), len(job.tests))),
+                )
+            finally:
+                os._exit(0)
+        os.waitpid(middle, 0)
+        pid = os.read(told[0], PID_BYTES)
+        theirs = [calls_pipe[1], answers[0], out[0], err[0]]
+        if len(pid) == PID_BYTES:
+            socket.send_fds(sock, [pid], theirs)
+        for fd in (null, calls_pipe[0], answers[1], out[1], err[1], *told, *theirs):
             os.close(fd)
-        super().__init__(pid, calls_pipe[1], answers[0], out[0], err[0])
+
+
+def _candidate_body(job: Job) -> typing.Callable[[], None]:
+    def body() -> None:
+        confine.forbid_new_processes()
+        harness.serve_calls(job.code)
+
+    return body
+
+
+class ForkedCandidate(calls.Candidate):
+    """Assert tests: a candidate's process from the sample's ``CandidateSource`` (the slot's
+    uid, no child processes), a child of this supervisor."""
+
+    def __init__(self, source: CandidateSource, cgroup: confine.SampleCgroup | None) -> None:
+        pid, (calls_end, answers, stdout, stderr) = source.start()
+        super().__init__(pid, calls_end, answers, stdout, stderr)
         self.cgroup = cgroup
         self.oom_kills = cgroup.oom_kills() if cgroup else 0
 
@@ -282,10 +350,14 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
                 job, conn, deadline, lambda index: run_stdin_test(job, index, workdir, deadline, conn, cgroup)
             )
         elif job.kind == "assert":
-            calls.run_calls(
-                job, lambda outcome: wire.send(conn, outcome), deadline,
-                lambda: ForkedCandidate(job, workdir, cgroup), lambda run: _start_tester(job, conn, run),
-            )  # fmt: skip
+            source = CandidateSource(job, workdir)
+            try:
+                calls.run_calls(
+                    job, lambda outcome: wire.send(conn, outcome), deadline,
+                    lambda: ForkedCandidate(source, cgroup), lambda run: _start_tester(job, conn, run),
+                )  # fmt: skip
+            finally:
+                source.close()
         else:
             index = 0
             while index < len(job.tests):
