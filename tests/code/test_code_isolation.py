@@ -161,11 +161,22 @@ def test_nothing_a_sample_leaves_reaches_a_later_one(server: Server) -> None:
     rounds(server.url, LEFTOVERS, "nothing left")
 
 
-def test_nothing_a_test_leaves_reaches_the_samples_next_test(server: Server) -> None:
+# Marks on /tmp itself, no file made: its mode and its times.
+MARKS_ON_TMP = """
+import os
+info = os.stat("/tmp")
+print("nothing left" if info.st_mode & 0o777 == 0o700 and int(info.st_mtime) != 12345 else "found marks")
+os.chmod("/tmp", 0o750)
+os.utime("/tmp", (12345, 12345))
+"""
+
+
+@pytest.mark.parametrize("code", [LEFTOVERS, MARKS_ON_TMP], ids=["files and IPC", "marks on /tmp"])
+def test_nothing_a_test_leaves_reaches_the_samples_next_test(server: Server, code: str) -> None:
     """A contest judge starts every test afresh: a too-slow program saving partial work in
     /tmp (or SysV, a POSIX queue) for its next tests would spread its work over them."""
     label = {"inputs": [""] * 4, "outputs": ["nothing left"] * 4}
-    body = {"outputs": [f"```python\n{LEFTOVERS}\n```"], "prompts": ["p"], "labels": [label]}
+    body = {"outputs": [f"```python\n{code}\n```"], "prompts": ["p"], "labels": [label]}
     out = requests.post(server.url + "/reward/score", json=body, timeout=200).json()
     assert out["rewards"] == [1.0], out["error_types"]
 

@@ -104,26 +104,50 @@ def private_namespaces() -> None:
 def private_tmp(job: Job) -> None:
     """The sample's writable place: a tmpfs of ``tmp_bytes`` on ``/tmp``, also on ``/dev/shm``,
     owned by its uid; and its IPC namespace's shared memory limited to ``tmp_bytes`` too."""
-    size = job.tmp_bytes
-    options = f"size={size},nr_inodes={TMP_INODES},mode=0700,uid={job.uid},gid={job.gid}".encode()
+    _mount_tmp(job)
+    _limit_ipc(job)
+
+
+def _mount_tmp(job: Job) -> None:
+    options = f"size={job.tmp_bytes},nr_inodes={TMP_INODES},mode=0700,uid={job.uid},gid={job.gid}".encode()
     _check(_LIBC.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount /tmp")
     if os.path.isdir("/dev/shm"):
         _check(_LIBC.mount(b"/tmp", b"/dev/shm", None, MS_BIND, None), "mount /dev/shm")
+
+
+def _limit_ipc(job: Job) -> None:
+    size = job.tmp_bytes
     for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
         with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
             sysctl.write(str(value))
 
 
-def fresh_tmp(job: Job) -> None:
-    """Start a test afresh, as a contest judge does: an empty ``/tmp`` (and ``/dev/shm``) and
-    an IPC namespace of its own (no SysV object or POSIX queue of an earlier test). Called
-    between tests, once every process of the earlier one is gone (``clean_up``); the old
-    tmpfs and namespace go with their last reference."""
+# What of ``/tmp`` (a directory's status) shows whether a test left anything there: everything a
+# program can make or change in a tmpfs begins with a change of its root (an entry made, its
+# mode, owner or extended attributes set: ``st_ctime``) or a read of it (``st_atime``).
+def tmp_state() -> tuple[int, ...]:
+    """The status of ``/tmp`` that ``fresh_tmp`` compares."""
+    info = os.stat("/tmp")
+    return (info.st_ino, info.st_mode, info.st_uid, info.st_gid, info.st_nlink, info.st_size,
+            info.st_atime_ns, info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
+
+
+def fresh_tmp(job: Job, pristine: tuple[int, ...]) -> bool:
+    """Start a test afresh, as a contest judge does: an IPC namespace of its own (no SysV
+    object or POSIX queue of an earlier test), and an empty ``/tmp`` (and ``/dev/shm``) unless
+    it is as it was made (``pristine``, its ``tmp_state``): an unmount costs the caller an RCU
+    grace period (milliseconds of wall time). Called between tests, once every process of the
+    earlier one is gone (``clean_up``); the old tmpfs and namespace go with their last
+    reference. Returns whether ``/tmp`` is new."""
+    _check(_LIBC.unshare(CLONE_NEWIPC), "unshare an IPC namespace")
+    _limit_ipc(job)
+    if tmp_state() == pristine:
+        return False
     for path in (b"/dev/shm", b"/tmp"):
         if os.path.ismount(path):
             _check(_LIBC.umount2(path, MNT_DETACH), f"unmount {path.decode()}")
-    _check(_LIBC.unshare(CLONE_NEWIPC), "unshare an IPC namespace")
-    private_tmp(job)
+    _mount_tmp(job)
+    return True
 
 
 def _check(result: int, what: str) -> None:

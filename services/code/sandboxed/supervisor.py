@@ -288,12 +288,15 @@ def run_stdin_test(
     return start + 1
 
 
-def fresh_start(job: Job) -> None:
+def fresh_start(job: Job, pristine: tuple[int, ...]) -> tuple[int, ...]:
     """The sample's writable state as it was before its first stdin test: an empty ``/tmp``
-    and IPC namespace (``confine.fresh_tmp``), its build shown there again. What one isolated
-    run needs between two (nothing of an earlier test's survives: its processes are gone)."""
-    confine.fresh_tmp(job)
-    compiled.mount_artifact(job)
+    (its build shown there again) and IPC namespace (``confine.fresh_tmp``), given the state of
+    ``/tmp`` as it was made (``pristine``); returns that state now. What one isolated run needs
+    between two (nothing of an earlier test's survives: its processes are gone)."""
+    if confine.fresh_tmp(job, pristine):
+        compiled.mount_artifact(job)
+        return confine.tmp_state()
+    return pristine
 
 
 def prepare_and_supervise(listener: socket.socket, accepted: int, cgroup: confine.SampleCgroup | None) -> None:
@@ -360,13 +363,14 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
                 source.close()
         else:
             index = 0
+            pristine = confine.tmp_state()
             while index < len(job.tests):
                 if time.monotonic() >= deadline:
                     wire.send(conn, Skipped(index))
                     index += 1
                     continue
                 if index:
-                    fresh_start(job)
+                    pristine = fresh_start(job, pristine)
                 index = run_stdin_test(job, index, workdir, deadline, conn, cgroup)
     finally:
         confine.clean_up(job.uid)
