@@ -96,6 +96,35 @@ def test_a_program_setting_sigchld_and_waiting_for_its_children_passes(server: S
     assert verdict(server.url, WAITS_FOR_ITS_CHILDREN) == (1.0, None)
 
 
+# Call-based: the first call starts a thread that works between the calls (1.5 s of CPU);
+# the second call returns what it found, its own CPU next to none.
+WORKS_BETWEEN_CALLS = """
+import threading, time
+found = []
+def work():
+    end = time.thread_time() + 1.5
+    while time.thread_time() < end:
+        pass
+    found.append(1)
+def f(x):
+    if x == 0:
+        threading.Thread(target=work, daemon=True).start()
+        return 0
+    while not found:
+        time.sleep(0.01)
+    return found[0]
+"""
+
+
+def test_cpu_a_thread_burns_between_two_calls_counts_toward_a_test(server: Server) -> None:
+    """LeetCode's semantics (one process for the sample's calls, its globals kept), but no CPU
+    outside every test's count."""
+    label = {"fn_name": "f", "inputs": [[0], [1]], "outputs": [0, 1]}
+    body = {"outputs": [f"```python\n{WORKS_BETWEEN_CALLS}\n```"], "prompts": ["p"], "labels": [label]}
+    out = requests.post(server.url + "/reward/score", json=body, timeout=300).json()
+    assert (out["rewards"], out["error_types"]) == ([0.5], ["timeout"]), out
+
+
 def test_info_says_what_counts_the_cpu(server: Server) -> None:
     limits = requests.get(server.url + "/info", timeout=10).json()["model"]["resource_limits"]
     if limits.startswith("rlimits only"):
