@@ -1,8 +1,10 @@
 """A sample's supervisor: trusted (root), it runs the sample's tests and streams their outcomes.
 
-Stdin tests: one *test process* per test (``run_stdin_test``). Assert tests
-(``calls.CallRun``): a *candidate process* runs the code and answers calls as plain data; the
-tests' code arrives after it was forked, to a *tests' process* alone. The supervisor times
+Stdin tests: one *test process* per test (``run_stdin_test``), each test started afresh
+(``fresh_start``). Assert tests (``calls.CallRun``): a *candidate process* runs the code and
+answers calls as plain data, forked by a source that never held an outcome
+(``CandidateSource``); the tests' code arrives after it was forked, to a *tests' process*
+alone. The supervisor times
 each test on its process's CPU and wall time, keeps only what comparison needs of what it
 printed, and leaves nothing running (``confine.clean_up``). Call-based tests: the init itself
 becomes the candidate, and the server relays the calls (``_become_candidate``).
@@ -108,22 +110,22 @@ def _serve_candidates(job: Job, workdir: str, sock: socket.socket) -> None:
         if middle == 0:
             try:
                 fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
-                os.write(
-                    told[1],
-                    struct.pack("i", confine.spawn(job, job.uid, fds, workdir, _candidate_body(job), len(job.tests))),
-                )
+                pid = confine.spawn(job, job.uid, fds, workdir, _candidate_body(job), len(job.tests))
+                os.write(told[1], struct.pack("i", pid))
             finally:
                 os._exit(0)
         os.waitpid(middle, 0)
-        pid = os.read(told[0], PID_BYTES)
+        packed = os.read(told[0], PID_BYTES)
         theirs = [calls_pipe[1], answers[0], out[0], err[0]]
-        if len(pid) == PID_BYTES:
-            socket.send_fds(sock, [pid], theirs)
+        if len(packed) == PID_BYTES:
+            socket.send_fds(sock, [packed], theirs)
         for fd in (null, calls_pipe[0], answers[1], out[1], err[1], *told, *theirs):
             os.close(fd)
 
 
 def _candidate_body(job: Job) -> typing.Callable[[], None]:
+    """What a candidate's process runs: the code, answering calls, refused new processes."""
+
     def body() -> None:
         confine.forbid_new_processes()
         harness.serve_calls(job.code)
