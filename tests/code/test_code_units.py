@@ -21,6 +21,7 @@ from services.code.extract import extract_code, response_from_query
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite, parse_label, result_matches, stdout_matches
 from services.code.sandbox import FairSlots, SandboxFailure
+from services.code.sandboxed.confine import SampleCgroup
 from services.code.sandboxed.wire import StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
@@ -249,3 +250,20 @@ def test_a_languages_time_scale_sets_its_tests_and_sample_limits() -> None:
     assert (jobs[0].cpu_s, jobs[0].wall_s, jobs[0].sample_s) == (4.5, 8.5, 61.0)
     assert grader.time_limits()["python"] == {"cpu_s": 4.5, "wall_s": 8.5}
     assert grader.time_limits()["c"] == {"cpu_s": 2, "wall_s": 4}
+
+
+@pytest.mark.parametrize(
+    ("version", "name", "text", "total"),
+    [(1, "cpuacct.usage", "2500000000\n", 2.5), (2, "cpu.stat", "usage_usec 2500000\nuser_usec 2000000\n", 2.5)],
+    ids=["v1 cpuacct", "v2 cpu.stat"],
+)
+def test_a_sample_cgroups_cpu_count_less_its_supervisors_own(tmp_path, version, name, text, total) -> None:
+    """Read as each version writes it (v1 nanoseconds; v2 microseconds on a line of its own),
+    less this process's CPU (the reader is the sample's init: its own CPU is no test's)."""
+    sample = SampleCgroup(version, {"cpu": str(tmp_path), "memory": str(tmp_path)}, "sample")
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "sample" / name).write_text(text)
+    own = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
+    counted = sample.programs_cpu_seconds()
+    assert counted is not None and total - counted - own == pytest.approx(0.0, abs=0.05)
+    assert SampleCgroup(version, {"memory": str(tmp_path)}, "sample").programs_cpu_seconds() is None
