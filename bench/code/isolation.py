@@ -5,7 +5,8 @@ cgroups) and in this one with and without cgroups, rounds interleaved, medians.
     git worktree add /tmp/before <commit>
     python -m bench.code.isolation --before /tmp/before [--rounds 5] [--samples 30]
 
-Rows: a stdin sample of one test (``print(input())``), the coin_change reference as a
+Rows: a stdin sample of one test (``print(input())``) and of eight (each test after the
+first starts afresh: a new ``/tmp`` and IPC namespace), the coin_change reference as a
 call-based sample (25 calls), and an assert sample whose one call answers a 15 MiB string
 (the supervisor relays it to the tests' process; since ``compared_output_bytes`` (4 MiB)
 bounds an answer, it ends as ``output_limit`` once 4 MiB have crossed).
@@ -42,6 +43,7 @@ env = load("coin_change")
 big = "def big():\\n    return 'x' * (15 << 20)\\n"
 cases = {
     "stdin, 1 test": Sample("print(input())", Suite("stdin", ["ok\\n"], ["ok"])),
+    "stdin, 8 tests": Sample("print(input())", Suite("stdin", ["ok\\n"] * 8, ["ok"] * 8)),
     "call-based, 25 tests": Sample(env.reference, env.suite),
     "assert, a 15 MiB answer": Sample(big, Suite("assert", ["assert len(big()) == 15 << 20"], [None])),
 }

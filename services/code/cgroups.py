@@ -18,11 +18,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The roles a sample's cgroup plays, by the v1 controller that plays each. Only memory: each
-# hierarchy is one more move of the sample's init, and a move makes every fork on the node
-# wait for an RCU grace period; its tasks are bounded by the rlimit on its uid's instead.
+# The roles a sample's cgroup plays, by the v1 controller that plays each. Memory, and CPU
+# (``cpuacct``, where it is mounted and delegable: otherwise the sample's CPU is counted from
+# its processes) but no pids: each hierarchy is one more move of the sample's init, and a
+# move makes every fork on the node wait for an RCU grace period (a second one right after the
+# first costs well under a millisecond: the kernel takes it within the same grace period);
+# its tasks are bounded by the rlimit on its uid's instead. v2 counts a cgroup's CPU
+# (``cpu.stat``) with no controller.
 V1_CONTROLLERS = {"memory": "memory"}
+V1_OPTIONAL = {"cpu": "cpuacct"}
 V2_CONTROLLERS = ("memory", "pids")
+# What counts a sample's CPU, by version (the file of its cgroup), and otherwise.
+CPU_COUNTERS = {1: "cpuacct.usage", 2: "cpu.stat"}
 # Where the worker's directories appear inside bubblewrap (the host's paths elsewhere).
 SANDBOX_ROOT = "/sys/fs/cgroup/scorer"
 # A worker's directory is this and its pid.
@@ -46,9 +53,15 @@ class Cgroups:
     def describe(self) -> str:
         """One line for logs and ``/info``: what bounds a sample's memory, tasks and CPU."""
         if not self.version:
-            return f"rlimits only, per process (no cgroups: {self.reason})"
+            return f"rlimits only, per process (no cgroups: {self.reason}); {self.describe_cpu()}"
         tasks = "tasks" if "pids" in self.dirs else "tasks per uid by rlimit"
-        return f"cgroup v{self.version} per sample (memory incl. shared memory; {tasks})"
+        return f"cgroup v{self.version} per sample (memory incl. shared memory; {tasks}); {self.describe_cpu()}"
+
+    def describe_cpu(self) -> str:
+        """What counts the CPU of a test's processes (those the kernel reaped itself included)."""
+        if "cpu" in self.dirs:
+            return f"CPU counted by the sample's cgroup ({CPU_COUNTERS[self.version]})"
+        return "CPU counted from the sample's processes (/proc; SIGCHLD is never ignored)"
 
     def sandbox_dirs(self, isolation: str) -> dict[str, str]:
         """The directories as the sandbox's processes see them."""
@@ -157,6 +170,23 @@ def _probe(dirs: dict[str, str], files: dict[str, str]) -> None:
             os.rmdir(probe)
 
 
+def _optional(role: str, parent: str, name: str) -> dict[str, str]:
+    """``{role: directory}`` where this worker can make samples' cgroups under ``parent``;
+    ``{}`` where it cannot (the role is then played otherwise)."""
+    try:
+        _sweep_dead_workers(parent)
+        path = _make(parent, name)
+    except OSError:
+        return {}
+    try:
+        _probe({role: path}, {})
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+        return {}
+    return {role: path}
+
+
 def setup(wanted: str) -> Cgroups:
     """This worker's cgroup directories, or the fallback with its reason."""
     if wanted == "off":
@@ -173,6 +203,9 @@ def setup(wanted: str) -> Cgroups:
                 _sweep_dead_workers(mounts[controller] + own[controller])
                 made[role] = _make(mounts[controller] + own[controller], name)
             _probe(made, {"memory": "memory.limit_in_bytes"})
+            for role, controller in V1_OPTIONAL.items():
+                if controller in mounts and controller in own:
+                    made.update(_optional(role, mounts[controller] + own[controller], name))
             return Cgroups(1, made)
         if "" in mounts and "" in own:
             base = mounts[""] + own[""]
@@ -185,7 +218,7 @@ def setup(wanted: str) -> Cgroups:
             _sweep_dead_workers(base)
             path = _make(base, name)
             Path(path, "cgroup.subtree_control").write_text(enable)
-            made = {"memory": path, "pids": path}
+            made = {"memory": path, "pids": path, "cpu": path}
             _probe({"memory": path}, {"memory": "memory.max"})
             return Cgroups(2, made)
     except OSError as exc:

@@ -119,6 +119,37 @@ def test_assert_tests_are_never_in_the_candidates_memory(server: Server) -> None
     assert out["rewards"] == [0.0], out
 
 
+# Answers test 0, dies in test 1, and in test 2 (a fresh candidate) searches its address
+# space for the outcomes of the earlier tests (a report as the tests' process writes it).
+OUTCOME_SEEKER = """
+import ctypes, os, re
+def f(x):
+    if x == 1:
+        os._exit(1)
+    if x == 0:
+        return 0
+    pattern = re.compile(rb'[{]"index": [0-9]+, "(?:passed|error)"')
+    for line in open("/proc/self/maps"):
+        span, perms, *rest = line.split()
+        if not perms.startswith("r") or (len(rest) > 3 and rest[-1].startswith("[v")):
+            continue
+        low, high = (int(x, 16) for x in span.split("-"))
+        for start in range(low, high, 1 << 20):
+            if pattern.search(ctypes.string_at(start, min(high - start, 1 << 20))):
+                return "an earlier outcome"
+    return "nothing"
+"""
+
+
+def test_a_fresh_candidate_holds_no_earlier_outcome(server: Server) -> None:
+    """A candidate started after its predecessor died was forked from the supervisor, whose
+    memory held the outcomes so far: what a program observes must never depend on whether an
+    earlier answer was right."""
+    label = {"test": ["assert f(0) == 0", "assert f(1) == 1", "assert f(2) == 'nothing'"]}
+    out = grade_labels(server, [OUTCOME_SEEKER], [label])
+    assert out["rewards"] == [pytest.approx(2 / 3)], out
+
+
 def test_candidate_cannot_reach_the_tests_process(server: Server) -> None:
     """It writes a pass report into every pipe it can open and signals every process."""
     label = {"test": ["assert f(1) == 2", "assert f(2) == 4"]}

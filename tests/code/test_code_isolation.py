@@ -167,6 +167,26 @@ def test_nothing_a_sample_leaves_reaches_a_later_one(server: Server) -> None:
     rounds(server.url, LEFTOVERS, "nothing left")
 
 
+# Marks on /tmp itself, no file made: its mode and its times.
+MARKS_ON_TMP = """
+import os
+info = os.stat("/tmp")
+print("nothing left" if info.st_mode & 0o777 == 0o700 and int(info.st_mtime) != 12345 else "found marks")
+os.chmod("/tmp", 0o750)
+os.utime("/tmp", (12345, 12345))
+"""
+
+
+@pytest.mark.parametrize("code", [LEFTOVERS, MARKS_ON_TMP], ids=["files and IPC", "marks on /tmp"])
+def test_nothing_a_test_leaves_reaches_the_samples_next_test(server: Server, code: str) -> None:
+    """A contest judge starts every test afresh: a too-slow program saving partial work in
+    /tmp (or SysV, a POSIX queue) for its next tests would spread its work over them."""
+    label = {"inputs": [""] * 4, "outputs": ["nothing left"] * 4}
+    body = {"outputs": [f"```python\n{code}\n```"], "prompts": ["p"], "labels": [label]}
+    out = requests.post(server.url + "/reward/score", json=body, timeout=200).json()
+    assert out["rewards"] == [1.0], out["error_types"]
+
+
 # -- resources, enforced by the kernel per sample ---------------------------------------------
 def stdin_verdict(url: str, code: str, expected: str) -> tuple[float, str | None]:
     out = group(url, [code], expected)
@@ -298,7 +318,7 @@ def test_without_cgroups_the_fallback_still_bounds_shared_memory(tmp_path) -> No
     """Forced by the setting: rlimits only, and memfd_create (which no rlimit counts) refused."""
     with gunicorn_server("code", {**ENV, "SCORER_CODE_CGROUPS": "off"}, log_dir=tmp_path) as srv:
         model = requests.get(srv.url + "/info", timeout=10).json()["model"]
-        assert model["resource_limits"] == "rlimits only, per process (no cgroups: SCORER_CODE_CGROUPS=off)"
+        assert model["resource_limits"].startswith("rlimits only, per process (no cgroups: SCORER_CODE_CGROUPS=off);")
         assert stdin_verdict(srv.url, MEMFD_HOG, "held")[0] == 0.0
         assert stdin_verdict(srv.url, STACK, "ok") == (1.0, None)
         assert group(srv.url, [NETWORK_MEETING] * 4, "alone")["rewards"] == [1.0] * 4
@@ -355,7 +375,9 @@ def _worker_dirs(pid: int) -> list[Path]:
     process's cgroup, as ``cgroups.setup`` does)."""
     mounts, own = cgroups._mounts(), cgroups._own_paths()
     return [
-        Path(mounts[c] + own[c], f"{cgroups.WORKER_PREFIX}{pid}") for c in ("memory", "") if c in mounts and c in own
+        Path(mounts[c] + own[c], f"{cgroups.WORKER_PREFIX}{pid}")
+        for c in ("memory", "cpuacct", "")
+        if c in mounts and c in own
     ]
 
 

@@ -29,6 +29,7 @@ from services.code.label_code import ENTRY_BYTES, Checked, LabelCode
 from services.code.labels import Suite, label_code_of, parse_label
 from services.code.preludes import prelude
 from services.code.sandbox import FairSlots, SandboxFailure
+from services.code.sandboxed.confine import SampleCgroup
 from services.code.sandboxed.wire import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
@@ -395,3 +396,20 @@ def test_the_readme_language_table_is_what_the_service_runs() -> None:
     assert pinned and f"Go {pinned.group(1)} " in rows["Go"] and f"`{registry.GO_HOME}`" in rows["Go"]
     assert all(f"`{k}={v}`" in rows["Go"] for k, v in registry.GO_BUILD_ENV.items() if k.startswith(("GO1", "CGO")))
     assert f"rustc {registry.SYSTEM_COMMAND_MINIMUM['rustc-web']} or newer" in rows["Rust"]
+
+
+@pytest.mark.parametrize(
+    ("version", "name", "text", "total"),
+    [(1, "cpuacct.usage", "2500000000\n", 2.5), (2, "cpu.stat", "usage_usec 2500000\nuser_usec 2000000\n", 2.5)],
+    ids=["v1 cpuacct", "v2 cpu.stat"],
+)
+def test_a_sample_cgroups_cpu_count_less_its_supervisors_own(tmp_path, version, name, text, total) -> None:
+    """Read as each version writes it (v1 nanoseconds; v2 microseconds on a line of its own),
+    less this process's CPU (the reader is the sample's init: its own CPU is no test's)."""
+    sample = SampleCgroup(version, {"cpu": str(tmp_path), "memory": str(tmp_path)}, "sample")
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "sample" / name).write_text(text)
+    own = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
+    counted = sample.programs_cpu_seconds()
+    assert counted is not None and total - counted - own == pytest.approx(0.0, abs=0.05)
+    assert SampleCgroup(version, {"memory": str(tmp_path)}, "sample").programs_cpu_seconds() is None

@@ -35,6 +35,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
     0x40000000,
 )
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 12, 1 << 14, 1 << 18
+MNT_DETACH = 2
 SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 TMP_INODES = 4096
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
@@ -103,14 +104,50 @@ def private_namespaces() -> None:
 def private_tmp(job: Job) -> None:
     """The sample's writable place: a tmpfs of ``tmp_bytes`` on ``/tmp``, also on ``/dev/shm``,
     owned by its uid; and its IPC namespace's shared memory limited to ``tmp_bytes`` too."""
-    size = job.tmp_bytes
-    options = f"size={size},nr_inodes={TMP_INODES},mode=0700,uid={job.uid},gid={job.gid}".encode()
+    _mount_tmp(job)
+    _limit_ipc(job)
+
+
+def _mount_tmp(job: Job) -> None:
+    options = f"size={job.tmp_bytes},nr_inodes={TMP_INODES},mode=0700,uid={job.uid},gid={job.gid}".encode()
     _check(_LIBC.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount /tmp")
     if os.path.isdir("/dev/shm"):
         _check(_LIBC.mount(b"/tmp", b"/dev/shm", None, MS_BIND, None), "mount /dev/shm")
+
+
+def _limit_ipc(job: Job) -> None:
+    size = job.tmp_bytes
     for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
         with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
             sysctl.write(str(value))
+
+
+# What of ``/tmp`` (a directory's status) shows whether a test left anything there: everything a
+# program can make or change in a tmpfs begins with a change of its root (an entry made, its
+# mode, owner or extended attributes set: ``st_ctime``) or a read of it (``st_atime``).
+def tmp_state() -> tuple[int, ...]:
+    """The status of ``/tmp`` that ``fresh_tmp`` compares."""
+    info = os.stat("/tmp")
+    return (info.st_ino, info.st_mode, info.st_uid, info.st_gid, info.st_nlink, info.st_size,
+            info.st_atime_ns, info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
+
+
+def fresh_tmp(job: Job, pristine: tuple[int, ...]) -> bool:
+    """Start a test afresh, as a contest judge does: an IPC namespace of its own (no SysV
+    object or POSIX queue of an earlier test), and an empty ``/tmp`` (and ``/dev/shm``) unless
+    it is as it was made (``pristine``, its ``tmp_state``): an unmount costs the caller an RCU
+    grace period (milliseconds of wall time). Called between tests, once every process of the
+    earlier one is gone (``clean_up``); the old tmpfs and namespace go with their last
+    reference. Returns whether ``/tmp`` is new."""
+    _check(_LIBC.unshare(CLONE_NEWIPC), "unshare an IPC namespace")
+    _limit_ipc(job)
+    if tmp_state() == pristine:
+        return False
+    for path in (b"/dev/shm", b"/tmp"):
+        if os.path.ismount(path):
+            _check(_LIBC.umount2(path, MNT_DETACH), f"unmount {path.decode()}")
+    _mount_tmp(job)
+    return True
 
 
 def _check(result: int, what: str) -> None:
@@ -121,9 +158,9 @@ def _check(result: int, what: str) -> None:
 # Syscall numbers by ABI (0xFFFFFFFF: the ABI has none).
 SYSCALLS = {
     "x86_64": {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "unshare": 272, "setns": 308,
-               "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319},
+               "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319, "rt_sigaction": 13},
     "aarch64": {"fork": 0xFFFFFFFF, "vfork": 0xFFFFFFFF, "clone": 220, "clone3": 435, "unshare": 97, "setns": 268,
-                "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279},
+                "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279, "rt_sigaction": 134},
 }  # fmt: skip
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_SYSCALL_BIT = 0x40000000
@@ -135,6 +172,8 @@ CLONE_NEW_ANY = 0x7E020000
 BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 SECCOMP_ALLOW, SECCOMP_KILL = 0x7FFF0000, 0x80000000
 SECCOMP_EPERM, SECCOMP_ENOSYS = 0x50000 | EPERM, 0x50000 | ENOSYS
+# Success without the call's effect (an errno of 0).
+SECCOMP_PRETEND = 0x50000
 
 
 def forbid_new_processes() -> None:
@@ -151,7 +190,12 @@ def forbid_shared_kernel_state(memfd: bool) -> None:
     ``memfd`` (a cgroup counts its pages; no rlimit does); ``clone3`` answers ENOSYS, so
     threads and ``posix_spawn`` fall back to ``clone``. Unprivileged, a user namespace would
     give a program its own mounts (a tmpfs past every limit); the kernel's key store is kept
-    per uid, not per namespace, so a key would outlive its sample for the next one."""
+    per uid, not per namespace, so a key would outlive its sample for the next one.
+
+    And ``SIGCHLD`` keeps its default action: setting it (``rt_sigaction`` with an action)
+    succeeds without effect. A parent that ignores it has its exited children reaped by the
+    kernel, their CPU time added to no process's (``sample_cpu_seconds`` would lose it); no
+    runtime a program starts here needs to handle it (only Python's may fork)."""
     _install(_kernel_state_filter(memfd))
 
 
@@ -179,29 +223,37 @@ def _new_processes_filter() -> _Program:
 @functools.cache
 def _kernel_state_filter(memfd: bool) -> _Program:
     refused = ("unshare", "setns", "add_key", "request_key", "keyctl") + (() if memfd else ("memfd_create",))
-    return _compiled(_refusing(refused, clone_refused_with=CLONE_NEW_ANY))
+    return _compiled(_refusing(refused, clone_refused_with=CLONE_NEW_ANY, keep_sigchld=True))
 
 
 def _refusing(
-    refused: tuple[str, ...], clone_refused_with: int = 0, clone_allowed_only_with: int = 0
+    refused: tuple[str, ...], clone_refused_with: int = 0, clone_allowed_only_with: int = 0, keep_sigchld: bool = False
 ) -> list[tuple[int, int, int, int]]:
     """A filter's BPF program: this ABI only (another is killed), ``refused`` calls answer
     EPERM, ``clone3`` ENOSYS, ``clone`` EPERM with any flag of ``clone_refused_with`` or
-    without every flag of ``clone_allowed_only_with``; all else is allowed."""
+    without every flag of ``clone_allowed_only_with``, ``rt_sigaction`` of ``SIGCHLD`` with
+    an action pretends to succeed with ``keep_sigchld``; all else is allowed."""
     machine = os.uname().machine
     numbers = SYSCALLS[machine]
     ld, jeq, jge, jset, ret = BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET
     checks = [(jeq, numbers[name]) for name in refused]
-    # Layout: header (5), one jeq per refused call, clone3, clone, load flags, test flags, then
-    # the verdicts ALLOW, EPERM, ENOSYS, KILL. Jumps count from the next instruction.
-    first_check = 5
+    # Layout: header (5), the SIGCHLD check (7, with ``keep_sigchld``), one jeq per refused
+    # call, clone3, clone, load flags, test flags, then the verdicts ALLOW, EPERM, ENOSYS, KILL,
+    # PRETEND. Jumps count from the next instruction.
+    sigchld = 7 if keep_sigchld else 0
+    first_check = 5 + sigchld
     clone3_at = first_check + len(checks)
     allow_at = clone3_at + 4
-    eperm_at, enosys_at, kill_at = allow_at + 1, allow_at + 2, allow_at + 3
+    eperm_at, enosys_at, kill_at, pretend_at = allow_at + 1, allow_at + 2, allow_at + 3, allow_at + 4
     program = [
         (ld, 0, 0, 4), (jeq, 1, 0, AUDIT_ARCH[machine]), (ret, 0, 0, SECCOMP_KILL),
         (ld, 0, 0, 0), (jge, kill_at - 5, 0, X32_SYSCALL_BIT),
     ]  # fmt: skip
+    if keep_sigchld:  # rt_sigaction(SIGCHLD, act, ...): act (a pointer, two words) not NULL
+        program += [
+            (jeq, 0, sigchld - 1, numbers["rt_sigaction"]), (ld, 0, 0, 16), (jeq, 0, allow_at - 8, signal.SIGCHLD),
+            (ld, 0, 0, 24), (jeq, 0, pretend_at - 10, 0), (ld, 0, 0, 28), (jeq, allow_at - 12, pretend_at - 12, 0),
+        ]  # fmt: skip
     for at, (code, number) in enumerate(checks, start=first_check):
         program.append((code, eperm_at - at - 1, 0, number))
     program.append((jeq, enosys_at - clone3_at - 1, 0, numbers["clone3"]))
@@ -212,7 +264,7 @@ def _refusing(
     else:
         program.append((jset, 1, 0, clone_refused_with))  # set: EPERM; else allow
     program += [(ret, 0, 0, SECCOMP_ALLOW), (ret, 0, 0, SECCOMP_EPERM), (ret, 0, 0, SECCOMP_ENOSYS),
-                (ret, 0, 0, SECCOMP_KILL)]  # fmt: skip
+                (ret, 0, 0, SECCOMP_KILL), (ret, 0, 0, SECCOMP_PRETEND)]  # fmt: skip
     return program
 
 
@@ -385,10 +437,11 @@ def run_delay(schedstat: int) -> float:
 
 
 # The files of a sample's cgroup by version: the memory limit, the task limit, the OOM kill
-# count (a line of the file).
+# count (a line of the file), the CPU time of every task it ever held (v1: nanoseconds; v2:
+# microseconds, a line of the file).
 CGROUP_FILES = {
-    1: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "events": "memory.oom_control"},
-    2: {"memory": "memory.max", "pids": "pids.max", "events": "memory.events"},
+    1: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "events": "memory.oom_control", "cpu": "cpuacct.usage"},
+    2: {"memory": "memory.max", "pids": "pids.max", "events": "memory.events", "cpu": "cpu.stat"},
 }
 
 
@@ -409,6 +462,7 @@ class SampleCgroup:
         self.version, self.files = version, CGROUP_FILES[version]
         self.name = name or f"sample-{os.getpid()}-{time.monotonic_ns()}"
         self.dirs = {role: os.path.join(parent, self.name) for role, parent in parents.items()}
+        self._cpu_fd = -1
 
     def set_limits(self, job: Job) -> None:
         self._write(self.dirs["memory"], self.files["memory"], job.cgroup_memory_bytes)
@@ -433,6 +487,19 @@ class SampleCgroup:
         """How many of the sample's processes the kernel killed at its memory limit so far."""
         with open(os.path.join(self.dirs["memory"], self.files["events"])) as file:
             return int(_field(file.read(), "oom_kill") or 0)
+
+    def programs_cpu_seconds(self) -> float | None:
+        """CPU time of every task the sample's cgroup ever held but this process (its init):
+        processes the kernel reaped itself (their parent ignored ``SIGCHLD``) included. One file
+        read, however many processes: ``None`` where the cgroup does not count CPU."""
+        if "cpu" not in self.dirs:
+            return None
+        fd = self._cpu_fd
+        if fd < 0:
+            fd = self._cpu_fd = os.open(os.path.join(self.dirs["cpu"], self.files["cpu"]), os.O_RDONLY)
+        text = os.pread(fd, 4096, 0)
+        total = int(text) / 1e9 if self.version == 1 else int(_field(text.decode(), "usage_usec") or 0) / 1e6
+        return total - time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
 
     def remove(self) -> bool:
         """Remove the cgroup; ``False`` while the kernel still counts a process of it (its

@@ -1,8 +1,10 @@
 """A sample's supervisor: trusted (root), it runs the sample's tests and streams their outcomes.
 
-Stdin tests: one *test process* per test (``run_stdin_test``). Assert tests
-(``calls.CallRun``): a *candidate process* runs the code and answers calls as plain data; the
-tests' code arrives after it was forked, to a *tests' process* alone. The supervisor times
+Stdin tests: one *test process* per test (``run_stdin_test``), each test started afresh
+(``fresh_start``). Assert tests (``calls.CallRun``): a *candidate process* runs the code and
+answers calls as plain data, forked by a source that never held an outcome
+(``CandidateSource``); the tests' code arrives after it was forked, to a *tests' process*
+alone. The supervisor times
 each test on its process's CPU and wall time, keeps only what comparison needs of what it
 printed, and leaves nothing running (``confine.clean_up``). Call-based tests: the init itself
 becomes the candidate, and the server relays the calls (``_become_candidate``).
@@ -15,6 +17,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import time
 import typing
 
@@ -53,23 +56,90 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     return pid, {read_end: role for role, (read_end, _) in pipes.items()}
 
 
-class ForkedCandidate(calls.Candidate):
-    """Assert tests: a candidate's process forked here (the slot's uid, no child processes)."""
+class CandidateSource:
+    """Assert tests: forks the sample's candidates from a process that holds no outcome.
 
-    def __init__(self, job: Job, workdir: str, cgroup: confine.SampleCgroup | None) -> None:
-        calls_pipe, answers = os.pipe(), os.pipe()
-        out, err = os.pipe(), os.pipe()
+    A candidate is a copy of the process that forks it: forked by the supervisor after a
+    candidate died, it would hold (in live or freed memory) the outcomes of the tests so far,
+    which it could read and answer from. So the supervisor forks this source before the first
+    test, and the source forks each candidate (through a process that exits at once, so that
+    the candidate is the supervisor's child: its init's) and sends back its pid and the
+    supervisor's ends of its pipes."""
+
+    def __init__(self, job: Job, workdir: str) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                self.sock.close()
+                _serve_candidates(job, workdir, theirs)
+                code = 0
+            finally:
+                os._exit(code)
+        theirs.close()
+
+    def start(self) -> tuple[int, list[int]]:
+        """A new candidate: its pid and the ends of its calls, answers, stdout and stderr pipes."""
+        self.sock.sendall(b".")
+        data, fds, _, _ = socket.recv_fds(self.sock, PID_BYTES, len(SOURCE_FDS))
+        if len(data) != PID_BYTES or len(fds) != len(SOURCE_FDS):
+            for fd in fds:
+                os.close(fd)
+            raise OSError("the candidates' source is gone")
+        return struct.unpack("i", data)[0], fds
+
+    def close(self) -> None:
+        """End the source (it reads the end of its socket) and reap it."""
+        self.sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+# What the source sends per candidate: its pid, then the supervisor's ends of its pipes.
+PID_BYTES = struct.calcsize("i")
+SOURCE_FDS = ("calls", "answers", "stdout", "stderr")
+
+
+def _serve_candidates(job: Job, workdir: str, sock: socket.socket) -> None:
+    """The body of the candidates' source (``CandidateSource``): a candidate per byte read."""
+    while sock.recv(1):
+        calls_pipe, answers, out, err, told = os.pipe(), os.pipe(), os.pipe(), os.pipe(), os.pipe()
         null = os.open("/dev/null", os.O_RDONLY)
-
-        def body() -> None:
-            confine.forbid_new_processes()
-            harness.serve_calls(job.code, job.prelude)
-
-        fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
-        pid = confine.spawn(job, job.uid, fds, workdir, body, tests=len(job.tests))
-        for fd in (null, calls_pipe[0], answers[1], out[1], err[1]):
+        middle = os.fork()
+        if middle == 0:
+            try:
+                fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
+                pid = confine.spawn(job, job.uid, fds, workdir, _candidate_body(job), len(job.tests))
+                os.write(told[1], struct.pack("i", pid))
+            finally:
+                os._exit(0)
+        os.waitpid(middle, 0)
+        packed = os.read(told[0], PID_BYTES)
+        theirs = [calls_pipe[1], answers[0], out[0], err[0]]
+        if len(packed) == PID_BYTES:
+            socket.send_fds(sock, [packed], theirs)
+        for fd in (null, calls_pipe[0], answers[1], out[1], err[1], *told, *theirs):
             os.close(fd)
-        super().__init__(pid, calls_pipe[1], answers[0], out[0], err[0])
+
+
+def _candidate_body(job: Job) -> typing.Callable[[], None]:
+    """What a candidate's process runs: the code, answering calls, refused new processes."""
+
+    def body() -> None:
+        confine.forbid_new_processes()
+        harness.serve_calls(job.code, job.prelude)
+
+    return body
+
+
+class ForkedCandidate(calls.Candidate):
+    """Assert tests: a candidate's process from the sample's ``CandidateSource`` (the slot's
+    uid, no child processes), a child of this supervisor."""
+
+    def __init__(self, source: CandidateSource, cgroup: confine.SampleCgroup | None) -> None:
+        pid, (calls_end, answers, stdout, stderr) = source.start()
+        super().__init__(pid, calls_end, answers, stdout, stderr)
         self.cgroup = cgroup
         self.oom_kills = cgroup.oom_kills() if cgroup else 0
 
@@ -127,6 +197,15 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
         os._exit(70)
 
 
+def _programs_cpu(cgroup: confine.SampleCgroup | None) -> float:
+    """CPU time so far of every process the sample had but its supervisor: its cgroup's count
+    where it keeps one (one file read however many processes), otherwise its processes' own
+    (``confine.sample_cpu_seconds``, which no kernel-reaped child escapes: see
+    ``confine.forbid_shared_kernel_state``)."""
+    counted = cgroup.programs_cpu_seconds() if cgroup is not None else None
+    return confine.sample_cpu_seconds() if counted is None else counted
+
+
 def run_stdin_test(
     job: Job, start: int, workdir: str, deadline: float, conn: typing.Any, cgroup: confine.SampleCgroup | None
 ) -> int:
@@ -137,7 +216,7 @@ def run_stdin_test(
     own time (the longest time one of their threads waited for a CPU others held does not
     count, read as often: a thread's wait still counts after it ended).
     """
-    cpu_before = confine.sample_cpu_seconds()
+    cpu_before = _programs_cpu(cgroup)
     oom_before = cgroup.oom_kills() if cgroup else 0
     pid, fds = _start_test(job, start, workdir)
     started = time.monotonic()
@@ -165,7 +244,7 @@ def run_stdin_test(
         over_cpu = False
         if now - cpu_read >= CPU_TICK_S:
             cpu_read = now
-            over_cpu = confine.sample_cpu_seconds() - cpu_before > job.cpu_s
+            over_cpu = _programs_cpu(cgroup) - cpu_before > job.cpu_s
             waited = max(waited, confine.sample_run_delay())
         if remaining <= 0 or over_cpu:
             timed_out = True
@@ -193,7 +272,7 @@ def run_stdin_test(
         os.close(fd)
     exit_code = os.waitstatus_to_exitcode(status)
     oom_killed = cgroup is not None and cgroup.oom_kills() > oom_before
-    cpu = confine.sample_cpu_seconds() - cpu_before
+    cpu = _programs_cpu(cgroup) - cpu_before
     ended = StdinOutcome(
         index=start,
         exit=exit_code,
@@ -209,6 +288,17 @@ def run_stdin_test(
     )
     wire.send(conn, ended)
     return start + 1
+
+
+def fresh_start(job: Job, pristine: tuple[int, ...]) -> tuple[int, ...]:
+    """The sample's writable state as it was before its first stdin test: an empty ``/tmp``
+    (its build shown there again) and IPC namespace (``confine.fresh_tmp``), given the state of
+    ``/tmp`` as it was made (``pristine``); returns that state now. What one isolated run needs
+    between two (nothing of an earlier test's survives: its processes are gone)."""
+    if confine.fresh_tmp(job, pristine):
+        compiled.mount_artifact(job)
+        return confine.tmp_state()
+    return pristine
 
 
 def prepare_and_supervise(listener: socket.socket, accepted: int, cgroup: confine.SampleCgroup | None) -> None:
@@ -266,17 +356,24 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
                 job, conn, deadline, lambda index: run_stdin_test(job, index, workdir, deadline, conn, cgroup)
             )
         elif job.kind == "assert":
-            calls.run_calls(
-                job, lambda outcome: wire.send(conn, outcome), deadline,
-                lambda: ForkedCandidate(job, workdir, cgroup), lambda run: _start_tester(job, conn, run),
-            )  # fmt: skip
+            source = CandidateSource(job, workdir)
+            try:
+                calls.run_calls(
+                    job, lambda outcome: wire.send(conn, outcome), deadline,
+                    lambda: ForkedCandidate(source, cgroup), lambda run: _start_tester(job, conn, run),
+                )  # fmt: skip
+            finally:
+                source.close()
         else:
             index = 0
+            pristine = confine.tmp_state()
             while index < len(job.tests):
                 if time.monotonic() >= deadline:
                     wire.send(conn, Skipped(index))
                     index += 1
                     continue
+                if index:
+                    pristine = fresh_start(job, pristine)
                 index = run_stdin_test(job, index, workdir, deadline, conn, cgroup)
     finally:
         confine.clean_up(job.uid)
