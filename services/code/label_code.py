@@ -8,12 +8,13 @@ on meanwhile. What is kept of a verdict is a digest of the code and the verdict,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -67,6 +68,7 @@ class LabelCode:
         self._lock = threading.Lock()
         self._kept: OrderedDict[bytes, Checked] = OrderedDict()
         self.kept_bytes = 0
+        self.compiling = 0  # pieces of code in the helpers now
         self._pool: ProcessPoolExecutor | None = None
 
     def _executor(self) -> ProcessPoolExecutor:
@@ -97,15 +99,26 @@ class LabelCode:
                     del wanted[digest]
         if wanted:
             hold_work(COMPILE_BYTES_PER_CHAR * sum(map(len, wanted.values())), "label code to compile")
-            futures = {digest: self._submit(code) for digest, code in wanted.items()}
-            for digest, future in futures.items():
-                found[wanted[digest]] = self._keep(digest, self._result(future, deadline))
+            with self._counted(len(wanted)):
+                futures = {digest: self._submit(code) for digest, code in wanted.items()}
+                for digest, future in futures.items():
+                    found[wanted[digest]] = self._keep(digest, self._result(future, deadline))
         for checked in found.values():
             if checked.error == OUT_OF_MEMORY:
                 raise PayloadTooLarge("labels: test code too large to compile; split it")
             if checked.error:
                 raise Unprocessable(f"labels: test code does not compile: {checked.error[:300]}")
         return found
+
+    @contextlib.contextmanager
+    def _counted(self, pieces: int) -> Iterator[None]:
+        with self._lock:
+            self.compiling += pieces
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.compiling -= pieces
 
     def _submit(self, code: str) -> Future[Checked]:
         try:
@@ -137,4 +150,7 @@ class LabelCode:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"entries": len(self._kept), "bytes": self.kept_bytes, "max_bytes": self.cache_bytes}
+            return {
+                "entries": len(self._kept), "bytes": self.kept_bytes, "max_bytes": self.cache_bytes,
+                "compiling": self.compiling,
+            }  # fmt: skip

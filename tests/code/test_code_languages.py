@@ -302,7 +302,7 @@ def test_the_labels_language_picks_the_last_block_in_it(server):
 
 def test_a_named_language_takes_its_own_block_else_an_untagged_one() -> None:
     text = "```c++20\nint main(){}\n```\n```\n3\n```\n```python\nprint(3)\n```"
-    assert extract_program(text, "cpp") == ("cpp20", "int main(){}\n")
+    assert extract_program(text, "cpp") == ("cpp", "int main(){}\n")
     assert extract_program(text, PYTHON) == (PYTHON, "print(3)\n")
     assert extract_program(text, "java") == (None, "3\n")  # no Java block: the last untagged one
     assert extract_program("```go\nx\n```", "java") == ("go", "x\n")  # neither: as without
