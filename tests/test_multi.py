@@ -23,10 +23,11 @@ import pytest
 import requests
 from PIL import Image
 
-from bench.load.run import VerlOmniClient, _load
+from bench.load.run import _load
 from bench.ocr.run import one_image_bodies
 from common import verl_omni
 from common.client import ScorerClient
+from common.retry import RetryPolicy
 from testing.images import blank, encode, render_text
 from testing.multi import multi_server, reward_settings
 from testing.server import Server, gunicorn_server
@@ -275,15 +276,15 @@ def test_info_and_metrics_per_reward(multi: Server) -> None:
 
 
 def test_the_url_form_through_verl_omnis_client(multi: Server) -> None:
-    """bench/load's copy of VeRL-Omni's client (one request per image, its retries) given a URL
+    """bench/load (one request per image, retried by the clients' policy) given a URL
     with the rewards in it: OCR alone reads every rendered word (1.0, none below 0.9); at half
     weight every score is 0.5 (all "wrong" for the bench's 0.9 bar)."""
     words = WORDS * 2
     bodies = one_image_bodies([render_text(word, size=256) for word in words], [f'"{w}"' for w in words])
-    client = VerlOmniClient()
-    full = asyncio.run(_load(f"{multi.url}/?ocr=1", bodies, 8, client))
+    policy = RetryPolicy()
+    full = asyncio.run(_load(f"{multi.url}/?ocr=1", bodies, 8, policy))
     assert full["answered_200"] == len(bodies) and full["wrong_scores"] == 0, full
-    half = asyncio.run(_load(f"{multi.url}/?ocr=0.5", bodies, 8, client))
+    half = asyncio.run(_load(f"{multi.url}/?ocr=0.5", bodies, 8, policy))
     assert half["answered_200"] == len(bodies) and half["wrong_scores"] == len(bodies), half
 
     async def drop_in(**kwargs: Any) -> float:
