@@ -205,7 +205,8 @@ def combined_results(
     rules: Mapping[str, VideoRule] | None,
 ) -> list[Result]:
     """Each image's results by reward -> each sample's ``Combined``: each reward's score (a
-    video's by its rule for that reward, ``rules``; None for images), the weighted sum of those
+    video's by its rule for that reward, ``rules``; None for images, and a video's frames'
+    scores by reward, ``frame_details``), the weighted sum of those
     that did not fail. A score that is not a finite number (a model's NaN) is its reward's
     failure. A required reward's error is raised, and any reward's 503 (``FROM_THE_LOAD``); so
     is the first error of a sample whose rewards left carry no weight (every one failed, or
@@ -215,13 +216,15 @@ def combined_results(
     dropped: dict[str, int] = dict.fromkeys(wanted, 0)
     for index, span in enumerate(spans):
         details: dict[str, float] = {}
+        frames: dict[str, list[float]] = {}
         errors: list[BaseException] = []
         weighted: list[float] = []
         for name, want in wanted.items():
             values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
+            frames[name] = [math.nan] * len(span)
             if error is None:
-                score = _score(values, rules[name] if rules is not None else None)
+                score, frames[name] = _score(values, rules[name] if rules is not None else None)
                 if math.isfinite(score):
                     details[name] = score
                     weighted.append(want.weight * score)
@@ -234,7 +237,11 @@ def combined_results(
             dropped[name] += 1
         if errors and not any(wanted[name].weight for name, score in details.items() if not math.isnan(score)):
             raise errors[0]
-        combined.append(Combined(_sum(weighted, index), details=details, dropped=bool(errors)))
+        combined.append(
+            Combined(
+                _sum(weighted, index), details=details, dropped=bool(errors), frame_details=frames if rules else None
+            )
+        )
     for name, count in dropped.items():
         if count:
             metrics.REWARD_DROPPED.labels(name).inc(count)
@@ -255,7 +262,9 @@ def _sum(weighted: Sequence[float], index: int) -> float:
     return total
 
 
-def _score(values: Sequence[Result], rule: VideoRule | None) -> float:
-    """One sample's score from its image's result, or (``rule``) its video's frames' results."""
+def _score(values: Sequence[Result], rule: VideoRule | None) -> tuple[float, list[float]]:
+    """One sample's score from its image's result, or (``rule``) its video's frames' results;
+    and the scores of its frames (a video's chosen ones, in order)."""
     (result,) = values if rule is None else combine_frames(values, [len(values)], rule)
-    return float(result.score if isinstance(result, Scored) else result)
+    frames = [float(value.score if isinstance(value, Scored) else value) for value in values]
+    return float(result.score if isinstance(result, Scored) else result), frames

@@ -254,8 +254,16 @@ def test_videos_are_combined_per_reward_by_its_own_rule(multi: Server, singles: 
         for name, server in singles.items():
             # A reward without the named rule takes the mean of the same frames.
             own = metadata if name == "ocr" else {"frame_interval": interval}
-            expected = alone(server, {**payload, "metadata": own})
-            assert answer["details"][name] == pytest.approx(expected, abs=1e-6), (name, metadata)
+            status, expected = post(server.url, {**payload, "metadata": own})
+            assert status == 200, expected
+            assert answer["details"][name] == pytest.approx(expected["scores"], abs=1e-6), (name, metadata)
+            # Each reward's frames' scores, as its own service's frame_scores.
+            per_video = answer["frame_details"][name]
+            assert [len(f) for f in per_video] == [len(f) for f in expected["frame_scores"]], (name, metadata)
+            for got, own_frames in zip(per_video, expected["frame_scores"]):
+                assert got == pytest.approx(own_frames, abs=1e-6), (name, metadata)
+    status, answer = post(multi.url, {"images": frames[:2], "prompts": prompts})
+    assert status == 200 and "frame_details" not in answer, answer
 
 
 def test_info_and_metrics_per_reward(multi: Server) -> None:
@@ -297,6 +305,7 @@ def test_the_url_form_through_verl_omnis_client(multi: Server) -> None:
 
     assert asyncio.run(drop_in(server_url=f"{multi.url}/?ocr=0.5")) == pytest.approx(0.5)
     assert asyncio.run(drop_in(server_url=multi.url, weights={"ocr": 0.25})) == pytest.approx(0.25)
+    assert asyncio.run(drop_in(server_url=f"{multi.url}/score", weights={"ocr": 0.25})) == pytest.approx(0.25)
 
 
 def test_python_client_asks_for_rewards(multi: Server) -> None:
@@ -308,6 +317,8 @@ def test_python_client_asks_for_rewards(multi: Server) -> None:
     assert answer["scores"] == pytest.approx(expected)
     as_json = ScorerClient(multi.url, fmt="json", weights={"aesthetic": 1.0}).score(images, prompts)
     assert list(as_json["details"]) == ["aesthetic"]
+    on_score = ScorerClient(f"{multi.url}/score", weights={"ocr": 0.7, "pickscore": 0.3}).score(images, prompts)
+    assert on_score["scores"] == answer["scores"]
 
 
 def test_a_reward_that_cannot_load_keeps_the_service_not_ready(tmp_path: Path) -> None:
