@@ -7,7 +7,7 @@ client's) before, right after the answer, and 5 s later, idle.
 
 - ``repeated``: a 527-byte body, one 50x1 PNG referenced 100 times (the pickle's memo);
 - ``distinct``: 20 distinct 50x1 PNGs (1.6 KB);
-- ``multi``: three ``repeated`` bodies at once to the multi service.
+- ``multi``: three ``repeated`` bodies at once to the multi service, OCR alone (``/?ocr=1``).
 
     .venv/bin/python -m bench.ocr.tiny [--cases repeated,distinct,multi]
 """
@@ -66,13 +66,13 @@ def worker_pid(server: Server) -> int:
     return requests.get(server.url + "/health", timeout=10).json()["pid"]
 
 
-def measure(server: Server, bodies: list[bytes]) -> dict[str, Any]:
-    """Send ``bodies`` at once; the statuses, the wall time and the worker's memory."""
+def measure(server: Server, bodies: list[bytes], path: str = "/") -> dict[str, Any]:
+    """Send ``bodies`` at once to ``path``; the statuses, the wall time and the worker's memory."""
     pid = worker_pid(server)
     before = rss_mb(pid)
 
     def send(body: bytes) -> int:
-        return requests.post(server.url + "/", data=body, timeout=300).status_code
+        return requests.post(server.url + path, data=body, timeout=300).status_code
 
     started = time.perf_counter()
     with ThreadPoolExecutor(len(bodies)) as pool:
@@ -107,7 +107,7 @@ def main() -> None:
                     results["distinct"] = measure(server, [distinct_body()])
         if "multi" in cases:
             with multi_server(["ocr", "pickscore", "aesthetic"], logs / "models", log_dir=logs) as server:
-                results["multi"] = measure(server, [repeated_body()] * 3)
+                results["multi"] = measure(server, [repeated_body()] * 3, "/?ocr=1")
     print(json.dumps(results, indent=2))
 
 
