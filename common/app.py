@@ -128,7 +128,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
             runtime.wait_ready()
             # The bytes its items hold (decoded images, model inputs) count from when they are
             # declared until its results are in.
-            with limits.work.request():
+            with limits.request():
                 samples = limits.prepare(lambda: protocol.items(payload, query))
                 results = samples.results(runtime.score(samples.items))
             return answer(protocol.answer(results))

@@ -118,6 +118,9 @@ class WorkBudget:
                 f"the request's work needs about {_megabytes(wanted)} in memory ({what}); the limit is "
                 f"{_megabytes(self.max_bytes)} ({self.setting}), split the request"
             )
+        if holding.trial:
+            holding.bytes = wanted
+            return
         with self._lock:
             if self.held + nbytes > self.max_bytes:
                 raise Overloaded(
@@ -127,13 +130,23 @@ class WorkBudget:
             self.held += nbytes
         holding.bytes = wanted
 
+    def give_back(self, holding: _Holding, nbytes: int) -> None:
+        """Return ``nbytes`` of what ``holding`` holds before its request ends."""
+        if not holding.trial:
+            with self._lock:
+                self.held -= nbytes
+        holding.bytes -= nbytes
+
 
 class _Holding:
-    __slots__ = ("budget", "bytes")
+    """What one request holds; a trial one (``trial_work``) holds nothing of the budget."""
 
-    def __init__(self, budget: WorkBudget) -> None:
+    __slots__ = ("budget", "bytes", "trial")
+
+    def __init__(self, budget: WorkBudget, trial: bool = False) -> None:
         self.budget = budget
         self.bytes = 0
+        self.trial = trial
 
 
 _current_holding: ContextVar[_Holding | None] = ContextVar("scorer_request_work", default=None)
@@ -145,6 +158,36 @@ def hold_work(nbytes: int, what: str) -> None:
     holding = _current_holding.get()
     if holding is not None and nbytes > 0:
         holding.budget.take(holding, nbytes, what)
+
+
+@contextlib.contextmanager
+def tentative_work() -> Iterator[None]:
+    """A check that may refuse: what ``hold_work`` held in the block is given back when it
+    raises, so that a refusal the request survives (an optional reward's) holds nothing."""
+    holding = _current_holding.get()
+    before = holding.bytes if holding is not None else 0
+    try:
+        yield
+    except BaseException:
+        if holding is not None:
+            holding.budget.give_back(holding, holding.bytes - before)
+        raise
+
+
+@contextlib.contextmanager
+def trial_work() -> Iterator[None]:
+    """Checks that only ask whether their work alone fits the budget: ``hold_work`` in the block
+    takes nothing of it (nor counts what the request holds), and refuses only what needs more
+    than the whole budget (413)."""
+    holding = _current_holding.get()
+    if holding is None:
+        yield
+        return
+    token = _current_holding.set(_Holding(holding.budget, trial=True))
+    try:
+        yield
+    finally:
+        _current_holding.reset(token)
 
 
 def _megabytes(nbytes: int) -> str:

@@ -3,8 +3,8 @@
     python -m common.client http://node:18082 image.jpg 'a sign that says "open"'
 
 The client speaks the pickle protocol by default (what flow_grpo / VeRL-Omni send) or JSON,
-and retries what the trainers' clients retry (408, 429, 5xx, a dropped connection) with
-doubling backoff: scoring is safe to repeat.
+and retries by the one policy of every client (``common.retry``: 408, 429, 5xx, a dropped
+connection or an attempt past its timeout, with doubling backoff, the same body each time).
 """
 
 from __future__ import annotations
@@ -18,26 +18,17 @@ import pickle
 import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import requests
 
+from common.retry import Answer, RetryPolicy, ScorerRequestError, post_async
 from common.rewards import rewards_url
 from common.wire import SafeUnpickler, WireFormat
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-
-
-class ScorerRequestError(RuntimeError):
-    """The server answered an error that retrying will not fix (or retries ran out)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
+__all__ = ["AsyncScorerClient", "RetryPolicy", "ScorerClient", "ScorerRequestError", "settle"]
 
 
 def build_body(
@@ -66,27 +57,13 @@ def error_message(body: bytes, content_type: str) -> str:
     return str(answer.get("error", answer)) if isinstance(answer, dict) else str(answer)
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """What both clients retry, and how long they wait: ``backoff`` seconds, doubling."""
-
-    retries: int = 2
-    backoff: float = 0.5
-
-    def delay(self, attempt: int) -> float:
-        return self.backoff * 2**attempt
-
-    def settle(self, status: int, body: bytes, content_type: str, attempt: int) -> dict[str, Any] | None:
-        """The answer of a 200; None when this status should be retried; else raise.
-
-        The status decides, before the body is looked at: a balancer in front of a node that
-        is down answers 502/503/504 with its own HTML page, which is retried like ours.
-        """
-        if status == 200:
-            return parse_answer(body, content_type)
-        if status not in RETRY_STATUSES or attempt == self.retries:
-            raise ScorerRequestError(status, error_message(body, content_type))
-        return None
+def settle(answer: Answer) -> dict[str, Any]:
+    """The parsed answer of a 200; ``ScorerRequestError`` for any other status (final, or the
+    last of the retries)."""
+    if answer.status == 200:
+        return parse_answer(answer.body, answer.content_type)
+    retried = f" (after {answer.attempts} attempts)" if answer.attempts > 1 else ""
+    raise ScorerRequestError(answer.status, error_message(answer.body, answer.content_type) + retried)
 
 
 class _Client:
@@ -106,8 +83,7 @@ class _Client:
     ) -> None:
         self.url = rewards_url(url, weights, optional)
         self.fmt = fmt
-        self.timeout = timeout
-        self.policy = RetryPolicy(retries, backoff)
+        self.policy = RetryPolicy(retries, backoff, timeout)
         self.auth = {"Authorization": f"Bearer {token}"} if token else {}
 
 
@@ -119,24 +95,28 @@ class ScorerClient(_Client):
         self.session = requests.Session()
         self.session.headers.update(self.auth)
 
+    def post(self, body: bytes, headers: dict[str, str]) -> Answer:
+        """``common.retry.post_async``'s blocking twin: the same policy, the same body each attempt."""
+        policy = self.policy
+        for attempt in range(policy.attempts):
+            try:
+                response = self.session.post(self.url, data=body, headers=headers, timeout=policy.attempt_timeout_s)
+            except (requests.ConnectionError, requests.Timeout):
+                if attempt == policy.retries:
+                    raise
+            else:
+                answer = Answer(
+                    response.status_code, response.content, response.headers.get("Content-Type", ""), attempt + 1
+                )
+                if not policy.retryable(answer.status) or attempt == policy.retries:
+                    return answer
+            time.sleep(policy.delay(attempt))
+        raise AssertionError("unreachable")
+
     def score(
         self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        body, headers = build_body(images, prompts, metadata, self.fmt)
-        for attempt in range(self.policy.retries + 1):
-            try:
-                response = self.session.post(self.url, data=body, headers=headers, timeout=self.timeout)
-            except requests.ConnectionError:
-                if attempt == self.policy.retries:
-                    raise
-            else:
-                content_type = response.headers.get("Content-Type", "")
-                if (
-                    done := self.policy.settle(response.status_code, response.content, content_type, attempt)
-                ) is not None:
-                    return done
-            time.sleep(self.policy.delay(attempt))
-        raise AssertionError("unreachable")
+        return settle(self.post(*build_body(images, prompts, metadata, self.fmt)))
 
     def scores(
         self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
@@ -155,9 +135,7 @@ class AsyncScorerClient(_Client):
 
     async def __aenter__(self) -> AsyncScorerClient:
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout),
-            headers=self.auth,
-            connector=aiohttp.TCPConnector(limit=self._connections),
+            headers=self.auth, connector=aiohttp.TCPConnector(limit=self._connections)
         )
         return self
 
@@ -170,17 +148,7 @@ class AsyncScorerClient(_Client):
     ) -> dict[str, Any]:
         assert self._session is not None, "use 'async with AsyncScorerClient(...)'"
         body, headers = build_body(images, prompts, metadata, self.fmt)
-        for attempt in range(self.policy.retries + 1):
-            try:
-                async with self._session.post(self.url, data=body, headers=headers) as response:
-                    body, content_type = await response.read(), response.headers.get("Content-Type", "")
-                    if (done := self.policy.settle(response.status, body, content_type, attempt)) is not None:
-                        return done
-            except aiohttp.ClientConnectionError:
-                if attempt == self.policy.retries:
-                    raise
-            await asyncio.sleep(self.policy.delay(attempt))
-        raise AssertionError("unreachable")
+        return settle(await post_async(self._session, self.url, body, self.policy, headers))
 
     async def score_each(
         self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None

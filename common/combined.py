@@ -14,7 +14,9 @@ weight ending ``!optional`` marks its reward optional), else in ``metadata["rewa
 has weight 1. A required reward's failure fails the request as it would fail its own service's,
 its message naming the reward; an optional reward's failure drops its score from the samples it
 failed for (``dropped``): a sample whose own input it refuses (``check_images``, one sample at a
-time) alone, every sample of the request when it fails while preparing or scoring. A refusal for
+time) alone; every sample of the request when a bound on the samples together refuses it (the
+work budget, the request's pixels: never some samples by their position), or when it fails
+while preparing or scoring. A refusal for
 the node's load (503) is never dropped, and a sample left with no weighted reward is never
 answered 0.
 """
@@ -31,6 +33,7 @@ from typing import Any
 from PIL import Image
 
 from common import metrics, registry
+from common.batching import tentative_work, trial_work
 from common.config import ConfigError
 from common.errors import InternalError, NotReady, Overloaded, ScorerError, Unprocessable, quote
 from common.images import open_images
@@ -91,7 +94,8 @@ class CombinedScorer(Scorer):
         opened = open_images(request.images, self.core, request.names)
         spans = request.spans
         entries: list[dict[str, Any]] = [{} for _ in request.images]
-        for name, want in wanted.items():
+        # The required rewards' bounds first: an optional reward's work never leaves one refused.
+        for name, want in sorted(wanted.items(), key=lambda pair: pair[1].optional):
             self._check(name, want, opened, request, entries)
         images = decode(opened, request, self.name)
         for name, want in wanted.items():
@@ -106,30 +110,49 @@ class CombinedScorer(Scorer):
     def _check(
         self, name: str, want: Wanted, opened: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
     ) -> None:
-        """The reward's bounds on the request. An optional reward's refusal is then looked for in
-        each sample alone: a sample it refuses gets the error as its entry; none: the refusal is
-        the request's (a bound on its samples together), every sample's entry."""
-        scorer = self.rewards[name]
-        try:
-            scorer.check_images(opened, request)
+        """The reward's bounds on the request. An optional reward's refusal keeps nothing it
+        held, and is then looked for in each sample alone, holding nothing (``trial_work``): a
+        sample it refuses alone gets the error as its entry; the others are checked together
+        again, and a refusal there (a bound on the samples together) is every one's entry. Which
+        samples keep the reward never depends on their order, nor on another reward's checks."""
+        refusal = self._check_together(name, want, opened, request)
+        if refusal is None:
             return
-        except ScorerError as exc:
-            if not want.optional or isinstance(exc, FROM_THE_LOAD):
-                raise from_reward(name, exc) from None
-            refusal = from_reward(name, exc)
-        alone = False
+        alone: list[int] = []
         for index, span in enumerate(request.spans):
             try:
-                scorer.check_images([opened[i] for i in span], request.sample(index))
+                with trial_work():
+                    self.rewards[name].check_images([opened[i] for i in span], request.sample(index))
             except ScorerError as exc:
                 if isinstance(exc, FROM_THE_LOAD):
                     raise from_reward(name, exc) from None
                 for i in span:
                     entries[i][name] = from_reward(name, exc)
-                alone = True
-        if not alone:
-            for entry in entries:
-                entry[name] = refusal
+                alone.append(index)
+        refused = set(alone)
+        rest = [index for index in range(len(request.spans)) if index not in refused]
+        if alone and rest:
+            images = [opened[i] for index in rest for i in request.spans[index]]
+            refusal = self._check_together(name, want, images, request.samples(rest))
+            if refusal is None:
+                return
+        for entry in entries:
+            entry.setdefault(name, refusal)
+
+    def _check_together(
+        self, name: str, want: Wanted, opened: list[Image.Image], request: MediaRequest
+    ) -> ScorerError | None:
+        """The reward's bounds on these samples together, holding their work: None when they
+        pass; else its refusal, holding nothing, which is raised (the request's) when the
+        reward is required or the refusal is for the node's load."""
+        try:
+            with tentative_work():
+                self.rewards[name].check_images(opened, request)
+        except ScorerError as exc:
+            if not want.optional or isinstance(exc, FROM_THE_LOAD):
+                raise from_reward(name, exc) from None
+            return from_reward(name, exc)
+        return None
 
     def _prepare(
         self, name: str, want: Wanted, images: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
@@ -205,7 +228,8 @@ def combined_results(
     rules: Mapping[str, VideoRule] | None,
 ) -> list[Result]:
     """Each image's results by reward -> each sample's ``Combined``: each reward's score (a
-    video's by its rule for that reward, ``rules``; None for images), the weighted sum of those
+    video's by its rule for that reward, ``rules``; None for images, and a video's frames'
+    scores by reward, ``frame_details``), the weighted sum of those
     that did not fail. A score that is not a finite number (a model's NaN) is its reward's
     failure. A required reward's error is raised, and any reward's 503 (``FROM_THE_LOAD``); so
     is the first error of a sample whose rewards left carry no weight (every one failed, or
@@ -215,13 +239,15 @@ def combined_results(
     dropped: dict[str, int] = dict.fromkeys(wanted, 0)
     for index, span in enumerate(spans):
         details: dict[str, float] = {}
+        frames: dict[str, list[float]] = {}
         errors: list[BaseException] = []
         weighted: list[float] = []
         for name, want in wanted.items():
             values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
+            frames[name] = [math.nan] * len(span)
             if error is None:
-                score = _score(values, rules[name] if rules is not None else None)
+                score, frames[name] = _score(values, rules[name] if rules is not None else None)
                 if math.isfinite(score):
                     details[name] = score
                     weighted.append(want.weight * score)
@@ -234,7 +260,11 @@ def combined_results(
             dropped[name] += 1
         if errors and not any(wanted[name].weight for name, score in details.items() if not math.isnan(score)):
             raise errors[0]
-        combined.append(Combined(_sum(weighted, index), details=details, dropped=bool(errors)))
+        combined.append(
+            Combined(
+                _sum(weighted, index), details=details, dropped=bool(errors), frame_details=frames if rules else None
+            )
+        )
     for name, count in dropped.items():
         if count:
             metrics.REWARD_DROPPED.labels(name).inc(count)
@@ -255,7 +285,9 @@ def _sum(weighted: Sequence[float], index: int) -> float:
     return total
 
 
-def _score(values: Sequence[Result], rule: VideoRule | None) -> float:
-    """One sample's score from its image's result, or (``rule``) its video's frames' results."""
+def _score(values: Sequence[Result], rule: VideoRule | None) -> tuple[float, list[float]]:
+    """One sample's score from its image's result, or (``rule``) its video's frames' results;
+    and the scores of its frames (a video's chosen ones, in order)."""
     (result,) = values if rule is None else combine_frames(values, [len(values)], rule)
-    return float(result.score if isinstance(result, Scored) else result)
+    frames = [float(value.score if isinstance(value, Scored) else value) for value in values]
+    return float(result.score if isinstance(result, Scored) else result), frames

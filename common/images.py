@@ -433,17 +433,18 @@ def _distinct(pairs: Iterable[tuple[Any, str]]) -> Iterator[tuple[Any, str]]:
             yield item, name
 
 
-def _once_each(items: Sequence[Any], names: Sequence[str], work: Callable[[Any, str], Any]) -> list[Any]:
+def once_each(items: Sequence[Any], names: Sequence[str], work: Callable[[Any, str], Any]) -> list[Any]:
     """``work`` done once per distinct object of ``items``, its result given to every reference."""
     done = {id(item): work(item, name) for item, name in _distinct(zip(items, names))}
     return [done[id(item)] for item in items]
 
 
-def once_per_image(images: Sequence[Image.Image], preprocess: Callable[[list[Image.Image]], Sequence[T]]) -> list[T]:
-    """A scorer's ``preprocess`` (a batch of images -> one input each) of each distinct image
-    object, its result given to each of its references: ``load_images`` hands every reference of
-    bytes the pickle memo repeats the same image, which must not cost a resize and a model input
-    per reference."""
+def once_per_image(images: Sequence[Any], preprocess: Callable[[list[Any]], Sequence[T]]) -> list[T]:
+    """The one way every image scorer does each distinct image once: ``preprocess`` (a batch ->
+    one result each) of each distinct object, its result given to each of its references.
+    ``load_images`` hands every reference of bytes the pickle memo repeats the same image, which
+    must not cost a resize, a model input or a model pass per reference (the CLIP scorers'
+    inputs, OCR's preparation and its reading of the prepared image)."""
     distinct = {id(image): image for image in images}
     done = dict(zip(distinct, preprocess(list(distinct.values()))))
     return [done[id(image)] for image in images]
@@ -460,7 +461,7 @@ def open_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] 
     for item, name in _distinct(zip(data, names)):
         _check_scans(item, core.max_jpeg_scans, name)
     _check_png_chunks(data, core.max_png_chunks, names)
-    images = _once_each(data, names, open_image)
+    images = once_each(data, names, open_image)
     check_image_sizes(images, core, names)
     return images
 
@@ -474,7 +475,7 @@ def load_images(images: Sequence[Image.Image], names: Sequence[str] | None = Non
         check_deadline("decoding its images")
         return load_image(image, name)
 
-    return _once_each(images, names, load)
+    return once_each(images, names, load)
 
 
 def decode_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] | None = None) -> list[Image.Image]:

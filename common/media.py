@@ -84,15 +84,20 @@ class MediaRequest:
 
     def sample(self, index: int) -> MediaRequest:
         """Sample ``index`` alone, as a request of its own (its images keep their names)."""
-        span = self.spans[index]
+        return self.samples([index])
+
+    def samples(self, indices: Sequence[int]) -> MediaRequest:
+        """The samples ``indices`` (in order), as a request of their own; their images keep their
+        names, and an error names a prompt counting from the first one's."""
+        spans = [self.spans[index] for index in indices]
         return MediaRequest(
-            [self.images[i] for i in span],
-            [self.names[i] for i in span],
-            [self.prompts[index]],
+            [self.images[i] for span in spans for i in span],
+            [self.names[i] for span in spans for i in span],
+            [self.prompts[index] for index in indices],
             self.metadata,
-            None if self.frames is None else [self.frames[index]],
+            None if self.frames is None else [self.frames[index] for index in indices],
             self.rule,
-            self.first_prompt + index,
+            self.first_prompt + indices[0],
         )
 
     @property

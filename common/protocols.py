@@ -48,7 +48,9 @@ class WireProtocol:
         """One result per sample -> the answer: ``scores`` and ``outputs`` (flow_grpo reads
         ``outputs``), plus one per-sample list for each extras key of ``Scored`` results; of
         ``Combined`` results, ``details`` (each reward's per-sample list, flow_grpo's
-        ``score_details`` shape) and ``dropped`` (the indices of the samples that dropped one)."""
+        ``score_details`` shape), ``dropped`` (the indices of the samples that dropped one) and,
+        of videos, ``frame_details`` (each reward's per-video list of its frames' scores, as a
+        single service's ``frame_scores``)."""
         scores = [float(r.score if isinstance(r, Scored) else r) for r in results]
         out: dict[str, Any] = {"scores": scores, "outputs": scores}
         keys = {key for r in results if isinstance(r, Scored) for key in r.extras}
@@ -59,6 +61,10 @@ class WireProtocol:
             assert len(combined) == len(results), "a combined answer is combined for every sample"
             out["details"] = {name: [r.details[name] for r in combined] for name in combined[0].details}
             out["dropped"] = [index for index, r in enumerate(combined) if r.dropped]
+            if combined[0].frame_details is not None:
+                out["frame_details"] = {
+                    name: [r.frame_details[name] for r in combined] for name in combined[0].frame_details
+                }
         return out
 
     def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:

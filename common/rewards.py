@@ -110,8 +110,11 @@ def requested(
 def rewards_url(url: str, weights: Mapping[str, float] | None = None, optional: Collection[str] = ()) -> str:
     """``url`` with the rewards a ``multi`` service sums in its query (``?ocr=0.7&pickscore=0.3``;
     a reward in ``optional`` gets ``!optional``: its failure drops it instead of failing the
-    request). Without ``weights``, the service's own default (every reward it serves, weight 1)."""
+    request). Without ``weights``, the service's own default (every reward it serves, weight 1).
+    The path stays as given (``/``, ``/score``, a balancer's prefix); none at all is ``/``."""
     base, _, query = url.partition("?")
+    if "/" not in base.partition("://")[2]:
+        base += "/"
     if weights:
         unknown = set(optional) - set(weights)
         if unknown:
@@ -121,4 +124,4 @@ def rewards_url(url: str, weights: Mapping[str, float] | None = None, optional: 
             for name, weight in weights.items()
         )
         query = "&".join([*filter(None, [query]), *wanted])
-    return base.rstrip("/") + "/" + (f"?{query}" if query else "")
+    return base + (f"?{query}" if query else "")

@@ -3,11 +3,12 @@ and the limits of a worker's request work (``RequestLimits``), whatever scorers 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from common import metrics
@@ -15,6 +16,7 @@ from common.batching import BatchedCall, Deadline, OrderedSlots, WorkBudget, cur
 from common.config import env_name
 from common.devices import choose_device
 from common.errors import NotReady
+from common.memory import Reclaimer
 from common.scorer import Result, Samples, Scorer
 from common.settings import CoreSettings
 
@@ -109,6 +111,15 @@ class RequestLimits:
         self._decoding = OrderedSlots(core.decode_threads or os.cpu_count() or 1)
         # Decoded images and model inputs of the requests in the worker, in bytes (``hold_work``).
         self.work = WorkBudget(core.max_queue_bytes, env_name("", "max_queue_bytes"))
+        # The memory of a burst given back once the worker is idle.
+        self.reclaimer = Reclaimer()
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """The scope of one request's work: the bytes it holds (``hold_work``) are given back
+        at its end, and the memory once no request is left (``Reclaimer``)."""
+        with self.reclaimer.request(), self.work.request():
+            yield
 
     def prepare(self, to_items: Callable[[], list[Any] | Samples]) -> Samples:
         """``to_items()`` (a protocol's, e.g. the scorer's ``prepare_samples``), at most

@@ -40,10 +40,12 @@ class Scored:
 @dataclass
 class Combined(Scored):
     """A weighted sum of several rewards' scores (common/combined.py): ``details`` holds each
-    reward's unweighted score, NaN where an optional reward failed (``dropped``: one did)."""
+    reward's unweighted score, NaN where an optional reward failed (``dropped``: one did); of a
+    video, ``frame_details`` each reward's scores of its chosen frames (NaN each where it failed)."""
 
     details: dict[str, float] = field(default_factory=dict)
     dropped: bool = False
+    frame_details: dict[str, list[float]] | None = None
 
 
 # What a scorer answers for one item.

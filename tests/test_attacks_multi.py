@@ -187,6 +187,23 @@ def test_each_rewards_model_inputs_count_in_the_work_bytes(clip_pair: Server) ->
     assert "aesthetic inputs" in error["error"] and "SCORER_MAX_QUEUE_BYTES" in error["error"]
 
 
+def test_an_optional_reward_a_bound_on_the_request_refuses_drops_from_every_sample(clip_pair: Server) -> None:
+    """The two rewards' inputs of 150 8x8 PNGs are over the 256 MiB of work, each one's alone
+    under it. Optional, the aesthetic score was re-checked sample by sample, each check holding
+    its input in the same request: the first samples kept it, the rest dropped it (one group's
+    sums with and without it), and checked first it left the required PickScore refused for its
+    reservations. It drops from every sample, in either order."""
+    count = 150
+    body = pickle.dumps({"images": tiny_pngs(count), "prompts": ["a red square"] * count})
+    for query in ("?pickscore=1&aesthetic=1!optional", "?aesthetic=1!optional&pickscore=1"):
+        answer = requests.post(f"{clip_pair.url}/{query}", data=body, timeout=300)
+        result = pickle.loads(answer.content)
+        assert answer.status_code == 200, (query, result)
+        assert result["dropped"] == list(range(count)), (query, result["dropped"])
+        assert all(math.isnan(score) for score in result["details"]["aesthetic"]), query
+        assert result["scores"] == result["details"]["pickscore"], query
+
+
 def test_an_image_referenced_many_times_is_preprocessed_once_per_reward(clip_pair: Server) -> None:
     """One 8x8 PNG referenced 220 times by the pickle memo: decoded once, but each CLIP reward
     preprocessed it once per reference, 220 equal 1.2 MB inputs (264 MB a reward, the 413 of 220
@@ -223,8 +240,9 @@ def test_a_rewards_refusal_names_the_reward(multi: Server) -> None:
     """Four samples for PickScore's queue of three: was "4 items in one request; the batch queue
     holds 3", not saying which of the request's rewards refused it (OCR's queue holds three too);
     now the reward's name first, its status kept; as for a refusal of a sample's input."""
+    distinct = [render_text(word, size=256) for word in ("Open", "Shop", "Cafe", "Bank")]  # OCR reads each once
     for reward in ("pickscore", "ocr"):
-        status, answer = post(multi.url, f"?{reward}=1", [PROMPT] * (QUEUE + 1))
+        status, answer = post(multi.url, f"?{reward}=1", [PROMPT] * (QUEUE + 1), images=distinct)
         assert status == 413, answer
         assert answer["error"].startswith(f"{reward}: 4 items in one request; the batch queue holds 3"), answer
     status, answer = post(multi.url, "?ocr=1&pickscore=1", [REFUSED_BY_OCR])

@@ -16,6 +16,8 @@ from common.batching import (
     check_deadline,
     hold_work,
     request_deadline,
+    tentative_work,
+    trial_work,
 )
 from common.errors import Overloaded, PayloadTooLarge
 
@@ -225,6 +227,27 @@ def test_work_bytes_are_held_until_the_request_ends_and_refused_past_the_budget(
     assert budget.held == 0
     with budget.request():
         hold_work(1000, "decoded images")  # given back: the whole budget again
+
+
+def test_a_refused_check_holds_nothing_and_a_trial_holds_nothing_at_all() -> None:
+    budget = WorkBudget(1000, "SCORER_MAX_QUEUE_BYTES")
+    with budget.request():
+        hold_work(300, "decoded images")
+        with pytest.raises(PayloadTooLarge), tentative_work():
+            hold_work(400, "OCR inputs")
+            hold_work(400, "more OCR inputs")  # the check refuses after holding some
+        assert budget.held == 300
+        with tentative_work():
+            hold_work(200, "kept")
+        assert budget.held == 500
+        for _ in range(10):
+            with trial_work():
+                hold_work(900, "one sample alone")  # each trial alone: under the budget
+        with pytest.raises(PayloadTooLarge), trial_work():
+            hold_work(900, "one sample")
+            hold_work(101, "past the whole budget")
+        assert budget.held == 500
+    assert budget.held == 0
 
 
 def test_the_deadline_is_checked_between_stages() -> None:

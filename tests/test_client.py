@@ -1,39 +1,162 @@
-"""The clients' retry policy: what is retried, what is final, and what a balancer answers."""
+"""The clients' one retry policy (common/retry.py): what is retried, what is final, what a
+balancer answers, and that every client (sync, async, the VeRL-Omni drop-in, the load bench)
+sends each retry the first attempt's bytes, at the URL it was given."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import pickle
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+import numpy as np
 import pytest
 import requests
+from PIL import Image
 
-from common.client import AsyncScorerClient, RetryPolicy, ScorerClient, ScorerRequestError
-from testing.server import free_port
+from bench.load.run import _load
+from common import verl_omni
+from common.client import AsyncScorerClient, ScorerClient, settle
+from common.retry import Answer, RetryPolicy, ScorerRequestError
+from testing.images import render_text
+from testing.server import Server, free_port
+
+OURS = "application/octet-stream"
 
 
-def test_settle_retries_only_retryable_statuses_until_the_last_attempt() -> None:
+@pytest.mark.unit
+def test_the_policy_retries_408_429_and_5xx_and_settles_the_rest() -> None:
     policy = RetryPolicy(retries=2, backoff=0.5)
-    ours = "application/octet-stream"
-    assert policy.settle(200, pickle.dumps({"scores": [1.0]}), ours, 0) == {"scores": [1.0]}
-    assert policy.settle(503, pickle.dumps({"error": "busy"}), ours, 0) is None
-    assert policy.settle(500, pickle.dumps({"error": "fault"}), ours, 1) is None
-    with pytest.raises(ScorerRequestError, match="HTTP 503: busy"):
-        policy.settle(503, pickle.dumps({"error": "busy"}), ours, 2)
-    with pytest.raises(ScorerRequestError, match="HTTP 422"):
-        policy.settle(422, b'{"error": "bad"}', "application/json", 0)
+    assert [status for status in range(400, 600) if policy.retryable(status)] == [408, 429, *range(500, 600)]
+    assert policy.retried("ClientConnectionError") and policy.retried("503") and not policy.retried("422")
     assert [policy.delay(n) for n in range(3)] == [0.5, 1.0, 2.0]
+    assert settle(Answer(200, pickle.dumps({"scores": [1.0]}), OURS, 1)) == {"scores": [1.0]}
+    with pytest.raises(ScorerRequestError, match=r"HTTP 503: busy \(after 3 attempts\)"):
+        settle(Answer(503, pickle.dumps({"error": "busy"}), OURS, 3))
+    with pytest.raises(ScorerRequestError, match=r"HTTP 422: bad$"):
+        settle(Answer(422, b'{"error": "bad"}', "application/json", 1))
+    with pytest.raises(ValueError, match="non-negative"):
+        RetryPolicy(retries=-1)
 
 
+@pytest.mark.unit
 def test_a_proxy_page_is_judged_by_its_status_not_unpickled() -> None:
-    policy = RetryPolicy(retries=1)
     page = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
-    for status in (502, 503, 504):
-        assert policy.settle(status, page, "text/html", 0) is None
+    assert all(RetryPolicy.retryable(status) for status in (502, 503, 504))
     with pytest.raises(ScorerRequestError, match=r"HTTP 502: <html>.*Bad Gateway"):
-        policy.settle(502, page, "text/html", 1)
+        settle(Answer(502, page, "text/html", 2))
     with pytest.raises(ScorerRequestError, match="HTTP 413"):
-        policy.settle(413, page, "application/octet-stream", 0)  # a proxy's page in the wrong type
+        settle(Answer(413, page, OURS, 1))  # a proxy's page in the wrong type
+
+
+class Recorder(ThreadingHTTPServer):
+    """A real HTTP server that records each request's path and body and answers the statuses
+    of ``script`` in turn (the last one from then on), an error body or one score."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.script = script
+        self.seen: list[tuple[str, bytes]] = []
+        super().__init__(("127.0.0.1", 0), RecordingHandler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class RecordingHandler(BaseHTTPRequestHandler):
+    server: Recorder
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        status = self.server.script[min(len(self.server.seen), len(self.server.script) - 1)]
+        self.server.seen.append((self.path, body))
+        answer = pickle.dumps({"scores": [0.95], "outputs": [0.95]} if status == 200 else {"error": f"{status}"})
+        self.send_response(status)
+        self.send_header("Content-Type", OURS)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder(request: pytest.FixtureRequest) -> Iterator[Recorder]:
+    server = Recorder(request.param)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def sync_client(url: str) -> None:
+    ScorerClient(url + "/score", backoff=0.01).scores([b"image"], ["p"])
+
+
+def async_client(url: str) -> None:
+    async def score() -> None:
+        async with AsyncScorerClient(url + "/score", backoff=0.01) as client:
+            await client.score([b"image"], ["p"])
+
+    asyncio.run(score())
+
+
+def drop_in(url: str) -> None:
+    async def score() -> None:
+        try:
+            image = np.zeros((16, 16, 3), np.uint8)
+            await verl_omni.compute_score(image, "p", url + "/score", retry_backoff=0.01, weights={"ocr": 1})
+        finally:
+            await verl_omni.compute_score._session.close()
+
+    asyncio.run(score())
+
+
+def load_bench(url: str) -> None:
+    result = asyncio.run(_load(url + "/score", [b"a body"], 1, RetryPolicy(backoff=0.01)))
+    assert result["answered_200"] == 1, result
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("recorder", [[503, 429, 200]], indirect=True)
+@pytest.mark.parametrize("client", [sync_client, async_client, drop_in, load_bench])
+def test_every_client_resends_the_first_requests_bytes(recorder: Recorder, client: Any) -> None:
+    client(recorder.url)
+    paths, bodies = zip(*recorder.seen)
+    assert len(bodies) == 3 and set(bodies) == {bodies[0]}, [body[:60] for body in bodies]
+    assert set(paths) == {"/score?ocr=1.0" if client is drop_in else "/score"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("recorder", [[500, 422]], indirect=True)
+def test_a_final_status_is_not_retried_and_says_so(recorder: Recorder) -> None:
+    with pytest.raises(ScorerRequestError, match="HTTP 422: 422 \\(after 2 attempts\\)"):
+        sync_client(recorder.url)
+    assert len(recorder.seen) == 2
+
+
+def test_every_documented_url_form_scores_on_a_running_service(ocr_server: Server) -> None:
+    """``/``, ``/score`` and the bare node, through both clients and the drop-in."""
+    image = render_text("Open", size=256)
+    frame = np.asarray(Image.open(io.BytesIO(image)).convert("RGB"))
+
+    async def both(url: str) -> tuple[list[float], dict[str, float]]:
+        async with AsyncScorerClient(url) as client:
+            scores = await client.score_each([image], ['"Open"'])
+        try:
+            result = await verl_omni.compute_score(frame, '"Open"', url)
+        finally:
+            await verl_omni.compute_score._session.close()
+        return scores, result
+
+    for url in (ocr_server.url, ocr_server.url + "/", ocr_server.url + "/score"):
+        assert ScorerClient(url).scores([image], ['"Open"']) == [1.0], url
+        assert asyncio.run(both(url)) == ([1.0], {"score": 1.0}), url
 
 
 def test_connection_refused_is_retried_then_raised() -> None:
@@ -58,5 +181,5 @@ def test_both_clients_retry_the_balancers_502_when_the_node_is_down(tmp_path) ->
         with pytest.raises(ScorerRequestError) as async_error:
             asyncio.run(score())
         assert async_error.value.status == 502
-        statuses = [status for status, _, _ in balancer.attempts()]
+    statuses = [status for status, _, _ in balancer.attempts()]  # nginx stopped: its log written whole
     assert statuses == [502] * 6, statuses  # three attempts each

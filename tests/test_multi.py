@@ -23,10 +23,11 @@ import pytest
 import requests
 from PIL import Image
 
-from bench.load.run import VerlOmniClient, _load
+from bench.load.run import _load
 from bench.ocr.run import one_image_bodies
 from common import verl_omni
 from common.client import ScorerClient
+from common.retry import RetryPolicy
 from testing.images import blank, encode, render_text
 from testing.multi import multi_server, reward_settings
 from testing.server import Server, gunicorn_server
@@ -253,8 +254,16 @@ def test_videos_are_combined_per_reward_by_its_own_rule(multi: Server, singles: 
         for name, server in singles.items():
             # A reward without the named rule takes the mean of the same frames.
             own = metadata if name == "ocr" else {"frame_interval": interval}
-            expected = alone(server, {**payload, "metadata": own})
-            assert answer["details"][name] == pytest.approx(expected, abs=1e-6), (name, metadata)
+            status, expected = post(server.url, {**payload, "metadata": own})
+            assert status == 200, expected
+            assert answer["details"][name] == pytest.approx(expected["scores"], abs=1e-6), (name, metadata)
+            # Each reward's frames' scores, as its own service's frame_scores.
+            per_video = answer["frame_details"][name]
+            assert [len(f) for f in per_video] == [len(f) for f in expected["frame_scores"]], (name, metadata)
+            for got, own_frames in zip(per_video, expected["frame_scores"]):
+                assert got == pytest.approx(own_frames, abs=1e-6), (name, metadata)
+    status, answer = post(multi.url, {"images": frames[:2], "prompts": prompts})
+    assert status == 200 and "frame_details" not in answer, answer
 
 
 def test_info_and_metrics_per_reward(multi: Server) -> None:
@@ -275,15 +284,15 @@ def test_info_and_metrics_per_reward(multi: Server) -> None:
 
 
 def test_the_url_form_through_verl_omnis_client(multi: Server) -> None:
-    """bench/load's copy of VeRL-Omni's client (one request per image, its retries) given a URL
+    """bench/load (one request per image, retried by the clients' policy) given a URL
     with the rewards in it: OCR alone reads every rendered word (1.0, none below 0.9); at half
     weight every score is 0.5 (all "wrong" for the bench's 0.9 bar)."""
     words = WORDS * 2
     bodies = one_image_bodies([render_text(word, size=256) for word in words], [f'"{w}"' for w in words])
-    client = VerlOmniClient()
-    full = asyncio.run(_load(f"{multi.url}/?ocr=1", bodies, 8, client))
+    policy = RetryPolicy()
+    full = asyncio.run(_load(f"{multi.url}/?ocr=1", bodies, 8, policy))
     assert full["answered_200"] == len(bodies) and full["wrong_scores"] == 0, full
-    half = asyncio.run(_load(f"{multi.url}/?ocr=0.5", bodies, 8, client))
+    half = asyncio.run(_load(f"{multi.url}/?ocr=0.5", bodies, 8, policy))
     assert half["answered_200"] == len(bodies) and half["wrong_scores"] == len(bodies), half
 
     async def drop_in(**kwargs: Any) -> float:
@@ -296,6 +305,7 @@ def test_the_url_form_through_verl_omnis_client(multi: Server) -> None:
 
     assert asyncio.run(drop_in(server_url=f"{multi.url}/?ocr=0.5")) == pytest.approx(0.5)
     assert asyncio.run(drop_in(server_url=multi.url, weights={"ocr": 0.25})) == pytest.approx(0.25)
+    assert asyncio.run(drop_in(server_url=f"{multi.url}/score", weights={"ocr": 0.25})) == pytest.approx(0.25)
 
 
 def test_python_client_asks_for_rewards(multi: Server) -> None:
@@ -307,6 +317,8 @@ def test_python_client_asks_for_rewards(multi: Server) -> None:
     assert answer["scores"] == pytest.approx(expected)
     as_json = ScorerClient(multi.url, fmt="json", weights={"aesthetic": 1.0}).score(images, prompts)
     assert list(as_json["details"]) == ["aesthetic"]
+    on_score = ScorerClient(f"{multi.url}/score", weights={"ocr": 0.7, "pickscore": 0.3}).score(images, prompts)
+    assert on_score["scores"] == answer["scores"]
 
 
 def test_a_reward_that_cannot_load_keeps_the_service_not_ready(tmp_path: Path) -> None:

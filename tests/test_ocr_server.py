@@ -274,7 +274,7 @@ def test_killed_worker_is_replaced_and_next_requests_succeed(tmp_path) -> None:
 
 def test_a_request_that_can_never_fit_the_queue_is_413(tmp_path) -> None:
     with gunicorn_server("ocr", {"SCORER_MAX_QUEUE": "8"}, log_dir=tmp_path) as server:
-        images = [render_text("Hello", size=256)] * 9
+        images = [render_text(f"Hello {index}", size=256) for index in range(9)]  # distinct: each is read
         status, answer = post_pickle(server.url, {"images": images, "prompts": ['"Hello"'] * 9})
         assert status == 413 and "9 items in one request; the batch queue holds 8" in answer["error"], answer
         assert ScorerClient(server.url).scores(images[:8], ['"Hello"'] * 8) == [1.0] * 8
@@ -557,23 +557,24 @@ def test_a_phone_jpeg_reads_the_way_its_exif_orientation_shows_it(ocr_server, or
 
 
 def test_queued_work_is_bounded_in_bytes(tmp_path) -> None:
-    """A 16 KB white 2000x2000 PNG is a 56.5 MB detector input: requests referencing it 25 times
+    """A 16 KB white 2000x2000 PNG is a 56.5 MB detector input: requests of 25 such images
     pushed the worker from 1 to 12.4 GB. Work bytes are held from the headers before anything is
     made: a request that alone needs more than SCORER_MAX_QUEUE_BYTES is a 413 at once, one that
     would take the worker past it while another holds it a 503 at once; the worker's memory
     grows by at most that budget and one model call's own working memory."""
-    white = png(1400, 1400)  # 8 KB, ~60 MB of work
+    whites = [png(1400 + i, 1400) for i in range(25)]  # 8 KB each, ~60 MB of work each
+    white = whites[0]
     budget_mb = 300
     env = {"SCORER_MAX_QUEUE_BYTES": str(budget_mb * 2**20), "SCORER_REQUEST_TIMEOUT_S": "100"}
     with gunicorn_server("ocr", env, log_dir=tmp_path) as server:
-        alone = pickle.dumps({"images": [white] * 25, "prompts": ['"a"'] * 25})
+        alone = pickle.dumps({"images": whites, "prompts": ['"a"'] * 25})
         status, answer, _, _ = bounded(server, lambda: timed_post(server.url, alone))
         assert status == 413 and "(SCORER_MAX_QUEUE_BYTES)" in answer["error"], answer
         (pid,) = server.worker_pids()
         before = peak_memory_reset(pid)
         assert timed_post(server.url, pickle.dumps({"images": [white], "prompts": ['"a"']}))[0] == 200
         one_image_mb = (memory_kb(pid, "VmHWM") - before) / 1024  # its work and the detector's working memory
-        four = pickle.dumps({"images": [white] * 4, "prompts": ['"a"'] * 4})  # ~240 MB: fits alone
+        four = pickle.dumps({"images": whites[1:5], "prompts": ['"a"'] * 4})  # ~240 MB: fits alone
         first: dict[str, Any] = {}
         thread = threading.Thread(target=lambda: first.update(answer=timed_post(server.url, four)))
         before = peak_memory_reset(pid)

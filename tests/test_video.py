@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import math
 import pickle
 from collections.abc import Iterator
@@ -267,7 +268,7 @@ def test_verl_omni_module_imports_with_the_clients_dependencies_only(tmp_path: P
         f"  if name.split('.')[0] in {blocked!r}: raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import common.verl_omni as m, numpy as np\n"
-        "assert m.frames_of(np.zeros((5, 3, 8, 8), np.uint8)).shape == (5, 8, 8, 3)\n"
+        "assert m.frames_of(np.zeros((3, 5, 8, 8), np.uint8)).shape == (5, 8, 8, 3)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True
@@ -302,14 +303,16 @@ def test_verl_omni_module_sends_whole_videos_and_images(aesthetic_server: str) -
 
     tchw = torch.from_numpy(video).permute(0, 3, 1, 2)
     assert compute(aesthetic_server, video) == pytest.approx(mean(range(0, 9, 4)), abs=TOLERANCE)  # default 4
-    assert compute(aesthetic_server, tchw, extra_info={"frame_interval": 3}) == pytest.approx(
+    assert compute(aesthetic_server, tchw, extra_info={"frame_interval": 3}, layout="TCHW") == pytest.approx(
         mean(range(0, 9, 3)), abs=TOLERANCE
     )
     cthw_float = tchw.permute(1, 0, 2, 3).float() / 255  # floats in [0, 1], channels first
     assert compute(aesthetic_server, cthw_float, frame_interval=2, extra_info={"frame_interval": 3}) == pytest.approx(
         mean(range(0, 9, 2)), abs=TOLERANCE
     )
-    assert compute(aesthetic_server, tchw[None], frame_interval=1) == pytest.approx(mean(range(9)), abs=TOLERANCE)
+    assert compute(aesthetic_server, tchw[None], frame_interval=1, layout="TCHW") == pytest.approx(
+        mean(range(9)), abs=TOLERANCE
+    )
     # An image (CHW, or a batch of one), as the stock client sends it: the JPEG of the image.
     assert compute(aesthetic_server, tchw[4]) == pytest.approx(alone[4], abs=TOLERANCE)
     assert compute(aesthetic_server, tchw[4:5]) == pytest.approx(alone[4], abs=TOLERANCE)
@@ -321,7 +324,7 @@ def test_verl_omni_module_sends_whole_videos_and_images(aesthetic_server: str) -
 
 def test_verl_omni_module_retries_as_the_stock_client() -> None:
     """408, 429, 5xx and dropped connections are retried ``max_retries`` times with doubling
-    backoff; other statuses raise at once."""
+    backoff (common/retry.py); other statuses raise at once."""
     from aiohttp import web
 
     async def serve(statuses: list[int], **kwargs: object) -> tuple[float | str, int]:
@@ -355,6 +358,46 @@ def test_verl_omni_module_retries_as_the_stock_client() -> None:
 
     assert asyncio.run(serve([503, 429, 200])) == (0.25, 3)
     outcome, attempts = asyncio.run(serve([500, 408, 200], max_retries=1))
-    assert attempts == 2 and "HTTP scoring failed after 2 attempts" in outcome and "status 408" in outcome
+    assert attempts == 2 and outcome == "HTTP 408: status 408 (after 2 attempts)"
     outcome, attempts = asyncio.run(serve([422, 200]))
-    assert attempts == 1 and outcome == "Scorer server returned HTTP 422: status 422"
+    assert attempts == 1 and outcome == "HTTP 422: status 422"
+
+
+def test_verl_omni_module_reads_a_video_as_verl_omnis_rewards_do(aesthetic_server: str) -> None:
+    """A 3-frame video in VeRL-Omni's ``[C, F, H, W]`` is its three frames, not three grey ones;
+    a shape two layouts fit is refused unless ``layout`` names one."""
+    rng = np.random.default_rng(8)
+    video = rng.integers(0, 256, (3, 48, 64, 3), dtype=np.uint8)  # THWC, three distinct frames
+    alone = scored(aesthetic_server, {"images": [verl_omni.encode_frame(f) for f in video], "prompts": ["p"] * 3})
+    mean = math.fsum(alone["scores"]) / 3
+    cfhw = np.ascontiguousarray(video.transpose(3, 0, 1, 2))  # (3, 3, 48, 64)
+    assert compute(aesthetic_server, cfhw, frame_interval=1) == pytest.approx(mean, abs=TOLERANCE)
+    assert compute(aesthetic_server, cfhw[None], frame_interval=1) == pytest.approx(mean, abs=TOLERANCE)
+    narrow = video[:, :, :3]  # (3, 48, 3, 3): THWC, or CTHW three pixels wide
+    with pytest.raises(ValueError, match=r"fits both THWC and CTHW: name its layout"):
+        compute(aesthetic_server, narrow)
+    expected = scored(aesthetic_server, {"videos": [[verl_omni.encode_frame(f) for f in narrow]], "prompts": ["p"]})
+    assert compute(aesthetic_server, narrow, frame_interval=1, layout="THWC") == pytest.approx(
+        expected["scores"][0], abs=TOLERANCE
+    )
+    with pytest.raises(ValueError, match=r"layout='CHW' does not fit a sample of shape \(3, 3, 48, 64\)"):
+        compute(aesthetic_server, cfhw, layout="CHW")
+    with pytest.raises(ValueError, match="no RGB channel dimension"):
+        compute(aesthetic_server, np.zeros((5, 4, 8, 8), np.uint8))
+
+
+def test_verl_omni_module_sends_omegaconf_fields_as_plain_data(ocr_server) -> None:
+    """VeRL-Omni hands reward-config fields over as OmegaConf containers."""
+    from omegaconf import OmegaConf
+
+    image = np.asarray(Image.open(io.BytesIO(render_text("Open", size=256))).convert("RGB"))
+    prompt = 'a sign that says "Open" and "Closed"'
+    plain = compute(ocr_server.url, image, prompt, metadata={"ocr": {"target": "all"}})
+    assert compute(ocr_server.url, image, prompt) == 1.0 > plain  # "Closed" counts only with target all
+    config = OmegaConf.create({"metadata": {"ocr": {"target": "all"}}, "extra_info": {"frame_interval": 2}})
+    assert compute(ocr_server.url, image, prompt, metadata=config.metadata, extra_info=config.extra_info) == plain
+    nested = OmegaConf.create({"ocr": {"target": "all", "no_quotes": "zero"}, "tags": ["a", {"b": 1}]})
+    body = verl_omni.request_body(image, prompt, 1, metadata=nested)
+    sent = pickle.loads(body)["metadata"]
+    assert sent == {"ocr": {"target": "all", "no_quotes": "zero"}, "tags": ["a", {"b": 1}]}
+    assert type(sent) is dict and type(sent["ocr"]) is dict and type(sent["tags"]) is list

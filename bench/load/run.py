@@ -1,6 +1,7 @@
 """One OCR node under training load, through the client semantics of VeRL-Omni: one request per
-image, 256 in flight, each attempt given 120 s, two retries (after 0.5 s) of a dropped
-connection, a timeout, 408, 429 or 5xx. Three scenarios on the same node:
+image, 256 in flight, each retried by the clients' one policy (``common.retry``: each attempt
+given 120 s, two retries, after 0.5 s and 1 s, of a dropped connection, a timeout, 408, 429 or
+5xx). Three scenarios on the same node:
 
 - steady: the node as it is;
 - chaos: a worker SIGKILLed every ``--kill-every`` seconds (gunicorn starts a replacement);
@@ -28,7 +29,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import percentile  # noqa: E402
 from bench.ocr.run import one_image_bodies  # noqa: E402
 from common.client import parse_answer  # noqa: E402
+from common.retry import RetryPolicy, post_async  # noqa: E402
 from testing.images import render_text  # noqa: E402
 from testing.server import Server, gunicorn_server  # noqa: E402
 
@@ -47,22 +48,10 @@ WORDS = ["Open", "Bakery", "Garden", "Coffee", "Sale", "Hotel", "Museum", "Pizza
 PARTIAL_HEAD = b"POST / HTTP/1.1\r\nHost: scorer\r\nContent-Type: application/octet-stream\r\n"
 
 
-@dataclass(frozen=True)
-class VerlOmniClient:
-    """What VeRL-Omni's reward client does with one request."""
-
-    retries: int = 2
-    backoff_s: float = 0.5
-    attempt_timeout_s: float = 120.0
-
-    @staticmethod
-    def retried(outcome: str) -> bool:
-        return not outcome.isdigit() or outcome in ("408", "429") or outcome.startswith("5")
-
-
-async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmniClient) -> dict[str, Any]:
+async def _load(url: str, bodies: list[bytes], concurrency: int, policy: RetryPolicy) -> dict[str, Any]:
     """Send every body to ``url`` as a trainer gives it (a path, a query: ``http://node:18100/?ocr=1``),
-    ``concurrency`` requests in flight; count outcomes instead of raising."""
+    ``concurrency`` requests in flight, each retried by ``policy`` (the clients' own,
+    ``common.retry``); count outcomes instead of raising."""
     first: Counter[str] = Counter()
     final: Counter[str] = Counter()
     attempts_made: Counter[int] = Counter()
@@ -71,35 +60,26 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, client: VerlOmn
     wrong = 0
     limit = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=client.attempt_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def attempt(body: bytes) -> str:
-            nonlocal wrong
-            try:
-                async with session.post(url, data=body) as response:
-                    content = await response.read()
-                    answer = parse_answer(content, response.headers.get("Content-Type", ""))
-                    if response.status == 200:
-                        wrong += answer["scores"][0] < 0.9
-                    else:
-                        messages.setdefault(str(response.status), str(answer.get("error")))
-                    return str(response.status)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                return type(exc).__name__
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def one(body: bytes) -> None:
+            nonlocal wrong
+            outcomes: list[str] = []
             async with limit:
                 started = time.perf_counter()
-                for number in range(client.retries + 1):
-                    outcome = await attempt(body)
-                    if number == 0:
-                        first[outcome] += 1
-                    if not client.retried(outcome) or number == client.retries:
-                        break
-                    await asyncio.sleep(client.backoff_s)
-                final[outcome] += 1
-                attempts_made[number + 1] += 1
+                try:
+                    answer = await post_async(session, url, body, policy, observe=outcomes.append)
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass  # its outcome observed
+                else:
+                    parsed = parse_answer(answer.body, answer.content_type)
+                    if answer.status == 200:
+                        wrong += parsed["scores"][0] < 0.9
+                    else:
+                        messages.setdefault(str(answer.status), str(parsed.get("error")))
+                first[outcomes[0]] += 1
+                final[outcomes[-1]] += 1
+                attempts_made[len(outcomes)] += 1
                 latencies.append(time.perf_counter() - started)
 
         started = time.perf_counter()
@@ -163,13 +143,13 @@ async def hold_slow_connections(port: int, count: int, stop: asyncio.Event, answ
 
 
 async def _load_with_slow_clients(
-    server: Server, bodies: list[bytes], concurrency: int, client: VerlOmniClient, slow: int
+    server: Server, bodies: list[bytes], concurrency: int, policy: RetryPolicy, slow: int
 ) -> dict[str, Any]:
     stop, answers = asyncio.Event(), Counter()
     holders = asyncio.ensure_future(hold_slow_connections(server.port, slow, stop, answers))
     await asyncio.sleep(2)  # all held before the load starts
     try:
-        result = await _load(server.url + "/", bodies, concurrency, client)
+        result = await _load(server.url + "/", bodies, concurrency, policy)
     finally:
         stop.set()
         await holders
@@ -193,8 +173,8 @@ def main() -> None:
     images = [render_text(word, size=args.image_size) for word in WORDS]
     picks = [i % len(WORDS) for i in range(args.requests)]
     bodies = one_image_bodies([images[i] for i in picks], [f'a sign that says "{WORDS[i]}"' for i in picks])
-    client = VerlOmniClient()
-    results: dict[str, Any] = {"settings": vars(args) | {"out": str(args.out)}, "client": vars(client)}
+    policy = RetryPolicy()  # VeRL-Omni's own: two retries after 0.5 s, doubling, 120 s an attempt
+    results: dict[str, Any] = {"settings": vars(args) | {"out": str(args.out)}, "client": vars(policy)}
     # Workers share the node's cores: one ONNX thread each rather than oversubscribing them.
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     env = {"SCORER_OCR_ONNX_THREADS": str(threads)}
@@ -203,13 +183,13 @@ def main() -> None:
             print(f"{scenario}: {args.requests} requests at concurrency {args.concurrency}", flush=True)
             load_before = os.getloadavg()[0]  # the machine is shared: how busy it was
             if scenario == "steady":
-                result = asyncio.run(_load(server.url + "/", bodies, args.concurrency, client))
+                result = asyncio.run(_load(server.url + "/", bodies, args.concurrency, policy))
             elif scenario == "chaos":
                 stop, killed = threading.Event(), []
                 killer = threading.Thread(target=kill_workers, args=(server, args.kill_every, stop, killed))
                 killer.start()
                 try:
-                    result = asyncio.run(_load(server.url + "/", bodies, args.concurrency, client))
+                    result = asyncio.run(_load(server.url + "/", bodies, args.concurrency, policy))
                 finally:
                     stop.set()
                     killer.join()
@@ -217,7 +197,7 @@ def main() -> None:
                 server.wait_ready()  # the last replacement is up before the next scenario
             elif scenario == "slow":
                 slow = args.slow_connections
-                result = asyncio.run(_load_with_slow_clients(server, bodies, args.concurrency, client, slow))
+                result = asyncio.run(_load_with_slow_clients(server, bodies, args.concurrency, policy, slow))
             else:
                 raise SystemExit(f"unknown scenario {scenario!r}")
             result["load_average"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]

@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from common.batching import check_deadline, hold_work
 from common.config import describe, env_name, from_env
 from common.errors import PayloadTooLarge, Unprocessable
-from common.images import shown_size
+from common.images import once_each, once_per_image, shown_size
 from common.media import MEAN, MediaRequest, VideoRule
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
@@ -112,24 +112,44 @@ class OCRScorer(ImageScorer):
         self.engine.read([self.engine.prepare(image)], self.settings.max_text_width)
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
-        """The prompts' targets, and the engine's input size of each image from its header."""
+        """The prompts' targets, and the engine's input of each image from its header: what the
+        engine reads, not what was sent, counts (a 72-byte 50x1 PNG is a 2944x736 detector
+        input). Its pixels, each reference counted, are bounded as the request's decoded pixels
+        are (413 past ``SCORER_MAX_REQUEST_PIXELS``); the work of each distinct image, which
+        is prepared and read once (``once_per_image``), is held."""
         options = self.options.override(request.metadata.get("ocr"))
         for index, prompt in enumerate(request.prompts, request.first_prompt):
             self._targets(prompt, options, index)
-        sizes = [self._check_input_size(image, name) for image, name in zip(images, request.names)]
-        hold_work(sum(width * height for width, height in sizes) * self.engine.work_bytes_per_pixel, "OCR inputs")
+        sizes = once_each(images, request.names, self._check_input_size)
+        total, limit = 0, self.core.max_request_pixels
+        for (width, height), name in zip(sizes, request.names):
+            total += width * height
+            if total > limit:
+                raise PayloadTooLarge(
+                    f"the request's images as the OCR engine reads them ({name} at {width}x{height}) have over "
+                    f"{limit} pixels together; the limit is {limit} ({env_name('', 'max_request_pixels')})"
+                )
+        distinct = {id(image): size for image, size in zip(images, sizes)}.values()
+        hold_work(sum(width * height for width, height in distinct) * self.engine.work_bytes_per_pixel, "OCR inputs")
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[OcrItem]:
+        """Each distinct image prepared once, its references sharing it (and its reading)."""
         options = self.options.override(metadata.get("ocr"))
         substring = metadata.get("video_rule") != VIDEO_OCR.name
         targets: dict[str, list[str] | None] = {}  # a video's prompt, once for all its frames
-        items = []
-        for image, prompt in zip(images, prompts):
-            check_deadline("preparing its images")
+        for prompt in prompts:
             if prompt not in targets:
                 targets[prompt] = check_targets(prompt, options, len(targets))
-            items.append(OcrItem(self.engine.prepare(image), targets[prompt], options, substring))
-        return items
+        prepared = once_per_image(images, self._prepare)
+        return [OcrItem(ready, targets[prompt], options, substring) for ready, prompt in zip(prepared, prompts)]
+
+    def _prepare(self, images: list[Image.Image]) -> list[Any]:
+        assert self.engine is not None, "setup() has not run"
+        prepared = []
+        for image in images:
+            check_deadline("preparing its images")
+            prepared.append(self.engine.prepare(image))
+        return prepared
 
     def _targets(self, prompt: str, options: RuleOptions, index: int) -> list[str] | None:
         wanted = check_targets(prompt, options, index)
@@ -159,7 +179,9 @@ class OCRScorer(ImageScorer):
 
     def score_request(self, items: Sequence[OcrItem]) -> list[float]:
         """The engine batches its model calls stage by stage across requests (see ``OcrEngine``)."""
-        lines = self.engine.read([item.prepared for item in items], self.settings.max_text_width)
+        lines = once_per_image(
+            [item.prepared for item in items], lambda prepared: self.engine.read(prepared, self.settings.max_text_width)
+        )
         check_deadline("the reward rule")
         return [reward(item.targets, found, item.options, item.substring) for item, found in zip(items, lines)]
 
