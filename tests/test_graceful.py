@@ -83,8 +83,9 @@ def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(tmp_path) -
 
 
 def test_grace_period_bounds_a_stop(tmp_path) -> None:
-    image = render_text("Hello", size=256)
-    slow = pickle.dumps({"images": [image] * 32, "prompts": ['"Hello"'] * 32})  # several seconds of work
+    # Several seconds of work: 32 distinct images (each distinct image is read once).
+    images = [render_text(f"Hello {n}", size=256) for n in range(32)]
+    slow = pickle.dumps({"images": images, "prompts": ['"Hello"'] * 32})
     with gunicorn_server("ocr", {"SCORER_GRACEFUL_TIMEOUT": "2"}, log_dir=tmp_path) as server:
         outcomes: dict[int, object] = {}
         (thread,) = post_in_background(server.url, [slow], outcomes)
