@@ -176,9 +176,11 @@ def test_a_failed_setup_shows_its_reason_on_ready_and_on_requests() -> None:
 
 
 def test_concurrent_requests_share_one_batch() -> None:
-    scorer = LengthScorer(CoreSettings(max_wait_ms=500, max_batch=4))
+    """Four requests at once are one batch: a full batch goes at once, and the window (a minute)
+    outlasts any delay of a loaded machine between the four arrivals."""
+    scorer = LengthScorer(CoreSettings(max_wait_ms=60_000, max_batch=4))
     client = client_of(scorer)
-    assert post_pickle(client, {"prompts": ["warm"]})[0] == 200
+    assert post_pickle(client, {"prompts": ["w", "a", "r", "m"]})[0] == 200  # a full batch: at once
     scorer.batches.clear()
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda p: post_pickle(client, {"prompts": [p]}), ["a", "bb", "ccc", "dddd"]))
