@@ -327,9 +327,7 @@ class Grader:
         def build() -> str | None:
             if uid is not None:
                 return build_in(uid)
-            with self.sandbox.slot(request, deadline - time.monotonic()) as slot:
-                if slot is None or time.monotonic() >= deadline:
-                    raise SandboxFailure("no run slot came free before the request deadline")
+            with self._slot(request, deadline) as slot:
                 return build_in(slot)
 
         with builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
@@ -345,9 +343,7 @@ class Grader:
         outputs: dict[int, str] = {}  # what the custom checker judges
         cut = False
         with contextlib.ExitStack() as stack:
-            uid = stack.enter_context(self.sandbox.slot(request, deadline - time.monotonic()))
-            if uid is None or time.monotonic() >= deadline:
-                raise SandboxFailure("no run slot came free before the request deadline")
+            uid = stack.enter_context(self._slot(request, deadline))
             # A label's checker is built, and its time kept, before the program runs: whatever
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             try:
@@ -592,10 +588,16 @@ class Grader:
         return runs  # type: ignore[return-value]
 
     def _sandbox_run(self, job: Job, request: object, deadline: float) -> list[Outcome | wire.Fetched]:
+        with self._slot(request, deadline) as uid:
+            return list(self.sandbox.run(job, uid))
+
+    @contextlib.contextmanager
+    def _slot(self, request: object, deadline: float) -> Iterator[int]:
+        """A run slot lent to ``request``, taken before ``deadline``; else ``SandboxFailure``."""
         with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
-                raise SandboxFailure("no run slot came free before the deadline")
-            return list(self.sandbox.run(job, uid))
+                raise SandboxFailure("no run slot came free before the request deadline")
+            yield uid
 
     def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""
