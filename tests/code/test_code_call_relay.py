@@ -10,6 +10,7 @@ import os
 import textwrap
 import time
 
+from services.code.sandboxed.calls import CPU_TICK_S, THREADS_PER_READ
 from testing.server import Server
 from tests.code import test_code_isolation
 from tests.code.test_code_isolation import GROUP, ROUNDS
@@ -188,30 +189,34 @@ def test_a_correct_sample_whose_label_needs_long_answers_passes_within_the_held_
     assert out["rewards"] == [1.0], out["error_types"]
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _io(pid: int) -> dict[str, int]:
+    """The kernel's count of what process ``pid`` (all its threads) has read: ``syscr`` read
+    calls and ``rchar`` bytes. Counts of the server's work, not timings, so the machine's load
+    does not change them."""
+    lines = open(f"/proc/{pid}/io").read().splitlines()
+    return {key: int(value) for key, value in (line.split(": ") for line in lines)}
 
 
 def test_a_candidate_flooding_stderr_costs_the_server_no_more_than_its_output_limit(server: Server) -> None:
     """The server's thread reads what the candidate writes on stderr (its tail kept): a
     candidate writing without end for its test's CPU time had the worker read as fast as
-    it wrote (4 samples: ~3 s of the worker's CPU, which every request's relay shares). A
-    test's stderr past ``max_output_bytes`` (1 MiB here) is an output limit, as its stdout."""
+    it wrote (gigabytes for 4 samples, which every request's relay shares). A test's stderr
+    past ``max_output_bytes`` (1 MiB here) is an output limit, as its stdout."""
     (worker,) = server.worker_pids()
     flood = "import os\ndef f(x):\n    chunk = b'e' * 65536\n    while True:\n        os.write(2, chunk)"
-    before = _cpu_seconds(worker)
+    before = _io(worker)["rchar"]
     out = called(server.url, [flood] * 4, [0], [[0]])
     assert out["error_types"] == ["output_limit"] * 4, out
-    assert _cpu_seconds(worker) - before < 0.5, _cpu_seconds(worker) - before
+    # Each sample's 1 MiB limit, a pipe's worth past it, and the request itself.
+    assert _io(worker)["rchar"] - before < 4 * (2 << 20) + (1 << 20), _io(worker)["rchar"] - before
 
 
-SLEEPING_THREADS = """
+SLEEPING = """
 import threading, time
 threading.stack_size(1 << 16)
 def f(x):
     try:
-        for _ in range(250):
+        for _ in range(THREADS):
             threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     except RuntimeError:
         pass
@@ -222,13 +227,19 @@ def f(x):
 def test_a_candidates_idle_threads_cost_the_server_a_bounded_read_per_tick(server: Server) -> None:
     """The server reads the candidate's threads' waits for a CPU each tick (its wall backstop
     leaves them out): 7 samples sleeping in 250 threads each, using no CPU, had the worker
-    read 1,750 files every 50 ms (2 s of its CPU in a 5 s test, 0.07 s without the threads).
-    It reads a bounded number of them per tick, in turn."""
+    read 1,750 files every tick. It reads at most ``THREADS_PER_READ`` of them per sample and
+    tick, in turn: counted against the same samples sleeping without threads, graded just
+    before, the extra read calls stay within that many files (two reads each) per tick."""
     (worker,) = server.worker_pids()
-    before = _cpu_seconds(worker)
-    out = called(server.url, [SLEEPING_THREADS] * (GROUP - 1), [0], [[0]])
-    assert out["error_types"] == ["timeout"] * (GROUP - 1), out
-    assert _cpu_seconds(worker) - before < 0.7, _cpu_seconds(worker) - before
+    extra = []
+    for threads in (0, 250):
+        before, started = _io(worker)["syscr"], time.monotonic()
+        out = called(server.url, [SLEEPING.replace("THREADS", str(threads))] * (GROUP - 1), [0], [[0]])
+        assert out["error_types"] == ["timeout"] * (GROUP - 1), out
+        ticks = (time.monotonic() - started) / CPU_TICK_S + 1
+        extra.append(_io(worker)["syscr"] - before)
+    bound = (GROUP - 1) * ticks * THREADS_PER_READ * 2 * 2  # twice the reads the bound allows
+    assert extra[1] - extra[0] < bound, (extra, bound)
 
 
 def test_a_call_based_candidate_over_its_memory_is_a_memory_limit(server: Server) -> None:
