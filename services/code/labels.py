@@ -58,11 +58,16 @@ class Subtask:
 
 
 def _text(value: Any, what: str) -> str:
-    """A stdin/stdout text; APPS sometimes stores one as a list of lines."""
+    """A stdin/stdout text; APPS sometimes stores one as a list of lines. Its bytes are its
+    UTF-8 encoding, which a lone surrogate (JSON's ``"\\ud800"``) has none of."""
     if isinstance(value, list) and all(isinstance(line, str) for line in value):
-        return "\n".join(value)
+        value = "\n".join(value)
     if not isinstance(value, str):
         raise Unprocessable(f"labels: every {what} must be a string")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise Unprocessable(f"labels: an {what} holds a lone surrogate, which no bytes encode") from None
     return value
 
 

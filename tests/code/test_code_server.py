@@ -190,8 +190,19 @@ def test_openrlhf_shapes(server: Server) -> None:
         {"outputs": ["x", "y"], "prompts": ["p"], "labels": [{}]},
         {"outputs": ["x"], "prompts": ["p"], "labels": [{"what": 1}]},
         {"prompts": ["p"], "labels": [{}]},
+        {"outputs": ["print(3)"], "prompts": ["p"], "labels": [{"inputs": ["1 \ud800"], "outputs": ["3"]}]},
+        {"outputs": ["print(3)"], "prompts": ["p"], "labels": [{"tests": [{"input": "1", "output": "\udfff"}]}]},
     ],
-    ids=["1025 samples", "long text", "no prompts", "lengths differ", "unknown label", "no responses"],
+    ids=[
+        "1025 samples",
+        "long text",
+        "no prompts",
+        "lengths differ",
+        "unknown label",
+        "no responses",
+        "an input no bytes encode",
+        "an output no bytes encode",
+    ],
 )
 def test_malformed_requests_are_422(server: Server, body) -> None:
     reward(server.url, body, status=422)
