@@ -24,6 +24,7 @@ from PIL import Image
 from common import registry
 from common.app import create_app
 from common.settings import CoreSettings
+from services.code.grader import STATUSES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -218,6 +219,14 @@ def test_references_point_into_the_architecture_document() -> None:
     assert cited, "no references found"
     assert {section for _, section in cited} <= set(headings), cited
     assert not [path for path in files if re.search(r"DESIGN \d", path.read_text(errors="replace"))]
+
+
+@pytest.mark.unit
+def test_the_architecture_names_every_code_status() -> None:
+    """§7 lists every status the grader gives."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    section = text[text.index("- **Code verifier**") : text.index("## 8.")]
+    assert not set(STATUSES) - set(re.findall(r"`([a-z_]+)`", section)), set(STATUSES)
 
 
 @pytest.mark.unit
