@@ -237,5 +237,15 @@ def test_every_page_is_linked_from_the_readme() -> None:
     pages = [*PAGES[1:], ROOT / "CHANGES.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("services/*/README.md")]
     assert not [p for p in pages if f"]({p.relative_to(ROOT)}" not in readme]
     for page in PAGES:
-        for target in re.findall(r"\]\((?!https?:|#)([^)#\s]+)", page.read_text()):
-            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to {target}, which is not there"
+        for target, anchor in re.findall(r"\]\((?!https?:)([^)#\s]*)(?:#([^)\s]+))?\)", page.read_text()):
+            linked = page.parent / target if target else page
+            assert linked.exists(), f"{page.relative_to(ROOT)} links to {target}, which is not there"
+            if anchor and linked.suffix == ".md":
+                assert anchor in anchors(linked), f"{page.name} links to {target}#{anchor}: no such heading"
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but - and _ dropped,
+    spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
