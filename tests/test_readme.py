@@ -1,6 +1,7 @@
-"""What the README and docs/ show works as they say: the example scorer and registry entry, and
-every shell block, each run as written or, where running it needs a GPU node, weights or a long
-install, checked as far as it can be without them (said per kind in ``check_command``)."""
+"""What the README, docs/ and deploy/README.md show works as they say: the example scorer and
+registry entry, and every shell block, each run as written or, where running it needs a GPU
+node, weights or a long install, checked as far as it can be without them (said per kind in
+``check_command``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from services.code.grader import STATUSES
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SERVICES = ROOT / "docs" / "services.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
 # The blocks another test runs as written: the marker before the block, and that test.
 RUN_ELSEWHERE = {"smoke test": "tests/test_smoke.py"}
 # A trainer's command-line argument: a Hydra override, ``[+]key.path=value``.
@@ -83,7 +84,7 @@ class Block:
 
 
 def shell_blocks() -> list[Block]:
-    """Every ```` ```bash ```` (or ``sh``, ``shell``) block of the README and docs/, indented
+    """Every ```` ```bash ```` (or ``sh``, ``shell``) block of the pages, indented
     ones (in a list) included."""
     fence = re.compile(r"^(?:<!-- (.+?) -->\n)?( *)```(?:bash|sh|shell)\n(.*?)^\2```", re.MULTILINE | re.DOTALL)
     blocks = []
