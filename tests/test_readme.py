@@ -1,12 +1,22 @@
-"""The README's example scorer and registry entry work as the README says."""
+"""What the README, docs/ and deploy/README.md show works as they say: the example scorer and
+registry entry, and every shell block, each run as written or, where running it needs a GPU
+node, weights or a long install, checked as far as it can be without them (said per kind in
+``check_command``)."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,16 +25,22 @@ from PIL import Image
 from common import registry
 from common.app import create_app
 from common.settings import CoreSettings
+from services.code.grader import STATUSES
 
-pytestmark = pytest.mark.unit
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SERVICES = ROOT / "docs" / "services.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
+# The blocks another test runs as written: the marker before the block, and that test.
+RUN_ELSEWHERE = {"smoke test": "tests/test_smoke.py"}
+# A trainer's command-line argument: a Hydra override, ``[+]key.path=value``.
+OVERRIDE = re.compile(r"\+?[\w.]+=\S+")
 
 
 def example(marker: str) -> str:
-    """The code block after ``<!-- marker -->`` in the README."""
-    match = re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", README.read_text(), re.DOTALL)
-    assert match, f"no code block after <!-- {marker} --> in the README"
+    """The code block after ``<!-- marker -->`` in docs/services.md."""
+    match = re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", SERVICES.read_text(), re.DOTALL)
+    assert match, f"no code block after <!-- {marker} --> in docs/services.md"
     return match.group(1)
 
 
@@ -34,9 +50,10 @@ def png(colour: str) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.unit
 def test_the_example_scorer_serves_scores() -> None:
     module = types.ModuleType("brightness_example")
-    exec(compile(example("example scorer"), "README.md", "exec"), module.__dict__)
+    exec(compile(example("example scorer"), "docs/services.md", "exec"), module.__dict__)
     client = create_app(module.BrightnessScorer(CoreSettings())).test_client()
     body = pickle.dumps({"images": [png("white"), png("black")], "prompts": ["", ""], "metadata": {}})
     response = client.post("/", data=body, content_type="application/octet-stream")
@@ -46,10 +63,138 @@ def test_the_example_scorer_serves_scores() -> None:
     assert bad.status_code == 422
 
 
+@pytest.mark.unit
 def test_the_example_entry_is_a_registry_entry() -> None:
     entry = eval(example("example entry").split("\n", 1)[1], {"Service": registry.Service})
     assert entry.name == "brightness" and entry.port not in {s.port for s in registry.SERVICES.values()}
-    assert all((README.parent / f).is_file() for f in entry.requirements)
+    assert all((ROOT / f).is_file() for f in entry.requirements)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A shell block of a page: where it starts, the marker comment before it, its text."""
+
+    page: str
+    line: int
+    marker: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def shell_blocks() -> list[Block]:
+    """Every ```` ```bash ```` (or ``sh``, ``shell``) block of the pages, indented
+    ones (in a list) included."""
+    fence = re.compile(r"^(?:<!-- (.+?) -->\n)?( *)```(?:bash|sh|shell)\n(.*?)^\2```", re.MULTILINE | re.DOTALL)
+    blocks = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in fence.finditer(text):
+            line = text.count("\n", 0, match.start(2)) + 1
+            blocks.append(
+                Block(str(page.relative_to(ROOT)), line, match.group(1) or "", textwrap.dedent(match.group(3)))
+            )
+    return blocks
+
+
+BLOCKS = shell_blocks()
+
+
+def commands(block: Block) -> list[list[str]]:
+    """The block's commands, one per line (a backslash continues it), comments dropped."""
+    return [
+        words for line in block.text.replace("\\\n", " ").splitlines() if (words := shlex.split(line, comments=True))
+    ]
+
+
+def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, **kwargs)  # type: ignore[call-overload]
+
+
+def check_trainer_arguments(words: list[str]) -> None:
+    """Hydra overrides: each one ``key=value``; a ``pkg://`` path of this repository imports
+    and has the function its ``name=`` names (VeRL-Omni's own client is not here to import)."""
+    assert all(OVERRIDE.fullmatch(word) for word in words), words
+    names = {word.rsplit(".", 1)[0]: word.split("=", 1)[1] for word in words if ".name=" in word}
+    for word in words:
+        key, _, value = word.partition("=")
+        if value.startswith("pkg://common."):
+            module = importlib.import_module(value.removeprefix("pkg://"))
+            assert callable(getattr(module, names.get(key.rsplit(".", 1)[0], "compute_score"))), word
+
+
+def check_command(words: list[str], prefixes: dict[str, Path], tmp_path: Path) -> None:
+    """Run or check one command as its kind allows; a kind with no check here fails, so that a
+    new command in the docs gets one."""
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words = words[1:]  # an environment assignment before the command
+    if words[:2] == ["bash", "run.sh"] and words[2:3] == ["test"]:
+        # The suite's own command: CI runs it (a run inside the suite would run the suite).
+        assert "bash run.sh test" in (ROOT / ".ci" / "run").read_text()
+    elif words[:2] == ["bash", "run.sh"]:
+        # Starting a service needs its weights, GPU or engine and a long install: its flags
+        # are checked instead, by run.sh's own parser, which reads them all before `--help`.
+        done = run([*words, "--help"])
+        assert done.returncode == 0 and "Start the scorer services" in done.stdout, (words, done.stderr)
+    elif words[:3] == ["python3", "-m", "deploy.render_nginx"]:
+        # Rendered as written into a folder of the test's, the node names made resolvable.
+        at = words.index("--prefix") + 1
+        prefixes[words[at]] = tmp_path / "lb"
+        nodes = [re.sub(r"^[^:]+:", "127.0.0.1:", w) if ":" in w and not w.startswith("-") else w for w in words]
+        nodes[at] = str(tmp_path / "lb")
+        done = run(nodes)
+        assert done.returncode == 0, done.stderr
+    elif words[0] == "nginx":
+        # Started, it would serve until stopped: its configuration is tested as written instead.
+        if shutil.which("nginx") is None:
+            pytest.skip("nginx is not installed (bash run.sh test installs it)")
+        at = words.index("-p") + 1
+        assert words[at] in prefixes, f"{words}: no configuration rendered into {words[at]} before"
+        done = run(["nginx", "-t", *words[1:at], str(prefixes[words[at]]), *words[at + 1 :]])
+        assert done.returncode == 0 and "test is successful" in done.stderr, done.stderr
+    elif words[0] == ".venv/bin/python" and words[1:3] == ["-m", "pytest"]:
+        done = run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider", *words[3:]])
+        assert done.returncode == 0, done.stdout
+    elif OVERRIDE.fullmatch(words[0]):
+        check_trainer_arguments(words)
+    else:
+        pytest.fail(f"no check for the command {shlex.join(words)}: add one to check_command")
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if "nginx" not in b.text], ids=str)
+@pytest.mark.unit
+def test_every_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+    assert run(["bash", "-n"], input=block.text).returncode == 0, f"{block}: not bash"
+    if block.marker in RUN_ELSEWHERE:
+        assert (ROOT / RUN_ELSEWHERE[block.marker]).is_file()
+        return
+    if block.text.startswith("for "):
+        # A loop that builds a trainer's arguments: run as written, its arguments checked.
+        done = run(["bash", "-c", block.text + '\nprintf "%s\\n" "${args[@]}"'])
+        assert done.returncode == 0, done.stderr
+        check_trainer_arguments(done.stdout.split())
+        return
+    prefixes: dict[str, Path] = {}
+    for words in commands(block):
+        check_command(words, prefixes, tmp_path)
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if "nginx" in b.text], ids=str)
+@pytest.mark.integration
+def test_every_nginx_block_renders_a_configuration_nginx_takes(block: Block, tmp_path: Path) -> None:
+    prefixes: dict[str, Path] = {}
+    for words in commands(block):
+        check_command(words, prefixes, tmp_path)
+
+
+@pytest.mark.unit
+def test_the_blocks_are_found() -> None:
+    """Every page's blocks are collected: each fence opened is closed, none is missed."""
+    for page in PAGES:
+        opened = len(re.findall(r"^ *```(?:bash|sh|shell)$", page.read_text(), re.MULTILINE))
+        assert opened == sum(b.page == str(page.relative_to(ROOT)) for b in BLOCKS), page
+    assert {b.page for b in BLOCKS} >= {"README.md", "docs/deployment.md", "docs/protocols.md"}
 
 
 def source_files(root: Path) -> list[Path]:
@@ -61,12 +206,12 @@ def source_files(root: Path) -> list[Path]:
     return found
 
 
+@pytest.mark.unit
 def test_references_point_into_the_architecture_document() -> None:
     """Every ``ARCHITECTURE.md §N`` in the repository names a section that exists; nothing cites
     the design brief outside the repository."""
-    root = README.parent
-    headings = re.findall(r"^#+ (\d+(?:\.\d+)?)\.? ", (root / "docs" / "ARCHITECTURE.md").read_text(), re.MULTILINE)
-    files = source_files(root)
+    headings = re.findall(r"^#+ (\d+(?:\.\d+)?)\.? ", (ROOT / "docs" / "ARCHITECTURE.md").read_text(), re.MULTILINE)
+    files = source_files(ROOT)
     cited = {
         (path.name, section)
         for path in files
@@ -75,3 +220,33 @@ def test_references_point_into_the_architecture_document() -> None:
     assert cited, "no references found"
     assert {section for _, section in cited} <= set(headings), cited
     assert not [path for path in files if re.search(r"DESIGN \d", path.read_text(errors="replace"))]
+
+
+@pytest.mark.unit
+def test_the_architecture_names_every_code_status() -> None:
+    """§7 lists every status the grader gives."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    section = text[text.index("- **Code verifier**") : text.index("## 8.")]
+    assert not set(STATUSES) - set(re.findall(r"`([a-z_]+)`", section)), set(STATUSES)
+
+
+@pytest.mark.unit
+def test_every_page_is_linked_from_the_readme() -> None:
+    """Each page of docs/, CHANGES.md and CONTRIBUTING.md, and each service's README is one
+    click from the README; every relative link of the README and docs/ points at a file."""
+    readme = README.read_text()
+    pages = [*PAGES[1:], ROOT / "CHANGES.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("services/*/README.md")]
+    assert not [p for p in pages if f"]({p.relative_to(ROOT)}" not in readme]
+    for page in PAGES:
+        for target, anchor in re.findall(r"\]\((?!https?:)([^)#\s]*)(?:#([^)\s]+))?\)", page.read_text()):
+            linked = page.parent / target if target else page
+            assert linked.exists(), f"{page.relative_to(ROOT)} links to {target}, which is not there"
+            if anchor and linked.suffix == ".md":
+                assert anchor in anchors(linked), f"{page.name} links to {target}#{anchor}: no such heading"
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but - and _ dropped,
+    spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}

@@ -26,7 +26,7 @@ from tests.stream import RequestStream
 NGINX = shutil.which("nginx", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
 
 # Not-ready nodes answer 503 at once (instead of holding the request while the model loads), so
-# nginx moves on; that is the setting the README gives for nodes behind a balancer.
+# nginx moves on; that is the setting docs/deployment.md gives for nodes behind a balancer.
 NODE_ENV = {"SCORER_READY_WAIT_S": "0"}
 
 
