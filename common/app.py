@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from common import __version__, metrics, registry
 from common.auth import bearer_token_matches
 from common.batching import Deadline, request_deadline
-from common.config import describe, from_env
+from common.config import deprecations, describe, from_env
 from common.devices import GPU_ENV
 from common.errors import PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
 from common.protocols import WireProtocol
@@ -55,6 +55,9 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         protocols = [registry.load_class(path) for path in registry.get(core.service).protocols]
     core = scorer.core
     service = scorer.name
+    deprecated = deprecations(CoreSettings)
+    for message in deprecated:
+        log.warning(message)
     runtime = ScorerRuntime(scorer)
     limits = RequestLimits(core)
 
@@ -169,6 +172,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
             setup_error=runtime.setup_error,
             batching=runtime.batching(),
             settings=describe(core),
+            deprecated_settings=deprecated,
             model=scorer.info(),
             pid=os.getpid(),
         )

@@ -20,6 +20,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from common.app import create_app
+from common.config import from_env
 from common.errors import PayloadTooLarge, ScorerError, Unprocessable
 from common.protocols import WireProtocol
 from common.scorer import Result, Scored, Scorer
@@ -252,3 +253,20 @@ def test_every_protocol_takes_the_same_path() -> None:
     text = client.get("/metrics").get_data(as_text=True)
     assert 'scorer_items_total{service="length-alt"} 2.0' in text
     assert 'scorer_requests_total{route="/alt",service="length-alt",status="422"} 2.0' in text
+
+
+def test_a_deprecated_setting_is_warned_of_in_the_log_and_on_info(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SCORER_MAX_QUEUE_BYTES", "5000")
+    with caplog.at_level("WARNING", logger="common.app"):
+        info = client_of(LengthScorer(from_env(CoreSettings))).get("/info").get_json()
+    assert info["settings"]["max_work_bytes"] == 5000
+    [message] = info["deprecated_settings"]
+    assert message.startswith("SCORER_MAX_QUEUE_BYTES is deprecated") and "SCORER_MAX_WORK_BYTES" in message
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [message]
+
+
+def test_info_lists_no_deprecated_setting_when_none_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SCORER_MAX_QUEUE_BYTES", raising=False)
+    assert client_of(LengthScorer(CoreSettings())).get("/info").get_json()["deprecated_settings"] == []

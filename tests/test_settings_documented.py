@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.config import declared
 from common.settings import CoreSettings, MultiSettings
 from services.aesthetic.settings import AestheticSettings
 from services.clip.settings import WEIGHTS
@@ -17,16 +18,16 @@ from services.code.settings import CodeSettings
 from services.geneval.settings import GenEvalSettings
 from services.hpsv3.settings import HPSv3Settings
 from services.judge.settings import JudgeSettings
-from services.ocr.scorer import OcrSettings
+from services.ocr.settings import OcrSettings
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 # (environment prefix, settings class, the document that describes them)
 DOCUMENTED: list[tuple[str, type, str]] = [
-    ("SCORER_", CoreSettings, "README.md"),
-    ("SCORER_OCR_", OcrSettings, "README.md"),
-    ("SCORER_MULTI_", MultiSettings, "README.md"),
+    ("SCORER_", CoreSettings, "docs/settings.md"),
+    ("SCORER_OCR_", OcrSettings, "docs/settings.md"),
+    ("SCORER_MULTI_", MultiSettings, "docs/settings.md"),
     ("SCORER_AESTHETIC_", AestheticSettings, "services/aesthetic/README.md"),
     *((f"SCORER_{name.upper()}_", spec.settings_class, "services/clip/README.md") for name, spec in WEIGHTS.items()),
     ("SCORER_HPSV3_", HPSv3Settings, "services/hpsv3/README.md"),
@@ -69,7 +70,11 @@ def test_every_setting_has_a_row(prefix: str, settings: type, document: str) -> 
 
 def test_every_documented_variable_is_a_setting() -> None:
     real = {
-        f"{prefix}{field.name.upper()}" for prefix, settings, _ in DOCUMENTED for field in dataclasses.fields(settings)
+        f"{prefix}{name.upper()}"
+        for prefix, settings, _ in DOCUMENTED
+        for field in dataclasses.fields(settings)
+        for name in (field.name, getattr(declared(field), "renamed_from", ""))  # a former name is still read
+        if name
     }
     named = set()
     for document in {"README.md", *(d for _, _, d in DOCUMENTED), "docs/ARCHITECTURE.md", "deploy/README.md"}:

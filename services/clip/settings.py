@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 from services.clip.weights import missing_weights, offline_problem
 
 VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
@@ -20,15 +20,22 @@ HPS_FILE = "HPS_v2.1_compressed.pt"
 PROCESSOR_FILES = (("preprocessor_config.json",), ("tokenizer.json", "vocab.json"))
 
 
+def model_setting(default: str) -> Any:
+    """The ``model`` field, whose default each reward sets."""
+    return setting(default, "the model: a local directory (or, for HPSv2, a checkpoint file) or a hub id", flag=True)
+
+
 @dataclass(frozen=True)
 class ClipRewardSettings:
     """``SCORER_<SERVICE>_<FIELD>``; ``run.sh <service> --model`` / ``--processor`` set the first two."""
 
-    # A local directory (or, for HPSv2, a checkpoint file) or a hub id.
-    model: str = ""
-    # Tokenizer and image preprocessing: a directory or hub id. Unset: the model directory when
-    # it holds them, else the model's usual processor.
-    processor: str | None = None
+    model: str = model_setting("")
+    processor: str | None = setting(
+        None,
+        "tokenizer and image preprocessing: a directory or hub id",
+        flag=True,
+        shown_default="the model directory when it holds them, else the model's usual processor",
+    )
     # Used on GPU only; the CPU always runs float32.
     precision: Literal["float16", "bfloat16", "float32"] = "float16"
     # Samples per forward pass of each tower. Unset: 32 on GPU, 8 on CPU.
@@ -39,19 +46,19 @@ class ClipRewardSettings:
 
 @dataclass(frozen=True)
 class PickScoreSettings(ClipRewardSettings):
-    model: str = "yuvalkirstain/PickScore_v1"
+    model: str = model_setting("yuvalkirstain/PickScore_v1")
     divisor: float = 26.0
 
 
 @dataclass(frozen=True)
 class ClipScoreSettings(ClipRewardSettings):
-    model: str = "openai/clip-vit-large-patch14"
+    model: str = model_setting("openai/clip-vit-large-patch14")
     divisor: float = 30.0
 
 
 @dataclass(frozen=True)
 class HPSv2Settings(ClipRewardSettings):
-    model: str = "xswu/HPSv2"
+    model: str = model_setting("xswu/HPSv2")
 
 
 @dataclass(frozen=True)

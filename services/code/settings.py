@@ -6,14 +6,19 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from common.config import setting
+
 
 @dataclass(frozen=True)
 class CodeSettings:
-    # What a sample left without a verdict scores: "nan" (for OpenRLHF's dynamic filtering,
-    # which drops the prompt group) or "zero". No default on purpose: see preflight.INFRA_HELP.
-    infra_failure_score: Literal["nan", "zero"] | None = None
-    # The environment (services/code/environments) that grades samples whose label is empty.
-    env: str = ""
+    # "nan" is for OpenRLHF's dynamic filtering, which drops the prompt group. No default on
+    # purpose: see preflight.INFRA_HELP.
+    infra_failure_score: Literal["nan", "zero"] | None = setting(
+        None, "what a sample left without a verdict scores: `nan` or `zero`", flag=True, shown_default="none: required"
+    )
+    env: str = setting(
+        "", "the environment (`services/code/environments`) that grades samples whose label is empty", flag=True
+    )
     # Runs executing at once (one request: one less); a request waits for a slot without holding one.
     # 0: SLOTS_PER_CORE per core, as many as the memory holds, at least MIN_PARALLEL (``parallel``).
     max_parallel: int = 0

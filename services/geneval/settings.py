@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "geneval"
@@ -20,12 +20,18 @@ SECTION = "geneval"
 class GenEvalSettings:
     """``SCORER_GENEVAL_<FIELD>``; ``run.sh geneval --detector`` / ``--clip`` set the first two."""
 
-    # A transformers Mask2FormerForUniversalSegmentation with COCO's 80 classes: a directory
-    # (GenEval's own mmdet checkpoint converted by ``python -m services.geneval.convert``) or a hub id.
-    detector: str = "facebook/mask2former-swin-small-coco-instance"
-    # The colour classifier: a transformers CLIP (ViT-L/14, OpenAI's weights, as GenEval's open_clip
-    # ViT-L-14 "openai"), a directory or a hub id.
-    clip: str = "openai/clip-vit-large-patch14"
+    # GenEval's own mmdet checkpoint is converted by ``python -m services.geneval.convert``.
+    detector: str = setting(
+        "facebook/mask2former-swin-small-coco-instance",
+        "a transformers Mask2FormerForUniversalSegmentation with COCO's 80 classes: a directory or a hub id",
+        flag=True,
+    )
+    # ViT-L/14 with OpenAI's weights, as GenEval's open_clip ViT-L-14 "openai".
+    clip: str = setting(
+        "openai/clip-vit-large-patch14",
+        "the colour classifier, a transformers CLIP: a directory or a hub id",
+        flag=True,
+    )
     # The models' precision on GPU; the CPU runs float32. Post-processing is float32 everywhere.
     precision: Literal["float16", "bfloat16", "float32"] = "float16"
     # GenEval's evaluator options: a detection counts above ``threshold`` (``counting_threshold``

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "hpsv3"
@@ -21,11 +21,15 @@ CHECKPOINT = "HPSv3.safetensors"
 class HPSv3Settings:
     """``SCORER_HPSV3_<FIELD>``; ``run.sh hpsv3 --model`` / ``--base`` set the first two."""
 
-    # The checkpoint: HPSv3.safetensors, a directory holding it, or a hub id.
-    model: str = "MizzenAI/HPSv3"
-    # Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and preprocessor_config.json:
-    # a directory or a hub id.
-    base: str = "Qwen/Qwen2-VL-7B-Instruct"
+    model: str = setting(
+        "MizzenAI/HPSv3", "the checkpoint: `HPSv3.safetensors`, a directory holding it, or a hub id", flag=True
+    )
+    base: str = setting(
+        "Qwen/Qwen2-VL-7B-Instruct",
+        "Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and `preprocessor_config.json`: a "
+        "directory or a hub id",
+        flag=True,
+    )
     # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
     # runs float32 throughout.
     precision: Literal["bfloat16", "float16", "float32"] = "bfloat16"

@@ -1,0 +1,88 @@
+"""What ``run.sh`` reads, as shell assignments for ``eval``: the services (``names``), what a
+command installs (``shell``), the flags it takes (``flags``). Standard library only, as
+``run.sh`` runs it with the system python3 before any virtual environment exists."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import fields
+
+from common.config import flags
+from common.install import (
+    GO_BUILD_ENV,
+    GO_COMMAND,
+    GO_REQUIREMENTS,
+    SYSTEM_COMMAND_DIRS,
+    SYSTEM_COMMAND_MINIMUM,
+    SYSTEM_COMMANDS,
+    SYSTEM_PACKAGE_NAMES,
+    setup_of,
+)
+from common.registry import SERVICES, get, settings_class
+from common.settings import CoreSettings
+
+
+def shell(command: str) -> str:
+    """``setup_of(command)`` as shell assignments for ``eval`` (tuples become bash arrays), plus
+    ``SYSTEM_COMMANDS``: the command that shows each system package installed, and
+    ``SYSTEM_COMMAND_DIRS``: where it must be (empty: on PATH or in the sbin directories),
+    ``SYSTEM_COMMAND_MINIMUM``: its oldest version that counts (empty: any), and the pinned Go's
+    ``GO_REQUIREMENTS``, ``GO_COMMAND`` and ``GO_BUILD_ENV`` (``NAME=VALUE`` items)."""
+    setup = setup_of(command)
+    lines = []
+    for item in fields(setup):
+        value = getattr(setup, item.name)
+        if isinstance(value, tuple):
+            lines.append(f"{item.name.upper()}=({' '.join(shlex.quote(v) for v in value)})")
+        else:
+            lines.append(f"{item.name.upper()}={shlex.quote(str(value))}")
+    lines.append(f"SYSTEM_COMMANDS=({' '.join(SYSTEM_COMMANDS[p] for p in setup.system_packages)})")
+    dirs = (shlex.quote(SYSTEM_COMMAND_DIRS.get(p, "")) for p in setup.system_packages)
+    lines.append(f"SYSTEM_COMMAND_DIRS=({' '.join(dirs)})")
+    minimum = (shlex.quote(SYSTEM_COMMAND_MINIMUM.get(p, "")) for p in setup.system_packages)
+    lines.append(f"SYSTEM_COMMAND_MINIMUM=({' '.join(minimum)})")
+    lines.append(f"GO_REQUIREMENTS={shlex.quote(GO_REQUIREMENTS)} GO_COMMAND={shlex.quote(GO_COMMAND)}")
+    lines.append(f"GO_BUILD_ENV=({' '.join(shlex.quote(f'{k}={v}') for k, v in GO_BUILD_ENV.items())})")
+    for manager in ("dnf", "apk"):
+        names = (SYSTEM_PACKAGE_NAMES.get(p, {}).get(manager, p) for p in setup.system_packages)
+        lines.append(f"SYSTEM_PACKAGES_{manager.upper()}=({' '.join(names)})")
+    return "\n".join(lines)
+
+
+def flag_variables(command: str) -> tuple[str, ...]:
+    """``--flag=VARIABLE`` for each flag ``run.sh <command>`` takes: the core's, then those its
+    service declares in its own settings (``Setting.flag``); ``all``: every service's."""
+    names = list(SERVICES) if command == "all" else [get(command).name]
+    pairs = flags(CoreSettings)
+    for name in names:
+        own = settings_class(name)
+        pairs += flags(own, name) if own else []
+    return tuple(f"{flag}={variable}" for flag, variable in pairs)
+
+
+def flags_shell(command: str) -> str:
+    """The flags ``run.sh <command>`` takes, as a ``FLAGS`` bash array (read before the flags
+    set anything: the ``multi`` service's set-up needs its ``--rewards`` first)."""
+    return f"FLAGS=({' '.join(shlex.quote(f) for f in flag_variables(command))})"
+
+
+def main(argv: list[str]) -> int:
+    """``names``: the services, one a line; ``shell <command>``: what run.sh sets up for it;
+    ``flags <command>``: the flags it takes."""
+    if argv == ["names"]:
+        print("\n".join(SERVICES))
+        return 0
+    if len(argv) == 2 and argv[0] in ("shell", "flags"):
+        try:
+            print((shell if argv[0] == "shell" else flags_shell)(argv[1]))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return 0
+    print("usage: python3 -m common.shell names | shell <service|test|all> | flags <service|all>", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
