@@ -41,6 +41,8 @@ class Setting:
     renamed_from: str = ""
     # Unset, each service's scorer class attribute of this name decides (``Scorer.max_batch``).
     scorer_default: str = ""
+    # Shown as "***" when set (``describe``): a credential.
+    secret: bool = False
 
 
 def setting(
@@ -51,9 +53,10 @@ def setting(
     shown_default: str = "",
     renamed_from: str = "",
     scorer_default: str = "",
+    secret: bool = False,
 ) -> Any:
     """A settings field with its declaration (``Setting``)."""
-    declaration = Setting(help, flag, shown_default, renamed_from, scorer_default)
+    declaration = Setting(help, flag, shown_default, renamed_from, scorer_default, secret)
     return dataclasses.field(default=default, metadata={DECLARATION: declaration})
 
 
@@ -139,11 +142,10 @@ def _old_name(section: str, field: dataclasses.Field) -> str:
 
 
 def describe(settings: Any) -> dict[str, Any]:
-    """Settings as a plain dict for ``/info`` (secrets masked)."""
+    """Settings as a plain dict for ``/info``, those declared secret masked."""
     out = {}
     for field in dataclasses.fields(settings):
         value = getattr(settings, field.name)
-        if "token" in field.name and value:
-            value = "***"
-        out[field.name] = value
+        declaration = declared(field)
+        out[field.name] = "***" if value and declaration and declaration.secret else value
     return out

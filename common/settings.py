@@ -88,6 +88,7 @@ class CoreSettings:
         None,
         "when set, `POST`s (and any request with a body) need `Authorization: Bearer <token>` (scheme "
         "case-insensitive; checked when the head has arrived, before the body is read)",
+        secret=True,
     )
     device: str = setting("auto", "`auto` (the worker's GPU, else CPU), `cpu`, `cuda`")
     # gunicorn (gunicorn.conf.py).

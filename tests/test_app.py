@@ -269,4 +269,5 @@ def test_a_deprecated_setting_is_warned_of_in_the_log_and_on_info(
 
 def test_info_lists_no_deprecated_setting_when_none_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SCORER_MAX_QUEUE_BYTES", raising=False)
-    assert client_of(LengthScorer(CoreSettings())).get("/info").get_json()["deprecated_settings"] == []
+    info = client_of(LengthScorer(CoreSettings())).get("/info").get_json()
+    assert info["deprecated_settings"] == [] and info["service_settings"] == {}  # no registry entry: no own settings

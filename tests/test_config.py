@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, deprecations, from_env
+from common.config import ConfigError, deprecations, describe, from_env
 from common.settings import CoreSettings
+from services.judge.settings import JudgeSettings
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +37,10 @@ def test_the_new_name_wins_over_the_former() -> None:
     assert from_env(CoreSettings, environ=environ).max_work_bytes == 123
     [message] = deprecations(CoreSettings, environ=environ)
     assert message.endswith("(SCORER_MAX_WORK_BYTES is set too and wins)")
+
+
+def test_a_setting_declared_secret_is_masked_when_set() -> None:
+    assert describe(JudgeSettings(api_key="sk-1"))["api_key"] == "***"
+    assert describe(CoreSettings(auth_token="t"))["auth_token"] == "***"
+    assert describe(JudgeSettings())["api_key"] is None  # unset is shown as unset
+    assert describe(CoreSettings(max_items=7))["max_items"] == 7

@@ -54,8 +54,7 @@ class JudgeSettings:
     max_comparisons: int = 1024
     # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
     engine_wait_s: float = 600.0
-    # A bearer token for the engine, if it wants one.
-    api_key: str | None = None
+    api_key: str | None = setting(None, "a bearer token for the engine, if it wants one", secret=True)
     # ``engine`` and ``model`` then follow the child.
     serve: str = setting(
         "",
