@@ -285,8 +285,8 @@ preflight() {
 # settings declare (common/config.py's `setting(..., flag=True)`: the core's --port and
 # --workers, and its service's own); `all` takes every service's flags.
 parse_flags() {
-  local assignments
-  assignments=$("$PYTHON" -m common.shell flags "$1") || exit 2
+  local assignments command=$1
+  assignments=$("$PYTHON" -m common.shell flags "$command") || exit 2
   eval "$assignments"
   shift
   local entry matched
@@ -302,6 +302,8 @@ parse_flags() {
     [ -n "$matched" ] || { log "unknown flag $1 (see bash run.sh --help)"; exit 2; }
     shift 2
   done
+  # A bad value (flag or variable) stops here, named, before anything is installed.
+  "$PYTHON" -m common.shell check "$command" || exit 2
 }
 
 start_all() {

@@ -1,14 +1,16 @@
 """What ``run.sh`` reads, as shell assignments for ``eval``: the services (``names``), what a
-command installs (``shell``), the flags it takes (``flags``). Standard library only, as
+command installs (``shell``), the flags it takes (``flags``); and whether the settings it starts
+with can be used (``check``: one line naming a bad one, no traceback). Standard library only, as
 ``run.sh`` runs it with the system python3 before any virtual environment exists."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 from dataclasses import fields
 
-from common.config import flags
+from common.config import flags, from_env
 from common.install import (
     GO_BUILD_ENV,
     GO_COMMAND,
@@ -19,7 +21,7 @@ from common.install import (
     SYSTEM_PACKAGE_NAMES,
     setup_of,
 )
-from common.registry import SERVICES, get, settings_class
+from common.registry import SERVICES, get, multi_rewards, settings_class
 from common.settings import CoreSettings
 
 
@@ -67,20 +69,37 @@ def flags_shell(command: str) -> str:
     return f"FLAGS=({' '.join(shlex.quote(f) for f in flag_variables(command))})"
 
 
+def check(command: str) -> None:
+    """Nothing when the settings ``run.sh <command>`` starts with can be read: the core's and
+    its services' own (``all``: every service's; ``multi``: each listed reward's too), as the
+    service will read them; else ``ConfigError``, one line naming the variable."""
+    names = list(SERVICES) if command == "all" else [get(command).name]
+    if command == "multi":
+        with contextlib.suppress(ValueError):  # no rewards listed: the set-up says so
+            names += multi_rewards()
+    from_env(CoreSettings)
+    for name in names:
+        if own := settings_class(name):
+            from_env(own, name)
+
+
 def main(argv: list[str]) -> int:
     """``names``: the services, one a line; ``shell <command>``: what run.sh sets up for it;
-    ``flags <command>``: the flags it takes."""
+    ``flags <command>``: the flags it takes; ``check <command>``: its settings are usable."""
     if argv == ["names"]:
         print("\n".join(SERVICES))
         return 0
-    if len(argv) == 2 and argv[0] in ("shell", "flags"):
+    if len(argv) == 2 and argv[0] in ("shell", "flags", "check"):
         try:
-            print((shell if argv[0] == "shell" else flags_shell)(argv[1]))
-        except ValueError as exc:
+            if argv[0] == "check":
+                check(argv[1])
+            else:
+                print((shell if argv[0] == "shell" else flags_shell)(argv[1]))
+        except ValueError as exc:  # an unknown service, a setting's bad value (ConfigError)
             print(exc, file=sys.stderr)
             return 2
         return 0
-    print("usage: python3 -m common.shell names | shell <service|test|all> | flags <service|all>", file=sys.stderr)
+    print("usage: python3 -m common.shell names | shell|flags|check <service|all> (shell: test too)", file=sys.stderr)
     return 2
 
 

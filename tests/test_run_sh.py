@@ -327,6 +327,18 @@ def test_flags_come_from_the_registry(fake: Path) -> None:
     assert refused.returncode == 2 and "unknown flag --clip" in refused.stderr
 
 
+def test_a_bad_value_stops_run_sh_with_one_line_before_anything_is_installed(fake: Path) -> None:
+    """A flag's value is read as its setting will be, for the core's flags and the service's own."""
+    manager(fake, "apt-get")
+    for args, message in (
+        (["ocr", "--port", "80a"], "SCORER_PORT='80a': expected int"),
+        (["code", "--infra-failure-score", "one"], "SCORER_CODE_INFRA_FAILURE_SCORE='one': must be one of nan, zero"),
+    ):
+        result = run_sh(fake, args, hide=["bwrap"])
+        assert result.returncode == 2 and result.stderr.splitlines() == [message], result.stderr
+    assert calls(fake) == [] and not list((fake / "repo").glob(".venv*"))
+
+
 def test_multi_builds_one_environment_of_its_rewards_requirements(fake: Path) -> None:
     """``--rewards`` is read before the set-up, which it decides: the environment holds the
     listed rewards' requirements; without one, nothing is set up (PaddleOCR's refusal:

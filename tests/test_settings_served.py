@@ -1,13 +1,17 @@
-"""``GET /info`` under gunicorn: the effective settings of the core and of the service's own
-section, read by their declarations, credentials masked."""
+"""Settings as a served node reads them: a bad value stops gunicorn with one line naming it,
+and ``GET /info`` shows the effective settings of the core and of the service's own section,
+credentials masked."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import requests
 
-from testing.server import gunicorn_server
+from testing.server import ROOT, gunicorn_server
 
 KEY = "sk-engine-credential-1234"
 
@@ -31,3 +35,17 @@ def test_the_judge_s_engine_key_is_never_shown(tmp_path: Path) -> None:
     assert info["settings"]["auth_token"] == "***"
     own = info["service_settings"]["judge"]
     assert own["api_key"] == "***" and own["engine"] == "http://127.0.0.1:9" and own["concurrency"] == 64
+
+
+def test_a_bad_value_stops_gunicorn_with_one_line_naming_it() -> None:
+    env = {**os.environ, "SCORER_SERVICE": "ocr", "SCORER_MAX_ITEMS": "many"}
+    result = subprocess.run(
+        [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip() == "scorer: SCORER_MAX_ITEMS='many': expected int", result.stderr
