@@ -45,26 +45,26 @@ def _table(cls: type, section: str) -> str:
     rows = [HEADER]
     for field in dataclasses.fields(cls):
         declaration = declared(field)
+        if declaration is None:
+            raise ValueError(f"{cls.__name__}.{field.name} is not declared with common.config.setting")
         variable = f"`{env_name(section, field.name)}`"
-        if declaration and declaration.renamed_from:
-            variable += (
-                f" (formerly `{env_name(section, declaration.renamed_from)}`, still read until the next release)"
-            )
-        flag = f"`--{field.name.replace('_', '-')}`" if declaration and declaration.flag else ""
-        meaning = declaration.help if declaration else f"see [{_readme(cls)}](../{_readme(cls)})"
-        rows.append(f"| {variable} | {flag} | {_default(field, declaration)} | {meaning} |")
+        if declaration.renamed_from:
+            former = env_name(section, declaration.renamed_from)
+            variable += f" (formerly `{former}`, still read until the next release)"
+        flag = f"`--{field.name.replace('_', '-')}`" if declaration.flag else ""
+        rows.append(f"| {variable} | {flag} | {_default(field, declaration)} | {declaration.help} |")
     return "\n".join(rows)
 
 
-def _default(field: dataclasses.Field, declaration: Setting | None) -> str:
-    if declaration and declaration.scorer_default:
+def _default(field: dataclasses.Field, declaration: Setting) -> str:
+    if declaration.scorer_default:
         own = [
             f"{name} {_value(getattr(scorer, declaration.scorer_default))}"
             for name in registry.SERVICES
             if (scorer := registry.load_scorer_class(name)).batched
         ]
         return f"each service's own: {', '.join(own)}"
-    if declaration and declaration.shown_default:
+    if declaration.shown_default:
         return declaration.shown_default
     return "unset" if field.default is None else f"`{_value(field.default)}`"
 
@@ -75,11 +75,6 @@ def _value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value) if value != "" else '""'
-
-
-def _readme(cls: type) -> str:
-    """The README of the service whose module declares ``cls`` (``services/code/README.md``)."""
-    return "/".join(cls.__module__.split(".")[:2]) + "/README.md"
 
 
 def main(argv: list[str]) -> int:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from common import registry
+from common.config import declared
+from common.settings import CoreSettings
 from common.settings_docs import END, START, render
 
 pytestmark = pytest.mark.unit
@@ -17,6 +21,18 @@ def test_the_settings_page_is_what_the_declarations_make() -> None:
     """After changing a setting: ``.venv/bin/python -m common.settings_docs docs/settings.md``."""
     page = PAGE.read_text()
     assert render(page) == page
+
+
+def test_every_setting_is_declared_with_its_help() -> None:
+    classes = [CoreSettings, *(registry.settings_class(name) for name in registry.SERVICES)]
+    undeclared = [
+        f"{cls.__name__}.{field.name}"
+        for cls in classes
+        if cls
+        for field in dataclasses.fields(cls)
+        if not (declared(field) and declared(field).help)
+    ]
+    assert not undeclared
 
 
 def row(variable: str) -> str:

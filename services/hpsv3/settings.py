@@ -32,11 +32,16 @@ class HPSv3Settings:
     )
     # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
     # runs float32 throughout.
-    precision: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    precision: Literal["bfloat16", "float16", "float32"] = setting(
+        "bfloat16",
+        "the backbone's precision on a GPU (HPSv3's own `bfloat16`); the head is float32; the CPU runs float32",
+    )
     # score = mu x scale. 1.0: HPSv3's own scale; VeRL-Omni's hpsv3_reward multiplies by 0.1.
-    scale: float = 1.0
+    scale: float = setting(1.0, "score = mu × scale (`0.1`: VeRL-Omni's)")
     # Tokens of one sample's whole sequence (instruction, image and prompt); a longer prompt is a 413.
-    max_tokens: int = 2048
+    max_tokens: int = setting(
+        2048, "tokens of one sample's sequence (instruction ~330, image ~256, the prompt); over it a 413"
+    )
 
 
 def read_settings() -> HPSv3Settings:

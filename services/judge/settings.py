@@ -41,19 +41,23 @@ class JudgeSettings:
         shown_default="none: required",
     )
     # Chat completions one worker has in flight at once, across its requests.
-    concurrency: int = 64
+    concurrency: int = setting(64, "chat completions one worker has in flight at once, across its requests")
     # Retries of a call the engine answered 429 or 5xx, or could not be reached for, each after
     # backoff_s doubling up to backoff_max_s, never past the request's deadline.
-    retries: int = 3
-    backoff_s: float = 0.5
-    backoff_max_s: float = 4.0
+    retries: int = setting(3, "retries of a call the engine answered 429/5xx or could not be reached for")
+    backoff_s: float = setting(0.5, "the first retry's pause, doubling")
+    backoff_max_s: float = setting(4.0, "the longest pause between retries")
     # Pairwise: judge each pair in both orders (position bias cancels), twice the calls.
-    both_orders: bool = False
+    both_orders: bool = setting(False, "pairwise: judge each pair in both orders")
     # Pairwise: comparisons (engine calls) one request may ask for, checked before any is sent
     # (413): a group of n samples is n(n-1)/2 pairs, 523,776 for one group of 1,024.
-    max_comparisons: int = 1024
+    max_comparisons: int = setting(
+        1024,
+        "pairwise: engine calls one request may ask for (413 beyond, before any is sent; a group of n is n(n-1)/2 "
+        "pairs)",
+    )
     # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
-    engine_wait_s: float = 600.0
+    engine_wait_s: float = setting(600.0, "how long a starting worker waits for the engine to list its models")
     api_key: str | None = setting(None, "a bearer token for the engine, if it wants one", secret=True)
     # ``engine`` and ``model`` then follow the child.
     serve: str = setting(
@@ -64,9 +68,10 @@ class JudgeSettings:
     )
     # The child engine's command: {model}, {port} and {gpus} (the node's visible GPUs) filled in.
     # vLLM's own environment, installed only on the GPU node, must have ``vllm`` on PATH.
-    serve_command: str = (
+    serve_command: str = setting(
         "vllm serve {model} --host 127.0.0.1 --port {port} --data-parallel-size {gpus} "
-        "--limit-mm-per-prompt.image 32 --enable-prefix-caching --trust-remote-code"
+        "--limit-mm-per-prompt.image 32 --enable-prefix-caching --trust-remote-code",
+        "the child engine's command (`{gpus}`: the node's visible GPUs)",
     )
 
 
