@@ -2,13 +2,11 @@
 # Start the scorer services, or run the tests. Each command does its own set-up.
 #
 #   bash run.sh                       start every service that runs on offline defaults
-#   bash run.sh ocr [--port N] [--workers N]
-#   bash run.sh aesthetic [--port N] [--workers N] [--clip DIR_OR_HUB_ID] [--head PATH]
-#   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
-#   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
-#   bash run.sh hpsv3 [--port N] [--workers N] [--model FILE_OR_HUB_ID] [--base DIR_OR_HUB_ID]
-#   bash run.sh judge --engine URL|--serve MODEL --parse-failure-score nan|zero|tie|mean [--judge NAME] [--model NAME]
-#   bash run.sh multi --rewards ocr,pickscore,aesthetic [--port N] [--workers N]
+#   bash run.sh SERVICE [--FLAG VALUE]...   start one service with its flags, each a setting
+#                                     (bash run.sh SERVICE --help lists them), e.g.
+#   bash run.sh code --infra-failure-score nan|zero [--port N] [--env NAME]
+#   bash run.sh judge --engine URL|--serve MODEL --parse-failure-score nan|zero|tie|mean
+#   bash run.sh multi --rewards ocr,pickscore,aesthetic
 #                                     several image rewards in one call (each reward's own
 #                                     settings: SCORER_PICKSCORE_MODEL, SCORER_OCR_ENGINE, ...)
 #   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
@@ -281,6 +279,12 @@ preflight() {
   "$PYTHON" -m common.preflight "$1"
 }
 
+# usage COMMAND: this file's header, then the flags COMMAND takes (all: every service's).
+usage() {
+  sed -n '2,/^set /{/^#/p}' "$0"
+  "$PYTHON" -m common.shell usage "$1"
+}
+
 # parse_flags COMMAND ARGS...: the flags COMMAND takes, each exported as its setting: those the
 # settings declare (common/config.py's `setting(..., flag=True)`: the core's --port and
 # --workers, and its service's own); `all` takes every service's flags.
@@ -292,7 +296,7 @@ parse_flags() {
   local entry matched
   while [ $# -gt 0 ]; do
     case $1 in
-      -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
+      -h|--help) usage "$command"; exit 0 ;;
     esac
     [ $# -ge 2 ] || { log "$1 needs a value"; exit 2; }
     matched=
@@ -393,7 +397,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
-  -h|--help) sed -n '2,/^set /{/^#/p}' "$0" ;;
+  -h|--help) usage all ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
     parse_flags "$command" "$@"

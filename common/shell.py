@@ -6,11 +6,12 @@ with can be used (``check``: one line naming a bad one, no traceback). Standard 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import sys
 from dataclasses import fields
 
-from common.config import flags, from_env
+from common.config import declared, env_name, flags, from_env
 from common.install import (
     GO_BUILD_ENV,
     GO_COMMAND,
@@ -69,6 +70,25 @@ def flags_shell(command: str) -> str:
     return f"FLAGS=({' '.join(shlex.quote(f) for f in flag_variables(command))})"
 
 
+def usage(command: str) -> str:
+    """The flags ``run.sh <command>`` takes (``all``: each service's), one a line with the
+    variable it sets and its help, for ``--help``."""
+    names = list(SERVICES) if command == "all" else [get(command).name]
+    blocks = [_flag_lines("every service", CoreSettings, "")]
+    blocks += [_flag_lines(name, own, name) for name in names if (own := settings_class(name)) and flags(own, name)]
+    return "\n".join(["Flags (each sets the variable shown; docs/settings.md lists every setting):", *blocks])
+
+
+def _flag_lines(title: str, cls: type, section: str) -> str:
+    lines = [f"  {title}:"]
+    for field in dataclasses.fields(cls):
+        declaration = declared(field)
+        if declaration and declaration.flag:
+            flag = f"--{field.name.replace('_', '-')}"
+            lines.append(f"    {flag:<24} {env_name(section, field.name):<34} {declaration.help}")
+    return "\n".join(lines)
+
+
 def check(command: str) -> None:
     """Nothing when the settings ``run.sh <command>`` starts with can be read: the core's and
     its services' own (``all``: every service's; ``multi``: each listed reward's too), as the
@@ -85,21 +105,25 @@ def check(command: str) -> None:
 
 def main(argv: list[str]) -> int:
     """``names``: the services, one a line; ``shell <command>``: what run.sh sets up for it;
-    ``flags <command>``: the flags it takes; ``check <command>``: its settings are usable."""
+    ``flags <command>``: the flags it takes, ``usage <command>`` with their help; ``check
+    <command>``: its settings are usable."""
     if argv == ["names"]:
         print("\n".join(SERVICES))
         return 0
-    if len(argv) == 2 and argv[0] in ("shell", "flags", "check"):
+    if len(argv) == 2 and argv[0] in ("shell", "flags", "usage", "check"):
         try:
             if argv[0] == "check":
                 check(argv[1])
             else:
-                print((shell if argv[0] == "shell" else flags_shell)(argv[1]))
+                print({"shell": shell, "flags": flags_shell, "usage": usage}[argv[0]](argv[1]))
         except ValueError as exc:  # an unknown service, a setting's bad value (ConfigError)
             print(exc, file=sys.stderr)
             return 2
         return 0
-    print("usage: python3 -m common.shell names | shell|flags|check <service|all> (shell: test too)", file=sys.stderr)
+    print(
+        "usage: python3 -m common.shell names | shell|flags|usage|check <service|all> (shell: test too)",
+        file=sys.stderr,
+    )
     return 2
 
 

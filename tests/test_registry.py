@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,15 @@ def test_the_flags_are_the_settings_declared_flags() -> None:
     assert shown == declared
     assert {"--port=SCORER_PORT", "--clip=SCORER_AESTHETIC_CLIP", "--rewards=SCORER_MULTI_REWARDS"} <= shown
     assert "--model=SCORER_PICKSCORE_MODEL" in shown and "--serve=SCORER_JUDGE_SERVE" in shown
+
+
+def test_run_sh_help_lists_each_flag_with_its_variable_and_help() -> None:
+    """``--help`` is made from the declarations too: a new flag needs no edit of run.sh."""
+    shown = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for entry in shell.flag_variables("all"):
+        flag, variable = entry.split("=")
+        assert re.search(rf"^    {flag} +{variable} +\S", shown, re.MULTILINE), entry
+    code = subprocess.run(["bash", "run.sh", "code", "--help"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert code.stdout.startswith("# Start the scorer services")
+    help_ = "what a sample left without a verdict scores: `nan` or `zero`"
+    assert f"SCORER_CODE_INFRA_FAILURE_SCORE    {help_}" in code.stdout and "--clip" not in code.stdout
