@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import fields
 
-from common.config import declared, env_name, flags, from_env
+from common.config import PREFIX, declared, env_name, flags, from_env
+from common.devices import GPU_ENV
 from common.install import (
     GO_BUILD_ENV,
     GO_COMMAND,
@@ -89,10 +92,31 @@ def _flag_lines(title: str, cls: type, section: str) -> str:
     return "\n".join(lines)
 
 
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The ``SCORER_*`` variables of ``environ`` that no service reads: a misspelt setting
+    would otherwise leave its default in force without a word (the tests' and the per-worker
+    GPU variable are no settings)."""
+    sections = [("", CoreSettings), *((name, settings_class(name)) for name in SERVICES)]
+    known = {
+        env_name(section, name)
+        for section, cls in sections
+        if cls
+        for field in dataclasses.fields(cls)
+        for name in (field.name, getattr(declared(field), "renamed_from", ""))
+        if name
+    }
+    return sorted(
+        name for name in environ if name.startswith(PREFIX) and name not in known | {GPU_ENV} and "_TEST_" not in name
+    )
+
+
 def check(command: str) -> None:
     """Nothing when the settings ``run.sh <command>`` starts with can be read: the core's and
     its services' own (``all``: every service's; ``multi``: each listed reward's too), as the
-    service will read them; else ``ConfigError``, one line naming the variable."""
+    service will read them; else ``ConfigError``, one line naming the variable. A ``SCORER_*``
+    variable no service reads is warned of on stderr (``unknown_variables``)."""
+    for name in unknown_variables(os.environ):
+        print(f"warning: {name} is no setting of any service (docs/settings.md lists them): ignored", file=sys.stderr)
     names = list(SERVICES) if command == "all" else [get(command).name]
     if command == "multi":
         with contextlib.suppress(ValueError):  # no rewards listed: the set-up says so

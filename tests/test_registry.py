@@ -122,3 +122,22 @@ def test_run_sh_help_lists_each_flag_with_its_variable_and_help() -> None:
     assert code.stdout.startswith("# Start the scorer services")
     help_ = "what a sample left without a verdict scores: `nan` or `zero`"
     assert f"SCORER_CODE_INFRA_FAILURE_SCORE    {help_}" in code.stdout and "--clip" not in code.stdout
+
+
+def test_a_misspelt_setting_is_warned_of_and_the_others_are_not() -> None:
+    """A variable no service reads leaves the setting it meant at its default: run.sh says so."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SCORER_CODE_SCORNG": "all",  # meant SCORER_CODE_SCORING
+        "SCORER_CODE_SCORING": "all",
+        "SCORER_PICKSCORE_MODEL": "/models/pickscore",  # another service's, on the same node
+        "SCORER_MAX_QUEUE_BYTES": "1000",  # a former name, still read
+        "SCORER_TEST_SKIP_ENGINE": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "common.shell", "check", "code"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == [
+        "warning: SCORER_CODE_SCORNG is no setting of any service (docs/settings.md lists them): ignored"
+    ]
