@@ -106,7 +106,9 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         if name
     }
     return sorted(
-        name for name in environ if name.startswith(PREFIX) and name not in known | {GPU_ENV} and "_TEST_" not in name
+        name
+        for name in environ
+        if name.startswith(PREFIX) and name not in known | {GPU_ENV} and not name.startswith(f"{PREFIX}TEST_")
     )
 
 

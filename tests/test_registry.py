@@ -129,6 +129,7 @@ def test_a_misspelt_setting_is_warned_of_and_the_others_are_not() -> None:
     env = {
         "PATH": "/usr/bin:/bin",
         "SCORER_CODE_SCORNG": "all",  # meant SCORER_CODE_SCORING
+        "SCORER_CODE_TEST_CPU": "8",  # meant SCORER_CODE_TEST_CPU_S
         "SCORER_CODE_SCORING": "all",
         "SCORER_PICKSCORE_MODEL": "/models/pickscore",  # another service's, on the same node
         "SCORER_MAX_QUEUE_BYTES": "1000",  # a former name, still read
@@ -139,5 +140,6 @@ def test_a_misspelt_setting_is_warned_of_and_the_others_are_not() -> None:
     )
     assert result.returncode == 0
     assert result.stderr.splitlines() == [
-        "warning: SCORER_CODE_SCORNG is no setting of any service (docs/settings.md lists them): ignored"
+        f"warning: {name} is no setting of any service (docs/settings.md lists them): ignored"
+        for name in ("SCORER_CODE_SCORNG", "SCORER_CODE_TEST_CPU")
     ]
