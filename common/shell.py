@@ -114,12 +114,13 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 def check(command: str) -> None:
     """Nothing when the settings ``run.sh <command>`` starts with can be read: the core's and
-    its services' own (``all``: every service's; ``multi``: each listed reward's too), as the
-    service will read them; else ``ConfigError``, one line naming the variable. A ``SCORER_*``
-    variable no service reads is warned of on stderr (``unknown_variables``)."""
+    the service's own (``multi``: each listed reward's too), as the service will read them;
+    else ``ConfigError``, one line naming the variable. ``all`` checks the core's only: a
+    service whose own settings cannot be used is skipped by its preflight, the others start. A
+    ``SCORER_*`` variable no service reads is warned of on stderr (``unknown_variables``)."""
     for name in unknown_variables(os.environ):
         print(f"warning: {name} is no setting of any service (docs/settings.md lists them): ignored", file=sys.stderr)
-    names = list(SERVICES) if command == "all" else [get(command).name]
+    names = [] if command == "all" else [get(command).name]
     if command == "multi":
         with contextlib.suppress(ValueError):  # no rewards listed: the set-up says so
             names += multi_rewards()

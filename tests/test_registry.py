@@ -143,3 +143,24 @@ def test_a_misspelt_setting_is_warned_of_and_the_others_are_not() -> None:
         f"warning: {name} is no setting of any service (docs/settings.md lists them): ignored"
         for name in ("SCORER_CODE_SCORNG", "SCORER_CODE_TEST_CPU")
     ]
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "refused"),
+    [
+        ("aesthetic", "SCORER_AESTHETIC_MICRO_BATCH", True),
+        ("all", "SCORER_PORT", True),
+        # `run.sh all` skips a service whose own settings cannot be used (its preflight), the others start.
+        ("all", "SCORER_AESTHETIC_MICRO_BATCH", False),
+    ],
+)
+def test_what_run_sh_checks_before_it_installs(command: str, variable: str, refused: bool) -> None:
+    env = {"PATH": "/usr/bin:/bin", variable: "x"}
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "common.shell", "check", command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode, result.stderr) == ((2, f"{variable}='x': expected int\n") if refused else (0, ""))
