@@ -66,7 +66,9 @@ def _default(field: dataclasses.Field, declaration: Setting) -> str:
         return f"each service's own: {', '.join(own)}"
     if declaration.shown_default:
         return declaration.shown_default
-    return "unset" if field.default is None else f"`{_value(field.default)}`"
+    if field.default is None or field.default == "":
+        return "unset" if field.default is None else "empty"
+    return f"`{_value(field.default)}`"
 
 
 def _value(value: Any) -> str:
@@ -74,7 +76,7 @@ def _value(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value) if value != "" else '""'
+    return str(value)
 
 
 def main(argv: list[str]) -> int:
