@@ -1,6 +1,7 @@
 """What ``run.sh`` reads, as shell assignments for ``eval``: the services (``names``), what a
-command installs (``shell``), the flags it takes (``flags``); and whether the settings it starts
-with can be used (``check``: one line naming a bad one, no traceback). Standard library only, as
+command installs (``shell``), the flags it takes (``flags``; ``usage`` for ``--help``); and
+whether the settings it starts with can be used (``check``: one line naming a bad one, no
+traceback). Standard library only, as
 ``run.sh`` runs it with the system python3 before any virtual environment exists."""
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping
-from dataclasses import fields
 
 from common.config import PREFIX, declared, env_name, flags, from_env
 from common.devices import GPU_ENV
@@ -37,7 +37,7 @@ def shell(command: str) -> str:
     ``GO_REQUIREMENTS``, ``GO_COMMAND`` and ``GO_BUILD_ENV`` (``NAME=VALUE`` items)."""
     setup = setup_of(command)
     lines = []
-    for item in fields(setup):
+    for item in dataclasses.fields(setup):
         value = getattr(setup, item.name)
         if isinstance(value, tuple):
             lines.append(f"{item.name.upper()}=({' '.join(shlex.quote(v) for v in value)})")
