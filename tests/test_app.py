@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -98,6 +99,14 @@ class AltProtocol(WireProtocol):
 def client_of(scorer: Scorer, protocols: Sequence[type[WireProtocol]] = ()) -> FlaskClient:
     app: Flask = create_app(scorer, protocols)
     return app.test_client()
+
+
+def wait_until_ready(client: FlaskClient, seconds: float = 60.0) -> None:
+    """Until ``/ready`` says the model is loaded: its setup thread runs when the machine lets it."""
+    deadline = time.monotonic() + seconds
+    while client.get("/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the model never loaded"
+        time.sleep(0.01)
 
 
 def post_pickle(client: FlaskClient, payload: Any, path: str = "/", **kwargs: Any) -> tuple[int, Any]:
@@ -243,6 +252,7 @@ def test_every_protocol_takes_the_same_path() -> None:
         assert not_ready.status_code == 503 and "loading" in not_ready.get_json()["error"]
     finally:
         loaded.set()
+    wait_until_ready(client)  # its 0.05 s wait for the model is for the request above
     ok = client.post("/alt", data=json.dumps({"texts": ["ab", "c"]}))
     assert ok.status_code == 200 and ok.get_json() == {"rewards": [2.0, 1.0]}
     too_large = client.post("/alt", data=json.dumps({"texts": ["x" * 100]}))
