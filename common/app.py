@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from common import __version__, metrics, registry
 from common.auth import bearer_token_matches
 from common.batching import Deadline, request_deadline
-from common.config import describe, from_env
+from common.config import deprecations, describe, from_env
 from common.devices import GPU_ENV
 from common.errors import PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
 from common.protocols import WireProtocol
@@ -43,6 +43,17 @@ def read_body(limit: int) -> bytes:
     return body
 
 
+def settings_sections(service: str) -> list[tuple[str, type]]:
+    """(section, settings class) of what the service reads: the core's, its own and, for
+    ``multi``, each reward's; a scorer without a registry entry (a test's) only the core's."""
+    sections: list[tuple[str, type]] = [("", CoreSettings)]
+    if service in registry.SERVICES:
+        for name in [service, *(registry.multi_rewards() if service == "multi" else ())]:
+            own = registry.settings_class(name)
+            sections += [(name, own)] if own else []
+    return sections
+
+
 def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtocol]] = ()) -> Flask:
     """Build the app of ``scorer`` and start loading its model in the background. Default: the
     scorer and protocols of the service ``SCORER_SERVICE`` names (``common.registry``), with the
@@ -55,6 +66,11 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         protocols = [registry.load_class(path) for path in registry.get(core.service).protocols]
     core = scorer.core
     service = scorer.name
+    sections = settings_sections(service)
+    deprecated = [message for section, cls in sections for message in deprecations(cls, section)]
+    for message in deprecated:
+        log.warning(message)
+    own = {section: describe(from_env(cls, section)) for section, cls in sections[1:]}
     runtime = ScorerRuntime(scorer)
     limits = RequestLimits(core)
 
@@ -169,6 +185,8 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
             setup_error=runtime.setup_error,
             batching=runtime.batching(),
             settings=describe(core),
+            service_settings=own,
+            deprecated_settings=deprecated,
             model=scorer.info(),
             pid=os.getpid(),
         )

@@ -57,6 +57,7 @@ class CombinedScorer(Scorer):
     reward met for its sample; ``score_request`` turns items into results, errors staying."""
 
     name = "multi"
+    batched = False  # each reward batches its own calls
     reads_query = True
 
     def __init__(self, core: CoreSettings) -> None:

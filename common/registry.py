@@ -2,42 +2,25 @@
 
 Adding a scorer is one module (``services/<name>/scorer.py``) and one ``Service`` entry in
 ``SERVICES``. ``run.sh`` reads this module before any virtual environment exists, so it uses
-the standard library only: ``python3 -m common.registry shell <command>`` prints what
-``run.sh`` needs as shell assignments.
+the standard library only; what each command installs is ``common.install``, what ``run.sh``
+reads of both ``common.shell``.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import shlex
-import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from common.scorer import Scorer
 
 
-# The directories the code sandbox finds its toolchains in (``services/code/languages.py``):
-# system directories it shows read-only, never a user's ``~/.cargo/bin`` or the like.
-SANDBOX_TOOL_DIRS = "/usr/bin:/bin"
 # The code sandbox's toolchains, the distribution packages of the languages beside Python
 # (apt-get's names; Debian 12's ``rustc-web`` is a current rustc that replaces ``rustc``).
 CODE_TOOLCHAINS = ("gcc", "g++", "openjdk-17-jdk-headless", "rustc-web", "nodejs")
-# Go comes from a pinned wheel (a whole GOROOT; distributions ship ones too old for ``min``
-# and ``max``), installed by ``run.sh`` under /usr, which the sandbox shows, beside any Go of
-# the distribution's (``/usr/bin/go`` is left alone): ``GOROOT/bin/go`` is the sandbox's go.
-GO_REQUIREMENTS = "requirements-go.txt"
-GO_HOME = "/usr/local/lib/scorer-toolchains/go"
-GOROOT = f"{GO_HOME}/go"
-GO_COMMAND = f"{GOROOT}/bin/go"
-# How the sandbox builds Go programs, and how ``run.sh`` precompiles the standard library
-# into GOROOT once (Go 1.20+ ships none: each build would compile it, 13 s of CPU): the same
-# variables, so that the sandbox's builds find those packages up to date.
-GO_BUILD_ENV = {"GO111MODULE": "off", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOENV": "off", "GOFLAGS": "",
-                "GODEBUG": "installgoroot=all"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,9 +45,9 @@ class Service:
     go: bool = False
     # ``SCORER_<NAME>_ENGINE`` values that need other requirement files, in their own environment.
     engine_requirements: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # Its own settings that ``run.sh`` takes as flags: "infra_failure_score" is
-    # ``--infra-failure-score V``, which sets ``SCORER_CODE_INFRA_FAILURE_SCORE=V``.
-    flags: tuple[str, ...] = ()
+    # "module:Class" of its own settings (``SCORER_<NAME>_<FIELD>``, ``common.config.setting``
+    # declarations), standard library only: ``run.sh`` takes those declared as flags.
+    settings: str = ""
     # The virtual environment's name (``.venv-<venv>``), shared by services with the same
     # requirements; unset: the service's name.
     venv: str = ""
@@ -81,10 +64,6 @@ class Service:
     # An image scorer (``ImageScorer``): the ``multi`` service can serve it beside others.
     image: bool = False
 
-    def flag_variables(self) -> tuple[str, ...]:
-        """``--flag=VARIABLE`` for each flag, as ``run.sh`` reads them."""
-        return tuple(f"--{flag.replace('_', '-')}=SCORER_{self.name.upper()}_{flag.upper()}" for flag in self.flags)
-
 
 SERVICES: dict[str, Service] = {
     service.name: service
@@ -98,6 +77,7 @@ SERVICES: dict[str, Service] = {
             # RapidOCR asks for opencv-python, which needs libGL; requirements-ocr.txt has the headless build.
             no_deps=("rapidocr-onnxruntime==1.4.4",),
             image=True,
+            settings="services.ocr.settings:OcrSettings",
             # The torch engine, the default on a GPU node.
             gpu_requirements=("requirements-ocr-torch.txt",),
             # PaddleOCR's OpenCV builds clash with RapidOCR's; torch on a CPU node is asked for by name.
@@ -112,7 +92,7 @@ SERVICES: dict[str, Service] = {
             scorer="services.aesthetic.scorer:AestheticScorer",
             uses_gpu=True,
             requirements=("requirements.txt", "requirements-clip.txt"),
-            flags=("clip", "head"),
+            settings="services.aesthetic.settings:AestheticSettings",
             image=True,
             venv="clip",
             preflight="services.aesthetic.settings:preflight",
@@ -124,15 +104,15 @@ SERVICES: dict[str, Service] = {
                 scorer=f"services.clip.scorer:{scorer}",
                 uses_gpu=True,
                 requirements=("requirements.txt", "requirements-clip.txt"),
-                flags=("model", "processor"),
+                settings=f"services.clip.settings:{settings}",
                 image=True,
                 venv="clip",
                 preflight="services.clip.settings:preflight",
             )
-            for name, port, scorer in (
-                ("pickscore", 18081, "PickScoreScorer"),
-                ("clipscore", 18083, "ClipScoreScorer"),
-                ("hpsv2", 18084, "HPSv2Scorer"),
+            for name, port, scorer, settings in (
+                ("pickscore", 18081, "PickScoreScorer", "PickScoreSettings"),
+                ("clipscore", 18083, "ClipScoreScorer", "ClipScoreSettings"),
+                ("hpsv2", 18084, "HPSv2Scorer", "HPSv2Settings"),
             )
         ),
         Service(
@@ -143,7 +123,7 @@ SERVICES: dict[str, Service] = {
             requirements=("requirements.txt", "requirements-clip.txt"),
             venv="clip",
             preflight="services.hpsv3.settings:preflight",
-            flags=("model", "base"),
+            settings="services.hpsv3.settings:HPSv3Settings",
             image=True,
         ),
         Service(
@@ -152,7 +132,7 @@ SERVICES: dict[str, Service] = {
             scorer="services.geneval.scorer:GenEvalScorer",
             uses_gpu=True,
             requirements=("requirements.txt", "requirements-clip.txt", "requirements-geneval.txt"),
-            flags=("detector", "clip"),
+            settings="services.geneval.settings:GenEvalSettings",
             image=True,
             preflight="services.geneval.settings:preflight",
             # flow_grpo's GenEval client, on the core's routes.
@@ -165,7 +145,7 @@ SERVICES: dict[str, Service] = {
             # The model runs in the engine; the service only talks to it.
             uses_gpu=False,
             requirements=("requirements.txt", "requirements-judge.txt"),
-            flags=("judge", "engine", "model", "parse_failure_score", "serve"),
+            settings="services.judge.settings:JudgeSettings",
             preflight="services.judge.settings:preflight",
             image=True,
         ),
@@ -176,7 +156,7 @@ SERVICES: dict[str, Service] = {
             uses_gpu=True,
             # The listed rewards' requirements, system packages and preparations (``setup_of``).
             requirements=(),
-            flags=("rewards",),
+            settings="common.settings:MultiSettings",
             preflight="common.preflight:rewards_problem",
         ),
         Service(
@@ -187,7 +167,7 @@ SERVICES: dict[str, Service] = {
             requirements=("requirements.txt", "requirements-code.txt"),
             system_packages=("bubblewrap", *CODE_TOOLCHAINS),
             go=True,
-            flags=("infra_failure_score", "env"),
+            settings="services.code.settings:CodeSettings",
             preflight="services.code.preflight:preflight",
             protocols=(
                 "services.code.openrlhf:OpenRLHFProtocol",
@@ -199,39 +179,6 @@ SERVICES: dict[str, Service] = {
         ),
     )
 }
-
-# The command that shows a system package is installed.
-SYSTEM_COMMANDS: dict[str, str] = {
-    "bubblewrap": "bwrap", "nginx": "nginx",
-    "gcc": "gcc", "g++": "g++", "openjdk-17-jdk-headless": "javac", "rustc-web": "rustc", "nodejs": "node",
-}  # fmt: skip
-# The oldest version of a package's command that counts as installed (its ``--version``): an
-# older one is upgraded (Debian 12's own ``rustc`` 1.63 refuses ``let ... else``).
-SYSTEM_COMMAND_MINIMUM: dict[str, str] = {"rustc-web": "1.65"}
-# Where a package's command must be to count as installed (colon-separated; a package not
-# listed: on PATH or in the sbin directories). The code sandbox's toolchains count only where
-# the sandbox finds them, so rustup's rustc in ~/.cargo/bin, an nvm node or a conda gcc does
-# not stop run.sh installing the distribution's.
-SYSTEM_COMMAND_DIRS: dict[str, str] = dict.fromkeys(CODE_TOOLCHAINS, SANDBOX_TOOL_DIRS)
-# A system package's name where dnf's or apk's differs from apt-get's (the registry's names).
-SYSTEM_PACKAGE_NAMES: dict[str, dict[str, str]] = {
-    "g++": {"dnf": "gcc-c++"},
-    "openjdk-17-jdk-headless": {"dnf": "java-17-openjdk-devel", "apk": "openjdk17-jdk"},
-    "rustc-web": {"dnf": "rust", "apk": "rust"},
-}
-# What the test suite needs beyond every service's own: the torch OCR engine, pytest and ruff;
-# nginx for the scale-out tests.
-TEST_REQUIREMENTS = ("requirements-ocr-torch.txt", "requirements-dev.txt")
-# open_clip's wheel for CLIP's BPE vocabulary (tests/clip_models.py); its dependencies would
-# bring torchvision, which does not import beside the CPU torch.
-TEST_NO_DEPS = ("open_clip_torch==3.3.0",)
-# The reference libraries of the CLIP reward tests (open_clip, torchvision), in their own
-# environment: torchvision needs a torch of its own build.
-REFERENCE_REQUIREMENTS = ("requirements-reference.txt",)
-TEST_SYSTEM_PACKAGES = ("nginx",)
-# The judge tests' OpenAI-compatible engine (transformers serve), in its own environment: Qwen2-VL's
-# processor needs torchvision, which needs a torch of its own build.
-ENGINE_REQUIREMENTS = ("requirements-engine.txt",)
 
 
 def get(name: str) -> Service:
@@ -253,8 +200,10 @@ def load_scorer_class(name: str) -> type[Scorer]:
     return load_class(get(name).scorer)
 
 
-def _unique(items: Iterable[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(items))
+def settings_class(name: str) -> type | None:
+    """The class of service ``name``'s own settings (``Service.settings``); None when it has none."""
+    path = get(name).settings
+    return load_class(path) if path else None
 
 
 def multi_rewards(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
@@ -285,156 +234,3 @@ def multi_rewards(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
                 f"(bash run.sh {name}), or choose another engine"
             )
     return tuple(names)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What one ``run.sh`` command sets up: a virtual environment and the system packages."""
-
-    venv: str = ""
-    port: int = 0
-    requirements: tuple[str, ...] = ()
-    no_deps: tuple[str, ...] = ()
-    gpu_requirements: tuple[str, ...] = ()
-    system_packages: tuple[str, ...] = ()
-    # Where the pinned Go toolchain goes (``GO_HOME``), when a service needs it; else "".
-    go_home: str = ""
-    # "--flag=VARIABLE" for the flags of the command's services (``Service.flags``).
-    flags: tuple[str, ...] = ()
-    # Modules run in the environment once its packages are in (``Service.prepare``).
-    prepare: tuple[str, ...] = ()
-
-
-def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
-    """The set-up of ``run.sh <command>``: a service, ``test`` (every service's packages in one
-    ``.venv``, plus the test tools), ``reference`` (the tests' reference libraries), ``engine``
-    (the judge tests' engine) or ``all`` (system packages only: each service has its own)."""
-    services = SERVICES.values()
-    if command == "test":
-        return Setup(
-            venv=".venv",
-            requirements=_unique([*(f for s in services for f in s.requirements), *TEST_REQUIREMENTS]),
-            no_deps=_unique([*(p for s in services for p in s.no_deps), *TEST_NO_DEPS]),
-            system_packages=_unique([*(p for s in services for p in s.system_packages), *TEST_SYSTEM_PACKAGES]),
-            go_home=_go_home(services),
-            prepare=_unique(m for s in services for m in s.prepare),
-        )
-    if command == "all":
-        return Setup(
-            system_packages=_unique(p for s in services for p in s.system_packages),
-            go_home=_go_home(services),
-            flags=tuple(f for s in services for f in s.flag_variables()),
-        )
-    if command == "reference":
-        return Setup(venv=".venv-reference", requirements=REFERENCE_REQUIREMENTS)
-    if command == "engine":
-        return Setup(venv=".venv-engine", requirements=ENGINE_REQUIREMENTS)
-    if command == "multi":
-        return _multi_setup(environ)
-    service = get(command)
-    engine = environ.get(f"SCORER_{service.name.upper()}_ENGINE", "")
-    if engine in service.engine_requirements:
-        requirements = service.engine_requirements[engine]
-        return Setup(
-            venv=f".venv-{service.name}-{engine}",
-            port=service.port,
-            requirements=requirements,
-            # An engine on top of the service's own requirements needs its no-deps packages too.
-            no_deps=service.no_deps if set(service.requirements) <= set(requirements) else (),
-            system_packages=service.system_packages,
-            go_home=_go_home([service]),
-            flags=service.flag_variables(),
-            prepare=service.prepare,
-        )
-    return Setup(
-        venv=f".venv-{service.venv or service.name}",
-        port=service.port,
-        requirements=service.requirements,
-        no_deps=service.no_deps,
-        gpu_requirements=service.gpu_requirements,
-        system_packages=service.system_packages,
-        go_home=_go_home([service]),
-        flags=service.flag_variables(),
-        prepare=service.prepare,
-    )
-
-
-def _go_home(services: Iterable[Service]) -> str:
-    return GO_HOME if any(s.go for s in services) else ""
-
-
-def _multi_setup(environ: Mapping[str, str]) -> Setup:
-    """The ``multi`` service's set-up: one environment holding every listed reward's packages
-    (each reward's engine's, where its engine adds some), the union of their system packages."""
-    multi = get("multi")
-    rewards = [SERVICES[name] for name in multi_rewards(environ)]
-    requirements: list[str] = []
-    for reward in rewards:
-        engine = environ.get(f"SCORER_{reward.name.upper()}_ENGINE", "")
-        requirements += reward.engine_requirements.get(engine, reward.requirements)
-    return Setup(
-        venv=f".venv-{multi.name}",
-        port=multi.port,
-        requirements=_unique(requirements),
-        no_deps=_unique(p for r in rewards for p in r.no_deps),
-        gpu_requirements=_unique(f for r in rewards for f in r.gpu_requirements),
-        system_packages=_unique(p for r in rewards for p in r.system_packages),
-        go_home=_go_home(rewards),
-        flags=multi.flag_variables(),
-        prepare=_unique(m for r in rewards for m in r.prepare),
-    )
-
-
-def shell(command: str) -> str:
-    """``setup_of(command)`` as shell assignments for ``eval`` (tuples become bash arrays), plus
-    ``SYSTEM_COMMANDS``: the command that shows each system package installed, and
-    ``SYSTEM_COMMAND_DIRS``: where it must be (empty: on PATH or in the sbin directories),
-    ``SYSTEM_COMMAND_MINIMUM``: its oldest version that counts (empty: any), and the pinned Go's
-    ``GO_REQUIREMENTS``, ``GO_COMMAND`` and ``GO_BUILD_ENV`` (``NAME=VALUE`` items)."""
-    setup = setup_of(command)
-    lines = []
-    for item in fields(setup):
-        value = getattr(setup, item.name)
-        if isinstance(value, tuple):
-            lines.append(f"{item.name.upper()}=({' '.join(shlex.quote(v) for v in value)})")
-        else:
-            lines.append(f"{item.name.upper()}={shlex.quote(str(value))}")
-    lines.append(f"SYSTEM_COMMANDS=({' '.join(SYSTEM_COMMANDS[p] for p in setup.system_packages)})")
-    dirs = (shlex.quote(SYSTEM_COMMAND_DIRS.get(p, "")) for p in setup.system_packages)
-    lines.append(f"SYSTEM_COMMAND_DIRS=({' '.join(dirs)})")
-    minimum = (shlex.quote(SYSTEM_COMMAND_MINIMUM.get(p, "")) for p in setup.system_packages)
-    lines.append(f"SYSTEM_COMMAND_MINIMUM=({' '.join(minimum)})")
-    lines.append(f"GO_REQUIREMENTS={shlex.quote(GO_REQUIREMENTS)} GO_COMMAND={shlex.quote(GO_COMMAND)}")
-    lines.append(f"GO_BUILD_ENV=({' '.join(shlex.quote(f'{k}={v}') for k, v in GO_BUILD_ENV.items())})")
-    for manager in ("dnf", "apk"):
-        names = (SYSTEM_PACKAGE_NAMES.get(p, {}).get(manager, p) for p in setup.system_packages)
-        lines.append(f"SYSTEM_PACKAGES_{manager.upper()}=({' '.join(names)})")
-    return "\n".join(lines)
-
-
-def flags_shell(command: str) -> str:
-    """The flags ``run.sh <command>`` takes, as a ``FLAGS`` bash array (read before the flags
-    set anything: the ``multi`` service's set-up needs its ``--rewards`` first)."""
-    services = SERVICES.values() if command == "all" else [get(command)]
-    return f"FLAGS=({' '.join(shlex.quote(f) for s in services for f in s.flag_variables())})"
-
-
-def main(argv: list[str]) -> int:
-    """``names``: the services, one a line; ``shell <command>``: what run.sh sets up for it;
-    ``flags <command>``: the flags it takes."""
-    if argv == ["names"]:
-        print("\n".join(SERVICES))
-        return 0
-    if len(argv) == 2 and argv[0] in ("shell", "flags"):
-        try:
-            print((shell if argv[0] == "shell" else flags_shell)(argv[1]))
-        except ValueError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-        return 0
-    print("usage: python3 -m common.registry names | shell <service|test|all> | flags <service|all>", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

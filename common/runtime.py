@@ -110,7 +110,7 @@ class RequestLimits:
         # their turn in arrival order.
         self._decoding = OrderedSlots(core.decode_threads or os.cpu_count() or 1)
         # Decoded images and model inputs of the requests in the worker, in bytes (``hold_work``).
-        self.work = WorkBudget(core.max_queue_bytes, env_name("", "max_queue_bytes"))
+        self.work = WorkBudget(core.max_work_bytes, env_name("", "max_work_bytes"))
         # The memory of a burst given back once the worker is idle.
         self.reclaimer = Reclaimer()
 

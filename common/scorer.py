@@ -85,6 +85,9 @@ class Scorer(ABC):
     reads_query: ClassVar[bool] = False
     max_batch: ClassVar[int] = 16
     max_wait_ms: ClassVar[float] = 5.0
+    # False: no model call of the scorer's is batched, so the batching settings do not apply to it
+    # (docs/settings.md lists the defaults of those that are).
+    batched: ClassVar[bool] = True
 
     def __init__(self, core: CoreSettings) -> None:
         """Read the scorer's own settings; raise ``ConfigError`` here for a bad setting, so

@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,6 +21,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from common.app import create_app
+from common.config import from_env
 from common.errors import PayloadTooLarge, ScorerError, Unprocessable
 from common.protocols import WireProtocol
 from common.scorer import Result, Scored, Scorer
@@ -97,6 +99,14 @@ class AltProtocol(WireProtocol):
 def client_of(scorer: Scorer, protocols: Sequence[type[WireProtocol]] = ()) -> FlaskClient:
     app: Flask = create_app(scorer, protocols)
     return app.test_client()
+
+
+def wait_until_ready(client: FlaskClient, seconds: float = 60.0) -> None:
+    """Until ``/ready`` says the model is loaded: its setup thread runs when the machine lets it."""
+    deadline = time.monotonic() + seconds
+    while client.get("/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the model never loaded"
+        time.sleep(0.01)
 
 
 def post_pickle(client: FlaskClient, payload: Any, path: str = "/", **kwargs: Any) -> tuple[int, Any]:
@@ -242,6 +252,7 @@ def test_every_protocol_takes_the_same_path() -> None:
         assert not_ready.status_code == 503 and "loading" in not_ready.get_json()["error"]
     finally:
         loaded.set()
+    wait_until_ready(client)  # its 0.05 s wait for the model is for the request above
     ok = client.post("/alt", data=json.dumps({"texts": ["ab", "c"]}))
     assert ok.status_code == 200 and ok.get_json() == {"rewards": [2.0, 1.0]}
     too_large = client.post("/alt", data=json.dumps({"texts": ["x" * 100]}))
@@ -252,3 +263,21 @@ def test_every_protocol_takes_the_same_path() -> None:
     text = client.get("/metrics").get_data(as_text=True)
     assert 'scorer_items_total{service="length-alt"} 2.0' in text
     assert 'scorer_requests_total{route="/alt",service="length-alt",status="422"} 2.0' in text
+
+
+def test_a_deprecated_setting_is_warned_of_in_the_log_and_on_info(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SCORER_MAX_QUEUE_BYTES", "5000")
+    with caplog.at_level("WARNING", logger="common.app"):
+        info = client_of(LengthScorer(from_env(CoreSettings))).get("/info").get_json()
+    assert info["settings"]["max_work_bytes"] == 5000
+    [message] = info["deprecated_settings"]
+    assert message.startswith("SCORER_MAX_QUEUE_BYTES is deprecated") and "SCORER_MAX_WORK_BYTES" in message
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [message]
+
+
+def test_info_lists_no_deprecated_setting_when_none_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SCORER_MAX_QUEUE_BYTES", raising=False)
+    info = client_of(LengthScorer(CoreSettings())).get("/info").get_json()
+    assert info["deprecated_settings"] == [] and info["service_settings"] == {}  # no registry entry: no own settings

@@ -64,7 +64,7 @@ def multi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def clip_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """PickScore and the aesthetic score (its shipped head), with 256 MiB of request work."""
     models, logs = tmp_path_factory.mktemp("pair-models"), tmp_path_factory.mktemp("pair-logs")
-    env = {"SCORER_MAX_QUEUE_BYTES": str(WORK_BYTES)}
+    env = {"SCORER_MAX_WORK_BYTES": str(WORK_BYTES)}
     with multi_server(["pickscore", "aesthetic"], models, env, threads=8, log_dir=logs) as server:
         yield server
 
@@ -184,7 +184,7 @@ def test_each_rewards_model_inputs_count_in_the_work_bytes(clip_pair: Server) ->
     answer = requests.post(f"{clip_pair.url}/?pickscore=1&aesthetic=1", data=body, timeout=300)
     error = pickle.loads(answer.content)
     assert answer.status_code == 413, error
-    assert "aesthetic inputs" in error["error"] and "SCORER_MAX_QUEUE_BYTES" in error["error"]
+    assert "aesthetic inputs" in error["error"] and "SCORER_MAX_WORK_BYTES" in error["error"]
 
 
 def test_an_optional_reward_a_bound_on_the_request_refuses_drops_from_every_sample(clip_pair: Server) -> None:

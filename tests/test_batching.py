@@ -204,11 +204,11 @@ def test_the_wait_estimate_takes_the_median_batch_not_the_fastest() -> None:
 
 
 def test_work_bytes_are_held_until_the_request_ends_and_refused_past_the_budget() -> None:
-    budget = WorkBudget(1000, "SCORER_MAX_QUEUE_BYTES")
+    budget = WorkBudget(1000, "SCORER_MAX_WORK_BYTES")
     hold_work(10**9, "anything")  # outside a request: nothing held
     with budget.request():
         hold_work(600, "decoded images")
-        with pytest.raises(PayloadTooLarge, match=r"\(SCORER_MAX_QUEUE_BYTES\)"):
+        with pytest.raises(PayloadTooLarge, match=r"\(SCORER_MAX_WORK_BYTES\)"):
             hold_work(401, "OCR inputs")  # the request alone: over the whole budget
         refused: list[Exception] = []
 
@@ -222,7 +222,7 @@ def test_work_bytes_are_held_until_the_request_ends_and_refused_past_the_budget(
         thread = threading.Thread(target=other)
         thread.start()
         thread.join()
-        assert "(SCORER_MAX_QUEUE_BYTES); retry later" in refused[0].message
+        assert "(SCORER_MAX_WORK_BYTES); retry later" in refused[0].message
         assert budget.held == 600
     assert budget.held == 0
     with budget.request():
@@ -230,7 +230,7 @@ def test_work_bytes_are_held_until_the_request_ends_and_refused_past_the_budget(
 
 
 def test_a_refused_check_holds_nothing_and_a_trial_holds_nothing_at_all() -> None:
-    budget = WorkBudget(1000, "SCORER_MAX_QUEUE_BYTES")
+    budget = WorkBudget(1000, "SCORER_MAX_WORK_BYTES")
     with budget.request():
         hold_work(300, "decoded images")
         with pytest.raises(PayloadTooLarge), tentative_work():

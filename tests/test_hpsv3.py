@@ -315,14 +315,14 @@ def test_model_inputs_count_in_the_work_bytes(tiny: tuple[Path, Path], tmp_path:
     """An 8x8 PNG (70 bytes) is, at HPSv3's resize, 1,024 patches of float32 pixels (4.8 MB),
     held by its item and copied once more into its batch: referenced 8 times by the pickle memo,
     a body of 400 bytes asks for 77 MB. Was uncounted (a few KB of body held gigabytes); now a
-    413 that names them past SCORER_MAX_QUEUE_BYTES (48 MiB here), while 3 references are scored."""
+    413 that names them past SCORER_MAX_WORK_BYTES (48 MiB here), while 3 references are scored."""
     checkpoint, base = tiny
     env = {
         "SCORER_HPSV3_MODEL": str(checkpoint),
         "SCORER_HPSV3_BASE": str(base),
         "SCORER_HPSV3_MAX_TOKENS": MAX_TOKENS,
         "SCORER_DEVICE": "cpu",
-        "SCORER_MAX_QUEUE_BYTES": str(48 * 2**20),
+        "SCORER_MAX_WORK_BYTES": str(48 * 2**20),
     }
     png = encode(Image.new("RGB", (8, 8), (200, 30, 30)), "PNG")
     with gunicorn_server("hpsv3", env=env, threads=4, log_dir=tmp_path) as server:
@@ -333,7 +333,7 @@ def test_model_inputs_count_in_the_work_bytes(tiny: tuple[Path, Path], tmp_path:
     assert len(scored["scores"]) == 3
     error = pickle.loads(refused.content)["error"]
     assert refused.status_code == 413, error
-    assert "hpsv3 inputs" in error and "SCORER_MAX_QUEUE_BYTES" in error
+    assert "hpsv3 inputs" in error and "SCORER_MAX_WORK_BYTES" in error
 
 
 def test_missing_files_are_clear_config_errors(

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from common import registry
+from common import install, registry, shell
 from common.combined import combined_results
 from common.errors import PayloadTooLarge, Unprocessable
 from common.media import MEAN, MediaRequest
@@ -90,15 +90,15 @@ def test_the_image_entries_are_image_scorers() -> None:
 
 
 def test_run_sh_builds_one_environment_of_the_listed_rewards_requirements() -> None:
-    setup = registry.setup_of("multi", {"SCORER_MULTI_REWARDS": "ocr,pickscore,aesthetic"})
+    setup = install.setup_of("multi", {"SCORER_MULTI_REWARDS": "ocr,pickscore,aesthetic"})
     assert setup.venv == ".venv-multi" and setup.port == 18100
     assert setup.requirements == ("requirements.txt", "requirements-ocr.txt", "requirements-clip.txt")
     assert setup.no_deps == registry.SERVICES["ocr"].no_deps
     assert setup.gpu_requirements == ("requirements-ocr-torch.txt",)
-    assert setup.flags == ("--rewards=SCORER_MULTI_REWARDS",)
-    torch_ocr = registry.setup_of("multi", {"SCORER_MULTI_REWARDS": "ocr", "SCORER_OCR_ENGINE": "torch"})
+    torch_ocr = install.setup_of("multi", {"SCORER_MULTI_REWARDS": "ocr", "SCORER_OCR_ENGINE": "torch"})
     assert "requirements-ocr-torch.txt" in torch_ocr.requirements
-    assert registry.flags_shell("multi") == "FLAGS=(--rewards=SCORER_MULTI_REWARDS)"
+    flags = "--port=SCORER_PORT --workers=SCORER_WORKERS --rewards=SCORER_MULTI_REWARDS"
+    assert shell.flags_shell("multi") == f"FLAGS=({flags})"
 
 
 def test_each_samples_result_from_its_images_results() -> None:

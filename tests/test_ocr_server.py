@@ -559,17 +559,17 @@ def test_a_phone_jpeg_reads_the_way_its_exif_orientation_shows_it(ocr_server, or
 def test_queued_work_is_bounded_in_bytes(tmp_path) -> None:
     """A 16 KB white 2000x2000 PNG is a 56.5 MB detector input: requests of 25 such images
     pushed the worker from 1 to 12.4 GB. Work bytes are held from the headers before anything is
-    made: a request that alone needs more than SCORER_MAX_QUEUE_BYTES is a 413 at once, one that
+    made: a request that alone needs more than SCORER_MAX_WORK_BYTES is a 413 at once, one that
     would take the worker past it while another holds it a 503 at once; the worker's memory
     grows by at most that budget and one model call's own working memory."""
     whites = [png(1400 + i, 1400) for i in range(25)]  # 8 KB each, ~60 MB of work each
     white = whites[0]
     budget_mb = 300
-    env = {"SCORER_MAX_QUEUE_BYTES": str(budget_mb * 2**20), "SCORER_REQUEST_TIMEOUT_S": "100"}
+    env = {"SCORER_MAX_WORK_BYTES": str(budget_mb * 2**20), "SCORER_REQUEST_TIMEOUT_S": "100"}
     with gunicorn_server("ocr", env, log_dir=tmp_path) as server:
         alone = pickle.dumps({"images": whites, "prompts": ['"a"'] * 25})
         status, answer, _, _ = bounded(server, lambda: timed_post(server.url, alone))
-        assert status == 413 and "(SCORER_MAX_QUEUE_BYTES)" in answer["error"], answer
+        assert status == 413 and "(SCORER_MAX_WORK_BYTES)" in answer["error"], answer
         (pid,) = server.worker_pids()
         before = peak_memory_reset(pid)
         assert timed_post(server.url, pickle.dumps({"images": [white], "prompts": ['"a"']}))[0] == 200
@@ -583,10 +583,24 @@ def test_queued_work_is_bounded_in_bytes(tmp_path) -> None:
         status, answer, seconds, _ = timed_post(server.url, four)
         thread.join(120)
         grown_mb = (memory_kb(pid, "VmHWM") - before) / 1024
-        assert status == 503 and "(SCORER_MAX_QUEUE_BYTES)" in answer["error"] and seconds < 1.0, answer
+        assert status == 503 and "(SCORER_MAX_WORK_BYTES)" in answer["error"] and seconds < 1.0, answer
         assert first["answer"][:2] == (200, {"scores": [0.0] * 4, "outputs": [0.0] * 4})
         assert grown_mb < budget_mb + one_image_mb, (grown_mb, one_image_mb)
         assert timed_post(server.url, four)[0] == 200  # given back once answered
+
+
+def test_the_work_budget_s_former_name_still_bounds_work(tmp_path) -> None:
+    """SCORER_MAX_QUEUE_BYTES, the budget's name until this release, still sets it: the request
+    over it is refused under the new name, and the log and /info say the old one goes."""
+    env = {"SCORER_MAX_QUEUE_BYTES": str(30 * 2**20)}
+    with gunicorn_server("ocr", env, log_dir=tmp_path) as server:
+        body = pickle.dumps({"images": [png(1400, 1400)], "prompts": ['"a"']})  # ~60 MB of work
+        status, answer, _, _ = timed_post(server.url, body)
+        assert status == 413 and "(SCORER_MAX_WORK_BYTES)" in answer["error"], answer
+        info = requests.get(f"{server.url}/info", timeout=30).json()
+        assert info["settings"]["max_work_bytes"] == 30 * 2**20
+        [message] = info["deprecated_settings"]
+        assert message.startswith("SCORER_MAX_QUEUE_BYTES is deprecated") and message in server.logs()
 
 
 def test_every_flow_grpo_prompt_is_within_the_default_limits() -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from common import registry
+from common import install, registry, shell
+from common.config import env_name
 from common.scorer import Scorer
+from common.settings import CoreSettings
 from services.code import languages
 
 pytestmark = pytest.mark.unit
@@ -20,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
     """``-S``: no site-packages, as the system python3 of a fresh machine has none of ours."""
     names = subprocess.run(
-        [sys.executable, "-S", "-m", "common.registry", "names"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-S", "-m", "common.shell", "names"], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert names.stdout.split() == list(registry.SERVICES)
     shell = subprocess.run(
-        [sys.executable, "-S", "-m", "common.registry", "shell", "code"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "common.shell", "shell", "code"], cwd=ROOT, capture_output=True, text=True
     )
     assert shell.returncode == 0, shell.stderr
     assert "SYSTEM_PACKAGES=(bubblewrap gcc g++ openjdk-17-jdk-headless rustc-web nodejs)" in shell.stdout
@@ -32,10 +36,10 @@ def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
     assert f"SYSTEM_COMMAND_DIRS=('' {' '.join(['/usr/bin:/bin'] * 5)})" in shell.stdout
     assert "SYSTEM_COMMAND_MINIMUM=('' '' '' '' 1.65 '')" in shell.stdout
     assert "SYSTEM_PACKAGES_DNF=(bubblewrap gcc gcc-c++ java-17-openjdk-devel rust nodejs)" in shell.stdout
-    assert f"GO_HOME={registry.GO_HOME}" in shell.stdout.splitlines()
+    assert f"GO_HOME={install.GO_HOME}" in shell.stdout.splitlines()
     assert "GO_BUILD_ENV=(GO111MODULE=off CGO_ENABLED=0 GOTOOLCHAIN=local GOENV=off GOFLAGS= " in shell.stdout
     unknown = subprocess.run(
-        [sys.executable, "-S", "-m", "common.registry", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "common.shell", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
     )
     assert unknown.returncode == 2 and "unknown service 'nope'" in unknown.stderr
 
@@ -48,7 +52,7 @@ def test_every_entry_is_whole() -> None:
         assert issubclass(registry.load_scorer_class(name), Scorer)
         files = [*service.requirements, *service.gpu_requirements, *sum(service.engine_requirements.values(), ())]
         assert all((ROOT / f).is_file() for f in files), files
-        assert set(service.system_packages) <= set(registry.SYSTEM_COMMANDS)
+        assert set(service.system_packages) <= set(install.SYSTEM_COMMANDS)
 
 
 def test_run_sh_counts_a_toolchain_only_where_the_code_sandbox_finds_it() -> None:
@@ -56,30 +60,107 @@ def test_run_sh_counts_a_toolchain_only_where_the_code_sandbox_finds_it() -> Non
     directories the sandbox searches (``languages.tool_paths``), and each such command is one
     the language needs: a rustc that only rustup's ``~/.cargo/bin`` holds gets installed."""
     for language in languages.LANGUAGES.values():
-        assert all(registry.SYSTEM_COMMAND_DIRS[p] == registry.SANDBOX_TOOL_DIRS for p in language.packages)
-        assert {registry.SYSTEM_COMMANDS[p] for p in language.packages} <= set(language.tools)
+        assert all(install.SYSTEM_COMMAND_DIRS[p] == install.SANDBOX_TOOL_DIRS for p in language.packages)
+        assert {install.SYSTEM_COMMANDS[p] for p in language.packages} <= set(language.tools)
 
 
 def test_the_sandbox_finds_the_pinned_go_and_its_standard_library() -> None:
     """The Go run.sh installs is under /usr, which the sandbox shows; the sandbox builds with
     the variables its standard library was precompiled with; only the code service needs it."""
-    assert registry.GOROOT.startswith("/usr/") and f"{registry.GOROOT}/bin/go" == registry.GO_COMMAND
-    assert languages.LANGUAGES["go"].tools == (registry.GO_COMMAND,)
-    assert languages.GO_ENV.items() >= registry.GO_BUILD_ENV.items() and languages.GO_ENV["GOROOT"] == registry.GOROOT
-    assert registry.setup_of("code", {}).go_home == registry.GO_HOME == registry.setup_of("test", {}).go_home
-    assert registry.setup_of("ocr", {}).go_home == ""
+    assert install.GOROOT.startswith("/usr/") and f"{install.GOROOT}/bin/go" == install.GO_COMMAND
+    assert languages.LANGUAGES["go"].tools == (install.GO_COMMAND,)
+    assert languages.GO_ENV.items() >= install.GO_BUILD_ENV.items() and languages.GO_ENV["GOROOT"] == install.GOROOT
+    assert install.setup_of("code", {}).go_home == install.GO_HOME == install.setup_of("test", {}).go_home
+    assert install.setup_of("ocr", {}).go_home == ""
 
 
 def test_what_each_command_sets_up() -> None:
-    test = registry.setup_of("test", {})
+    test = install.setup_of("test", {})
     assert test.venv == ".venv" and test.requirements[-1] == "requirements-dev.txt"
     assert set(test.system_packages) == {*registry.SERVICES["code"].system_packages, "nginx"}
-    assert registry.setup_of("all", {}).venv == ""  # each service has its own
-    paddle = registry.setup_of("ocr", {"SCORER_OCR_ENGINE": "paddleocr"})
+    assert install.setup_of("all", {}).venv == ""  # each service has its own
+    paddle = install.setup_of("ocr", {"SCORER_OCR_ENGINE": "paddleocr"})
     assert paddle.venv == ".venv-ocr-paddleocr" and paddle.requirements == ("requirements-ocr-paddle.txt",)
-    code = registry.setup_of("code", {})
+    code = install.setup_of("code", {})
     assert code.prepare == ("services.code.packages",) and test.prepare == code.prepare
-    assert code.flags == (
+    assert shell.flag_variables("code") == (
+        "--port=SCORER_PORT",
+        "--workers=SCORER_WORKERS",
         "--infra-failure-score=SCORER_CODE_INFRA_FAILURE_SCORE",
         "--env=SCORER_CODE_ENV",
     )
+
+
+def test_the_flags_are_the_settings_declared_flags() -> None:
+    """Every flag ``run.sh all`` takes is a field declared ``flag=True`` of the core's or a
+    service's settings, read with the standard library alone (``-S``), and each such field is one."""
+    flags = subprocess.run(
+        [sys.executable, "-S", "-m", "common.shell", "flags", "all"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert flags.returncode == 0, flags.stderr
+    shown = set(flags.stdout.strip().removeprefix("FLAGS=(").removesuffix(")").split())
+    sections = [("", CoreSettings)] + [(n, registry.settings_class(n)) for n in registry.SERVICES]
+    declared = {
+        f"--{field.name.replace('_', '-')}={env_name(section, field.name)}"
+        for section, cls in sections
+        if cls
+        for field in dataclasses.fields(cls)
+        if field.metadata.get("setting") and field.metadata["setting"].flag
+    }
+    assert shown == declared
+    assert {"--port=SCORER_PORT", "--clip=SCORER_AESTHETIC_CLIP", "--rewards=SCORER_MULTI_REWARDS"} <= shown
+    assert "--model=SCORER_PICKSCORE_MODEL" in shown and "--serve=SCORER_JUDGE_SERVE" in shown
+
+
+def test_run_sh_help_lists_each_flag_with_its_variable_and_help() -> None:
+    """``--help`` is made from the declarations too: a new flag needs no edit of run.sh."""
+    shown = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for entry in shell.flag_variables("all"):
+        flag, variable = entry.split("=")
+        assert re.search(rf"^    {flag} +{variable} +\S", shown, re.MULTILINE), entry
+    code = subprocess.run(["bash", "run.sh", "code", "--help"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert code.stdout.startswith("# Start the scorer services")
+    help_ = "what a sample left without a verdict scores: `nan` or `zero`"
+    assert f"SCORER_CODE_INFRA_FAILURE_SCORE    {help_}" in code.stdout and "--clip" not in code.stdout
+
+
+def test_a_misspelt_setting_is_warned_of_and_the_others_are_not() -> None:
+    """A variable no service reads leaves the setting it meant at its default: run.sh says so."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SCORER_CODE_SCORNG": "all",  # meant SCORER_CODE_SCORING
+        "SCORER_CODE_TEST_CPU": "8",  # meant SCORER_CODE_TEST_CPU_S
+        "SCORER_CODE_SCORING": "all",
+        "SCORER_PICKSCORE_MODEL": "/models/pickscore",  # another service's, on the same node
+        "SCORER_MAX_QUEUE_BYTES": "1000",  # a former name, still read
+        "SCORER_TEST_SKIP_ENGINE": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "common.shell", "check", "code"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == [
+        f"warning: {name} is no setting of any service (docs/settings.md lists them): ignored"
+        for name in ("SCORER_CODE_SCORNG", "SCORER_CODE_TEST_CPU")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "refused"),
+    [
+        ("aesthetic", "SCORER_AESTHETIC_MICRO_BATCH", True),
+        ("all", "SCORER_PORT", True),
+        # `run.sh all` skips a service whose own settings cannot be used (its preflight), the others start.
+        ("all", "SCORER_AESTHETIC_MICRO_BATCH", False),
+    ],
+)
+def test_what_run_sh_checks_before_it_installs(command: str, variable: str, refused: bool) -> None:
+    env = {"PATH": "/usr/bin:/bin", variable: "x"}
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "common.shell", "check", command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode, result.stderr) == ((2, f"{variable}='x': expected int\n") if refused else (0, ""))

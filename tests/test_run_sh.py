@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from common.registry import (
+from common.install import (
     GO_BUILD_ENV,
     GO_HOME,
     GO_REQUIREMENTS,
@@ -82,6 +82,11 @@ SUDO_ALLOWED = '#!/bin/bash\n[ "$1" = -n ] && exit 0\necho "sudo $*" >>"$FAKE/ca
 SUDO_REFUSED = '#!/bin/bash\n[ "$1" = -n ] && exit 1\necho "sudo $*" >>"$FAKE/calls"\nexit 1\n'
 
 
+def _not_python(directory: str, names: list[str]) -> list[str]:
+    """What ``copytree`` leaves out of the repository's copy: all but Python sources and packages."""
+    return [n for n in names if not n.endswith(".py") and not os.path.isdir(os.path.join(directory, n))]
+
+
 def _write(path: Path, text: str) -> None:
     path.write_text(text)
     path.chmod(0o755)
@@ -89,16 +94,16 @@ def _write(path: Path, text: str) -> None:
 
 @pytest.fixture
 def fake() -> Iterator[Path]:
-    """A world-readable copy of run.sh and the registry (a fresh clone's set-up files), and a
+    """A world-readable copy of run.sh and the Python sources it reads (a fresh clone's set-up files), and a
     writable ``bin`` for the stand-ins."""
     top = Path(tempfile.mkdtemp(prefix="run-sh-"))
     try:
         top.chmod(0o755)
         repo = top / "repo"
-        (repo / "common").mkdir(parents=True)
+        repo.mkdir()
         shutil.copy(ROOT / "run.sh", repo)
-        for name in ("__init__.py", "registry.py"):
-            shutil.copy(ROOT / "common" / name, repo / "common")
+        for package in ("common", "services"):  # the Python sources only (no weights)
+            shutil.copytree(ROOT / package, repo / package, ignore=_not_python)
         for requirements in ROOT.glob("requirements*.txt"):
             shutil.copy(requirements, repo)
         (top / "bin").mkdir(mode=0o777)
@@ -320,6 +325,18 @@ def test_flags_come_from_the_registry(fake: Path) -> None:
     assert "SCORER_SERVICE=code" in lines
     refused = run_sh(fake, ["code", "--clip", "x"], hide=[])
     assert refused.returncode == 2 and "unknown flag --clip" in refused.stderr
+
+
+def test_a_bad_value_stops_run_sh_with_one_line_before_anything_is_installed(fake: Path) -> None:
+    """A flag's value is read as its setting will be, for the core's flags and the service's own."""
+    manager(fake, "apt-get")
+    for args, message in (
+        (["ocr", "--port", "80a"], "SCORER_PORT='80a': expected int"),
+        (["code", "--infra-failure-score", "one"], "SCORER_CODE_INFRA_FAILURE_SCORE='one': must be one of nan, zero"),
+    ):
+        result = run_sh(fake, args, hide=["bwrap"])
+        assert result.returncode == 2 and result.stderr.splitlines() == [message], result.stderr
+    assert calls(fake) == [] and not list((fake / "repo").glob(".venv*"))
 
 
 def test_multi_builds_one_environment_of_its_rewards_requirements(fake: Path) -> None:

@@ -199,7 +199,7 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "SCORER_MAX_FRAMES": "12",
         "SCORER_MAX_REQUEST_PIXELS": str(7 * 27_000),
         # 3.5 frames' decode and model input (224x224x3 float32, twice)
-        "SCORER_MAX_QUEUE_BYTES": str(3 * (297_000 + 1_204_224) + 150_000),
+        "SCORER_MAX_WORK_BYTES": str(3 * (297_000 + 1_204_224) + 150_000),
     }
     with gunicorn_server("aesthetic", env, threads=8, log_dir=tmp_path_factory.mktemp("logs")) as server:
         yield server.url
@@ -223,7 +223,7 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         (
             {"videos": [DISTINCT_FRAMES], "prompts": ["p"], "metadata": {"frame_interval": 3}},
             413,
-            "(aesthetic inputs); the limit is 4 MiB (SCORER_MAX_QUEUE_BYTES)",  # under the pixels
+            "(aesthetic inputs); the limit is 4 MiB (SCORER_MAX_WORK_BYTES)",  # under the pixels
         ),
         ({"videos": [[FRAME] * 8], "prompts": ["p"]}, 413, "SCORER_MAX_REQUEST_PIXELS"),
         ({"videos": [[FRAME, NOT_DECODED]], "prompts": ["p"]}, 422, "videos[0][1] could not be decoded"),

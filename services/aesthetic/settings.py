@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "aesthetic"
@@ -30,18 +30,29 @@ CLIP_HINT = (
 class AestheticSettings:
     """``SCORER_AESTHETIC_<FIELD>``; ``run.sh aesthetic --clip`` / ``--head`` set the first two."""
 
-    # A local directory (``save_pretrained`` layout) or a hub id.
-    clip: str = "openai/clip-vit-large-patch14"
-    # The released ``sac+logos+ava1-l14-linearMSE.pth`` state dict.
-    head: str = str(DEFAULT_HEAD)
+    clip: str = setting(
+        "openai/clip-vit-large-patch14", "the CLIP: a local directory (`save_pretrained` layout) or a hub id", flag=True
+    )
+    head: str = setting(
+        str(DEFAULT_HEAD),
+        "the released `sac+logos+ava1-l14-linearMSE.pth` state dict",
+        flag=True,
+        shown_default="the shipped `services/aesthetic/weights/` copy",
+    )
     # Used on GPU only; the CPU always runs float32.
-    precision: Literal["float16", "bfloat16", "float32"] = "float16"
+    precision: Literal["float16", "bfloat16", "float32"] = setting(
+        "float16", "`float16`, `bfloat16` or `float32` for CLIP on GPU; the CPU always uses float32"
+    )
     # Images per forward pass: bounds GPU memory whatever the batch size. Unset: 32 on GPU, 8 on
     # CPU, where larger batches run slower (measured with ViT-B/16, bench/aesthetic/README.md).
-    micro_batch: int | None = None
+    micro_batch: int | None = setting(
+        None,
+        "images per forward pass: a large request or batch never runs the GPU out of memory",
+        shown_default="32 on GPU, 8 on CPU",
+    )
     # score = raw * scale + offset; the defaults give the raw score.
-    scale: float = 1.0
-    offset: float = 0.0
+    scale: float = setting(1.0, "score = raw × scale + offset")
+    offset: float = setting(0.0, "score = raw × scale + offset")
 
 
 def read_settings() -> AestheticSettings:

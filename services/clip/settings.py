@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 from services.clip.weights import missing_weights, offline_problem
 
 VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
@@ -20,38 +20,54 @@ HPS_FILE = "HPS_v2.1_compressed.pt"
 PROCESSOR_FILES = (("preprocessor_config.json",), ("tokenizer.json", "vocab.json"))
 
 
+def model_setting(default: str) -> Any:
+    """The ``model`` field, whose default each reward sets."""
+    return setting(default, "the model: a local directory (or, for HPSv2, a checkpoint file) or a hub id", flag=True)
+
+
+def divisor_setting(default: float) -> Any:
+    """The ``divisor`` field, whose default each reward sets."""
+    return setting(default, "the score's divisor")
+
+
 @dataclass(frozen=True)
 class ClipRewardSettings:
     """``SCORER_<SERVICE>_<FIELD>``; ``run.sh <service> --model`` / ``--processor`` set the first two."""
 
-    # A local directory (or, for HPSv2, a checkpoint file) or a hub id.
-    model: str = ""
-    # Tokenizer and image preprocessing: a directory or hub id. Unset: the model directory when
-    # it holds them, else the model's usual processor.
-    processor: str | None = None
+    model: str = model_setting("")
+    processor: str | None = setting(
+        None,
+        "tokenizer and image preprocessing: a directory or hub id",
+        flag=True,
+        shown_default="the model directory when it holds them, else the model's usual processor",
+    )
     # Used on GPU only; the CPU always runs float32.
-    precision: Literal["float16", "bfloat16", "float32"] = "float16"
+    precision: Literal["float16", "bfloat16", "float32"] = setting(
+        "float16", "`float16`, `bfloat16` or `float32` on GPU; the CPU always uses float32"
+    )
     # Samples per forward pass of each tower. Unset: 32 on GPU, 8 on CPU.
-    micro_batch: int | None = None
+    micro_batch: int | None = setting(
+        None, "samples per forward pass of each tower", shown_default="32 on GPU, 8 on CPU"
+    )
     # score = cosine x (logit_scale.exp() where the recipe uses it) / divisor.
-    divisor: float = 1.0
+    divisor: float = divisor_setting(1.0)
 
 
 @dataclass(frozen=True)
 class PickScoreSettings(ClipRewardSettings):
-    model: str = "yuvalkirstain/PickScore_v1"
-    divisor: float = 26.0
+    model: str = model_setting("yuvalkirstain/PickScore_v1")
+    divisor: float = divisor_setting(26.0)
 
 
 @dataclass(frozen=True)
 class ClipScoreSettings(ClipRewardSettings):
-    model: str = "openai/clip-vit-large-patch14"
-    divisor: float = 30.0
+    model: str = model_setting("openai/clip-vit-large-patch14")
+    divisor: float = divisor_setting(30.0)
 
 
 @dataclass(frozen=True)
 class HPSv2Settings(ClipRewardSettings):
-    model: str = "xswu/HPSv2"
+    model: str = model_setting("xswu/HPSv2")
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ class Graded(Scored):
 
 class CodeScorer(Scorer):
     name = "code"
+    batched = False
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "geneval"
@@ -20,32 +20,42 @@ SECTION = "geneval"
 class GenEvalSettings:
     """``SCORER_GENEVAL_<FIELD>``; ``run.sh geneval --detector`` / ``--clip`` set the first two."""
 
-    # A transformers Mask2FormerForUniversalSegmentation with COCO's 80 classes: a directory
-    # (GenEval's own mmdet checkpoint converted by ``python -m services.geneval.convert``) or a hub id.
-    detector: str = "facebook/mask2former-swin-small-coco-instance"
-    # The colour classifier: a transformers CLIP (ViT-L/14, OpenAI's weights, as GenEval's open_clip
-    # ViT-L-14 "openai"), a directory or a hub id.
-    clip: str = "openai/clip-vit-large-patch14"
+    # GenEval's own mmdet checkpoint is converted by ``python -m services.geneval.convert``.
+    detector: str = setting(
+        "facebook/mask2former-swin-small-coco-instance",
+        "a transformers Mask2FormerForUniversalSegmentation with COCO's 80 classes: a directory or a hub id",
+        flag=True,
+    )
+    # ViT-L/14 with OpenAI's weights, as GenEval's open_clip ViT-L-14 "openai".
+    clip: str = setting(
+        "openai/clip-vit-large-patch14",
+        "the colour classifier, a transformers CLIP: a directory or a hub id",
+        flag=True,
+    )
     # The models' precision on GPU; the CPU runs float32. Post-processing is float32 everywhere.
-    precision: Literal["float16", "bfloat16", "float32"] = "float16"
+    precision: Literal["float16", "bfloat16", "float32"] = setting(
+        "float16", "`float16`, `bfloat16` or `float32` on GPU (the CPU runs float32)"
+    )
     # GenEval's evaluator options: a detection counts above ``threshold`` (``counting_threshold``
     # for the counting tag), at most ``max_objects`` per class; the position rule's margin.
-    threshold: float = 0.3
-    counting_threshold: float = 0.9
-    max_objects: int = 16
-    position_threshold: float = 0.1
+    threshold: float = setting(0.3, "a detection counts above this")
+    counting_threshold: float = setting(0.9, "a detection counts above this for the `counting` tag")
+    max_objects: int = setting(16, "detections kept per class")
+    position_threshold: float = setting(0.1, "the position rule's margin")
     # mmdet's test pipeline for the detector: the image resized to fit min_size x max_size (its
     # img_scale (1333, 800), aspect kept), ``max_detections`` of queries x classes kept.
-    min_size: int = 800
-    max_size: int = 1333
-    max_detections: int = 100
+    min_size: int = setting(800, "mmdet's test scale: the image's shorter side at most")
+    max_size: int = setting(1333, "mmdet's test scale: the image's longer side at most")
+    max_detections: int = setting(100, "queries x classes kept before the thresholds")
     # Fixes of the reward server's quirks, off by default: the strict correctness reads the
     # exclude clauses; ``bgr``: the detector sees the image's channels swapped, as the reward
     # server's (it hands mmdet RGB arrays, which mmdet takes for BGR).
-    strict_exclude: bool = False
-    channels: Literal["rgb", "bgr"] = "rgb"
+    strict_exclude: bool = setting(False, "the strict rule reads the exclude clauses")
+    channels: Literal["rgb", "bgr"] = setting(
+        "rgb", "`bgr`: the detector sees the channels swapped, as the reward server's did"
+    )
     # Colour crops per CLIP call.
-    color_batch: int = 64
+    color_batch: int = setting(64, "colour crops per CLIP call")
 
 
 def read_settings() -> GenEvalSettings:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "hpsv3"
@@ -21,18 +21,27 @@ CHECKPOINT = "HPSv3.safetensors"
 class HPSv3Settings:
     """``SCORER_HPSV3_<FIELD>``; ``run.sh hpsv3 --model`` / ``--base`` set the first two."""
 
-    # The checkpoint: HPSv3.safetensors, a directory holding it, or a hub id.
-    model: str = "MizzenAI/HPSv3"
-    # Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and preprocessor_config.json:
-    # a directory or a hub id.
-    base: str = "Qwen/Qwen2-VL-7B-Instruct"
+    model: str = setting(
+        "MizzenAI/HPSv3", "the checkpoint: `HPSv3.safetensors`, a directory holding it, or a hub id", flag=True
+    )
+    base: str = setting(
+        "Qwen/Qwen2-VL-7B-Instruct",
+        "Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and `preprocessor_config.json`: a "
+        "directory or a hub id",
+        flag=True,
+    )
     # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
     # runs float32 throughout.
-    precision: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    precision: Literal["bfloat16", "float16", "float32"] = setting(
+        "bfloat16",
+        "the backbone's precision on a GPU (HPSv3's own `bfloat16`); the head is float32; the CPU runs float32",
+    )
     # score = mu x scale. 1.0: HPSv3's own scale; VeRL-Omni's hpsv3_reward multiplies by 0.1.
-    scale: float = 1.0
+    scale: float = setting(1.0, "score = mu × scale (`0.1`: VeRL-Omni's)")
     # Tokens of one sample's whole sequence (instruction, image and prompt); a longer prompt is a 413.
-    max_tokens: int = 2048
+    max_tokens: int = setting(
+        2048, "tokens of one sample's sequence (instruction ~330, image ~256, the prompt); over it a 413"
+    )
 
 
 def read_settings() -> HPSv3Settings:

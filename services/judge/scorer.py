@@ -61,6 +61,7 @@ def _show_reply(metadata: dict[str, Any]) -> bool:
 
 class JudgeScorer(ImageScorer):
     name = "judge"
+    batched = False
 
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)

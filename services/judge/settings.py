@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env
+from common.config import ConfigError, env_name, from_env, setting
 
 SECTION = "judge"
 # The judge that compares samples in pairs; the others score each alone.
@@ -22,38 +22,56 @@ PARSE_FAILURE_HELP = (
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    # Which judge: the published prompt and reply rule (services/judge/README.md).
-    judge: Literal["unifiedreward", "unifiedreward-v1", "unifiedreward-think", "vlm-ocr"] = "unifiedreward"
-    # The OpenAI-compatible engine's base URL (http://HOST:PORT, its /v1/chat/completions beneath).
-    engine: str = ""
-    # The engine's model name; empty: the first model its /v1/models lists.
-    model: str = ""
-    # What a sample whose reply does not parse scores; no default on purpose (PARSE_FAILURE_HELP).
-    parse_failure_score: Literal["nan", "zero", "tie", "mean"] | None = None
+    judge: Literal["unifiedreward", "unifiedreward-v1", "unifiedreward-think", "vlm-ocr"] = setting(
+        "unifiedreward", "which judge: the published prompt and reply rule", flag=True
+    )
+    engine: str = setting(
+        "",
+        "the OpenAI-compatible engine's base URL (`http://HOST:PORT`, its `/v1/chat/completions` beneath)",
+        flag=True,
+    )
+    model: str = setting(
+        "", "the engine's model name", flag=True, shown_default="the first model the engine's `/v1/models` lists"
+    )
+    # No default on purpose (PARSE_FAILURE_HELP).
+    parse_failure_score: Literal["nan", "zero", "tie", "mean"] | None = setting(
+        None,
+        "what a sample whose reply does not parse scores: `nan`, `zero`, `tie` or `mean`",
+        flag=True,
+        shown_default="none: required",
+    )
     # Chat completions one worker has in flight at once, across its requests.
-    concurrency: int = 64
+    concurrency: int = setting(64, "chat completions one worker has in flight at once, across its requests")
     # Retries of a call the engine answered 429 or 5xx, or could not be reached for, each after
     # backoff_s doubling up to backoff_max_s, never past the request's deadline.
-    retries: int = 3
-    backoff_s: float = 0.5
-    backoff_max_s: float = 4.0
+    retries: int = setting(3, "retries of a call the engine answered 429/5xx or could not be reached for")
+    backoff_s: float = setting(0.5, "the first retry's pause, doubling")
+    backoff_max_s: float = setting(4.0, "the longest pause between retries")
     # Pairwise: judge each pair in both orders (position bias cancels), twice the calls.
-    both_orders: bool = False
+    both_orders: bool = setting(False, "pairwise: judge each pair in both orders")
     # Pairwise: comparisons (engine calls) one request may ask for, checked before any is sent
     # (413): a group of n samples is n(n-1)/2 pairs, 523,776 for one group of 1,024.
-    max_comparisons: int = 1024
+    max_comparisons: int = setting(
+        1024,
+        "pairwise: engine calls one request may ask for (413 beyond, before any is sent; a group of n is n(n-1)/2 "
+        "pairs)",
+    )
     # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
-    engine_wait_s: float = 600.0
-    # A bearer token for the engine, if it wants one.
-    api_key: str | None = None
-    # A model directory or hub id: start the engine as a child of the service (run.sh judge
-    # --serve), wait for it, and stop it with the service; ``engine`` and ``model`` then follow.
-    serve: str = ""
+    engine_wait_s: float = setting(600.0, "how long a starting worker waits for the engine to list its models")
+    api_key: str | None = setting(None, "a bearer token for the engine, if it wants one", secret=True)
+    # ``engine`` and ``model`` then follow the child.
+    serve: str = setting(
+        "",
+        "a model directory or hub id: start the engine as a child of the service, wait for it, and stop it with "
+        "the service",
+        flag=True,
+    )
     # The child engine's command: {model}, {port} and {gpus} (the node's visible GPUs) filled in.
     # vLLM's own environment, installed only on the GPU node, must have ``vllm`` on PATH.
-    serve_command: str = (
+    serve_command: str = setting(
         "vllm serve {model} --host 127.0.0.1 --port {port} --data-parallel-size {gpus} "
-        "--limit-mm-per-prompt.image 32 --enable-prefix-caching --trust-remote-code"
+        "--limit-mm-per-prompt.image 32 --enable-prefix-caching --trust-remote-code",
+        "the child engine's command (`{gpus}`: the node's visible GPUs)",
     )
 
 

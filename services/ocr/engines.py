@@ -36,7 +36,7 @@ StageFactory = Callable[..., Callable[[Sequence[Any]], list[Any]]]
 class OcrEngine(Protocol):
     name: str
     # Bytes an image's work holds per pixel of its input (``input_size``), from ``prepare``
-    # until it is read; the scorer holds them against SCORER_MAX_QUEUE_BYTES before preparing.
+    # until it is read; the scorer holds them against SCORER_MAX_WORK_BYTES before preparing.
     work_bytes_per_pixel: int
 
     def start(self, stage: StageFactory) -> None:

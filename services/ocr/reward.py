@@ -9,17 +9,14 @@ Options (deepgen_rl's newer rule) change one step each; all off by default.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import re
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
 
 from rapidfuzz.distance import Levenshtein
 
 from common.errors import Unprocessable, quote
+from services.ocr.settings import RuleOptions
 
 QUOTED = re.compile(r'"([^"]*)"')
 # Characters OCR confuses; folded on both sides when ``fold_confusions`` is on.
@@ -28,60 +25,6 @@ PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 # (text, confidence) of one recognized line.
 Line = tuple[str, float]
-
-
-@dataclass(frozen=True)
-class RuleOptions:
-    """Matching options; each is a server setting (``SCORER_OCR_<FIELD>``) and a per-request
-    override in ``metadata["ocr"]``."""
-
-    # "first": the first quoted segment (flow_grpo); "all": every quoted segment, each scored
-    # and the scores averaged (deepgen_rl's newer mode).
-    target: Literal["first", "all"] = "first"
-    # A prompt without quotes: score against the whole prompt, or score 0.
-    no_quotes: Literal["whole_prompt", "zero"] = "whole_prompt"
-    case_sensitive: bool = False
-    strip_punctuation: bool = False
-    # Lines at or below this confidence are ignored (flow_grpo: > 0).
-    min_confidence: float = 0.0
-    # Compare the target against every run of as many recognized words as it has, keep the best.
-    ngram_candidates: bool = False
-    # Fold 0->o, 1/i/j->l, 5->s, v->w before comparing.
-    fold_confusions: bool = False
-
-    def override(self, overrides: Any) -> RuleOptions:
-        """These options with a request's ``metadata["ocr"]`` applied; 422 for a bad key/value."""
-        if overrides is None:
-            return self
-        if not isinstance(overrides, dict):
-            raise Unprocessable("metadata['ocr'] must be a dict of matching options")
-        fields = {f.name for f in dataclasses.fields(self)}
-        unknown = [quote(key) for key in overrides if key not in fields]  # keys of any type, quoted bounded
-        if unknown:
-            shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-            raise Unprocessable(f"unknown OCR option(s) {shown}; known: {', '.join(sorted(fields))}")
-        for key, value in overrides.items():
-            if not _valid(getattr(self, key), key, value):
-                raise Unprocessable(f"metadata['ocr'][{key!r}] = {quote(value)} is not a valid value")
-        return dataclasses.replace(self, **overrides)
-
-
-_CHOICES = {"target": ("first", "all"), "no_quotes": ("whole_prompt", "zero")}
-
-
-def _valid(current: Any, key: str, value: Any) -> bool:
-    """Whether ``value`` may replace the option ``key`` (now ``current``): a bool for a bool; a
-    finite number for a float (an int too large for a float is not one); one of the choices."""
-    if isinstance(current, bool):
-        return isinstance(value, bool)
-    if isinstance(current, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        try:
-            return math.isfinite(float(value))
-        except OverflowError:  # an int of over 1024 bits
-            return False
-    return isinstance(value, str) and value in _CHOICES[key]
 
 
 def targets(prompt: str, options: RuleOptions) -> list[str] | None:

