@@ -381,6 +381,15 @@ def clean_up(uid: int) -> None:
                     os.waitpid(-1, 0)
 
 
+def programs_cpu(cgroup: SampleCgroup | None) -> float:
+    """CPU time so far of every process the sample had but its supervisor: its cgroup's count
+    where it keeps one (one file read however many processes), otherwise its processes' own
+    (``sample_cpu_seconds``, which no kernel-reaped child escapes: see
+    ``forbid_shared_kernel_state``)."""
+    counted = cgroup.programs_cpu_seconds() if cgroup is not None else None
+    return sample_cpu_seconds() if counted is None else counted
+
+
 def sample_cpu_seconds() -> float:
     """CPU time of every process of this sample but its init (the caller), threads included:
     what its live processes used (and the children they reaped), plus what the init's reaped

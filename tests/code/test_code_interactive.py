@@ -1,0 +1,291 @@
+"""Interactive problems (issue 31): a testlib interactor and the program run at once, joined
+by pipes, each confined; every program of a "guess the number" problem written for these
+tests gets the verdict a judge gives, and neither side can cheat or stall the node."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from services.code.interactive import verdict
+from services.code.sandboxed.wire import InteractOutcome
+from testing.server import Server, gunicorn_server
+
+ENV = {
+    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
+    "SCORER_CODE_ADMISSION": "off",
+    "SCORER_CODE_TEST_CPU_S": "2",
+    "SCORER_CODE_TEST_WALL_S": "4",
+    "SCORER_CODE_SAMPLE_WALL_S": "40",
+    "SCORER_CODE_MEMORY_MB": "256",
+    "SCORER_CODE_COMPILE_CPU_S": "15",
+    "SCORER_CODE_COMPILE_WALL_S": "30",
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+        yield srv
+
+
+# Guess the number in [1, 10^9]: the input holds it, the answer the most queries allowed.
+# "? x" answers "<" (the number is less), ">" or "="; "! x" ends the game.
+GUESS = r"""
+#include "testlib.h"
+#include <iostream>
+int main(int argc, char* argv[]) {
+    registerInteraction(argc, argv);
+    long long secret = inf.readLong();
+    int limit = ans.readInt();
+    for (int queries = 0;; ++queries) {
+        std::string op = ouf.readToken();
+        if (op != "?" && op != "!") quitf(_pe, "expected ? or !, got %s", op.c_str());
+        long long x = ouf.readLong(1LL, 1000000000LL, "x");
+        if (op == "!") {
+            if (x == secret) quitf(_ok, "guessed in %d queries", queries);
+            quitf(_wa, "guessed %lld, the number was %lld", x, secret);
+        }
+        if (queries == limit) quitf(_wa, "more than %d queries", limit);
+        std::cout << (secret < x ? "<" : secret > x ? ">" : "=") << std::endl;
+    }
+}
+"""
+SECRETS = (734182956, 1, 1000000000)
+LABEL = {"interactor": GUESS, "tests": [{"input": f"{n}\n", "answer": "30\n"} for n in SECRETS]}
+
+CPP_SEARCH = r"""
+#include <cstdio>
+int main() {
+    long long lo = 1, hi = 1000000000;
+    while (lo < hi) {
+        long long m = (lo + hi) / 2;
+        printf("? %lld\n", m); fflush(stdout);
+        char r[4];
+        if (scanf("%3s", r) != 1) return 0;
+        if (r[0] == '=') { lo = hi = m; break; }
+        if (r[0] == '<') hi = m - 1; else lo = m + 1;
+    }
+    printf("! %lld\n", lo + OFFSET); fflush(stdout);
+}
+"""
+PY_SEARCH = """
+lo, hi = 1, 10**9
+while lo < hi:
+    m = (lo + hi) // 2
+    print("?", m, flush=True)
+    r = input().strip()
+    if r == "=":
+        lo = hi = m
+        break
+    if r == "<":
+        hi = m - 1
+    else:
+        lo = m + 1
+print("!", lo, flush=FLUSH)
+"""
+JAVA_SEARCH = """
+import java.io.*;
+public class Main {
+    public static void main(String[] args) throws IOException {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        long lo = 1, hi = 1000000000;
+        while (lo < hi) {
+            long m = (lo + hi) / 2;
+            System.out.println("? " + m); System.out.flush();
+            String r = in.readLine().trim();
+            if (r.equals("=")) { lo = hi = m; break; }
+            if (r.equals("<")) hi = m - 1; else lo = m + 1;
+            CRASH
+        }
+        System.out.println("! " + lo); System.out.flush();
+    }
+}
+"""
+
+PROGRAMS = [
+    ("cpp accepted", "cpp", CPP_SEARCH.replace("OFFSET", "0"), "passed"),
+    ("cpp wrong", "cpp", CPP_SEARCH.replace("OFFSET", "1"), "wrong_answer"),
+    ("cpp linear search", "cpp", '#include <cstdio>\nint main(){char r[4];for(long x=2;;x++){printf("? %ld\\n",x);'
+     'fflush(stdout);if(scanf("%3s",r)!=1)return 0;if(r[0]==\'=\'){printf("! %ld\\n",x);fflush(stdout);return 0;}}}',
+     "wrong_answer"),
+    ("cpp loops", "cpp", "int main(){volatile unsigned long x=0;for(;;)x++;}", "timeout"),
+    ("cpp crashes", "cpp", '#include <cstdio>\nint main(){printf("? 5\\n");fflush(stdout);char r[4];'
+     'scanf("%3s",r);volatile int*p=0;*p=1;}', "runtime_error"),
+    ("cpp allocates", "cpp", "#include <cstring>\n#include <cstdlib>\nint main(){char*volatile p=(char*)"
+     "malloc(1ul<<30);memset(p,1,1ul<<30);return p[7];}", "memory_limit"),
+    ("cpp garbage", "cpp", '#include <cstdio>\nint main(){printf("hello there\\n");fflush(stdout);'
+     'char r[4];scanf("%3s",r);}', "wrong_answer"),
+    ("cpp exits at once", "cpp", "int main(){return 0;}", "wrong_answer"),
+    ("python accepted", "python", PY_SEARCH.replace("FLUSH", "True"), "passed"),
+    ("python waits unflushed", "python", "import sys\nprint('? 5')\nsys.stdin.readline()", "timeout"),
+    ("python raises", "python", "print('? 5', flush=True)\ninput()\nraise ValueError('no')", "runtime_error"),
+    ("java accepted", "java", JAVA_SEARCH.replace("CRASH", ""), "passed"),
+    ("java crashes", "java", JAVA_SEARCH.replace("CRASH", "if (lo > 0) throw new RuntimeException();"),
+     "runtime_error"),
+]  # fmt: skip
+
+
+def grade(url: str, programs: list[tuple[str, str]], label: dict) -> dict:
+    """One request: each (fence tag, source) a sample graded on ``label``."""
+    fenced = [f"My solution.\n```{tag}\n{code}\n```\n" for tag, code in programs]
+    body = {"outputs": fenced, "prompts": ["p"] * len(fenced), "labels": [label] * len(fenced)}
+    response = requests.post(url + "/reward/score", json=body, timeout=600)
+    assert response.status_code == 200, response.text[:500]
+    return response.json()
+
+
+def test_each_program_gets_the_verdict_a_judge_gives(server: Server) -> None:
+    answered = grade(server.url, [(tag, code) for _, tag, code, _ in PROGRAMS], LABEL)
+    got = {name: (answered["error_types"][i], answered["rewards"][i]) for i, (name, *_) in enumerate(PROGRAMS)}
+    want = {
+        name: (None if status == "passed" else status, float(status == "passed")) for name, _, _, status in PROGRAMS
+    }
+    assert got == want
+
+
+def test_the_interactors_points_are_the_tests_score(server: Server) -> None:
+    """testlib's ``quitp``: a guess within 10 of the number earns half of the test."""
+    half = GUESS.replace('quitf(_wa, "guessed %lld', 'if (llabs(x - secret) <= 10) quitp(0.5, "near");\n'
+                         '            quitf(_wa, "guessed %lld')  # fmt: skip
+    label = {"interactor": half, "tests": LABEL["tests"][:1]}
+    answered = grade(server.url, [("cpp", CPP_SEARCH.replace("OFFSET", "3"))], label)
+    assert answered["rewards"] == [0.5]
+
+
+# The secret is found nowhere the program can look: another uid's descriptors and memory, the
+# files of the sandbox, its own memory (its process was forked from the supervisor's). It
+# signals every other process it sees, then plays fair: only a fair game passes.
+SNOOP = r"""
+import gc, os, signal, sys
+secret = str(734182955 + 1)
+found = []
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+        continue
+    for name in ["cmdline", "environ", "mem", *(f"fd/{fd}" for fd in range(8))]:
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                if secret.encode() in f.read(1 << 20):
+                    found.append(name)
+        except OSError:
+            pass
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        try:
+            os.kill(int(pid), sig)
+            found.append(f"signalled {pid}")
+        except OSError:
+            pass
+for root, _, names in os.walk("/tmp"):
+    for name in names:
+        try:
+            with open(os.path.join(root, name), "rb") as f:
+                found += [name] if secret.encode() in f.read() else []
+        except OSError:
+            pass
+for obj in gc.get_objects():
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    found += ["memory"] if any(isinstance(i, str) and i is not secret and secret in i for i in items) else []
+if found:
+    print(found, file=sys.stderr)
+    sys.exit(42)
+""" + PY_SEARCH.replace("FLUSH", "True")
+
+
+def test_a_program_reaches_neither_the_interactor_nor_its_secret(server: Server) -> None:
+    answered = grade(server.url, [("python", SNOOP)], LABEL)
+    assert answered["error_types"] == [None] and answered["rewards"] == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "status"),
+    [
+        # Queries without reading the answers: the pipes fill, the query limit is a wrong answer.
+        ("floods queries", "import sys\nwhile True:\n    sys.stdout.write('? 1\\n' * 1000)", "wrong_answer"),
+        # Reads nothing, writes nothing: the interactor waits, so does it; the wall limit ends it.
+        ("stalls", "import time\ntime.sleep(1000)", "timeout"),
+        # Leaves a child behind that the next test must not meet.
+        ("outlives", "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n" + PY_SEARCH.replace("FLUSH", "True"),
+         "passed"),
+    ],
+)  # fmt: skip
+def test_attacks_on_the_pipes_end_in_the_programs_verdict(server: Server, name: str, code: str, status: str) -> None:
+    started = time.monotonic()
+    answered = grade(server.url, [("python", code)], LABEL)
+    assert answered["error_types"] == [None if status == "passed" else status], name
+    assert time.monotonic() - started < 60  # three tests, at most their wall limits
+
+
+@pytest.mark.parametrize(
+    "interactor",
+    [
+        GUESS.replace("registerInteraction(argc, argv);", "registerInteraction(argc, argv); for(;;);"),
+        GUESS.replace('quitf(_ok, "guessed', 'for(;;) std::cout << "=" << std::endl;\n quitf(_ok, "guessed'),
+        GUESS.replace('quitf(_ok, "guessed in %d queries", queries)', 'quitf(_fail, "broken")'),
+        GUESS.replace("long long secret = inf.readLong();", "long long secret = inf.readLong(); sleep(100);").replace(
+            "#include <iostream>", "#include <iostream>\n#include <unistd.h>"
+        ),
+        "int main( {",
+    ],
+    ids=["loops", "floods", "fails", "sleeps", "does not compile"],
+)
+def test_a_failing_interactor_leaves_no_verdict(server: Server, interactor: str) -> None:
+    label = {"interactor": interactor, "tests": LABEL["tests"][:1]}
+    answered = grade(server.url, [("cpp", CPP_SEARCH.replace("OFFSET", "0"))], label)
+    assert answered["error_types"] == ["judge_failure"] and math.isnan(answered["rewards"][0])
+
+
+def test_a_python_interactor_judges_too(server: Server) -> None:
+    interactor = """
+import sys
+secret, limit = int(open(sys.argv[1]).read()), int(open(sys.argv[3]).read())
+for queries in range(limit + 1):
+    op, x = input().split()
+    if op == "!":
+        sys.exit(0 if int(x) == secret else 1)
+    print("<" if secret < int(x) else ">" if secret > int(x) else "=", flush=True)
+sys.exit(1)
+"""
+    label = {**LABEL, "interactor": {"program": interactor, "language": "python"}}
+    answered = grade(server.url, [("cpp", CPP_SEARCH.replace("OFFSET", o)) for o in ("0", "1")], label)
+    assert answered["error_types"] == [None, "wrong_answer"]
+
+
+def _outcome(**fields: object) -> InteractOutcome:
+    base = dict(index=0, exit=0, timed_out=False, over_memory=False, cpu_s=0.1, wall_s=0.1, stderr="", result="",
+                interactor_exit=0, interactor_stopped=False, interactor_report="", interactor_first=False,
+                interactor_cpu_s=0.1)  # fmt: skip
+    return InteractOutcome(**{**base, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, ("passed", 1.0)),
+        ({"interactor_exit": 1}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": 2}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": 7, "interactor_report": "points 0.25"}, ("wrong_answer", 0.25)),
+        ({"interactor_exit": 3}, None),
+        ({"interactor_exit": -9, "interactor_stopped": True}, None),
+        # The interactor ended first with a rejection: the program's failure after it is its echo.
+        ({"interactor_exit": 1, "interactor_first": True, "exit": -13}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": 1, "interactor_first": True, "timed_out": True}, ("wrong_answer", 0.0)),
+        # The interactor failed first: no verdict, whatever the program did after.
+        ({"interactor_exit": 3, "interactor_first": True, "exit": 1}, None),
+        # The program failed first: its own verdict, whatever the interactor made of it.
+        ({"exit": -11, "interactor_exit": 3}, ("runtime_error", 0.0)),
+        ({"timed_out": True, "exit": -9, "interactor_exit": 2}, ("timeout", 0.0)),
+        ({"over_memory": True, "exit": -9}, ("memory_limit", 0.0)),
+        ({"exit": 1, "stderr": "std::bad_alloc"}, ("memory_limit", 0.0)),
+        # Accepted first, then the program crashed: Kattis' rule, its own failure.
+        ({"interactor_first": True, "exit": -11}, ("runtime_error", 0.0)),
+        ({"result": '{"compile_error": "SyntaxError"}', "exit": 1}, ("compile_error", 0.0)),
+    ],
+)
+def test_the_verdicts_precedence(fields: dict, expected: tuple[str, float] | None) -> None:
+    assert verdict(_outcome(**fields)) == expected
