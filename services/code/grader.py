@@ -386,7 +386,8 @@ class Grader:
             if suite.interactor is not None:
                 assert checker is not None and self.builds is not None
                 cpu_s, memory = self._interactor_cpu_s(suite.interactor), self.settings.memory_mb << 20
-                job = interactive.job(job, checker, self.builds.cache.entry(checker.key), cpu_s, memory)
+                protocol, entry = suite.interactor.protocol, self.builds.cache.entry(checker.key)
+                job = interactive.job(job, checker, protocol, entry, cpu_s, memory)
                 trusted, checker = interactive.files(suite.tests, suite.expected), None
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
@@ -399,7 +400,8 @@ class Grader:
                         cut = True
                         continue
                     if isinstance(run, InteractOutcome):
-                        found = interactive.verdict(run)
+                        assert suite.interactor is not None
+                        found = interactive.verdict(run, suite.interactor.protocol)
                         if found is None:
                             log.warning("a label's interactor failed a code sample (no verdict): exit %d: %.300s",
                                         run.interactor_exit, run.interactor_report)  # fmt: skip

@@ -24,10 +24,10 @@ import json
 from typing import Any
 
 from common.errors import Unprocessable
-from services.code.checkers import Checker, custom_verdict, parse_checker
+from services.code.checkers import REJECTIONS, Checker, custom_verdict, parse_checker
 from services.code.languages import OUT_OF_MEMORY, Program
 from services.code.sandboxed.compiled import ARTIFACT_DIR
-from services.code.sandboxed.interact import EXECUTABLE_FD, REJECTIONS
+from services.code.sandboxed.interact import EXECUTABLE_FD
 from services.code.sandboxed.wire import InteractorFiles, InteractOutcome, Job
 
 # The interactor's wall time once its program ended: it reads the program's last words.
@@ -42,9 +42,16 @@ def parse(label: dict[str, Any]) -> tuple[Checker, list[str], list[str]]:
     Python), its tests' inputs and their answers (``""`` when a test has none)."""
     value = label["interactor"]
     spec = {"program": value} if isinstance(value, str) else value
-    if not isinstance(spec, dict) or set(spec) - {"program", "language"}:
-        raise Unprocessable("labels: 'interactor' is source code or {'program': source, 'language': 'cpp' | 'python'}")
+    if not isinstance(spec, dict) or set(spec) - {"program", "language", "protocol"}:
+        raise Unprocessable(
+            "labels: 'interactor' is source code or {'program': source, 'language': 'cpp' | 'python', "
+            "'protocol': 'testlib' | 'kattis'}"
+        )
+    protocol = spec.get("protocol", "testlib")
+    if protocol not in REJECTIONS:
+        raise Unprocessable(f"labels: an interactor's 'protocol' is one of {', '.join(REJECTIONS)}")
     interactor = parse_checker({"program": spec.get("program"), "language": spec.get("language", "cpp")})
+    interactor = dataclasses.replace(interactor, protocol=protocol)
     if "tests" in label:
         cases = label["tests"]
         if not isinstance(cases, list) or not all(isinstance(c, dict) and "input" in c for c in cases):
@@ -60,17 +67,19 @@ def parse(label: dict[str, Any]) -> tuple[Checker, list[str], list[str]]:
     return interactor, inputs, answers
 
 
-def job(run: Job, interactor: Program, artifact: str, cpu_s: float, memory_bytes: int) -> Job:
+def job(run: Job, interactor: Program, protocol: str, artifact: str, cpu_s: float, memory_bytes: int) -> Job:
     """``run`` (the program's runs) turned into interactive tests with ``interactor``'s build
-    (the cache entry ``artifact``), which gets ``cpu_s`` and ``memory_bytes`` of its own. The
-    inputs go apart (``files``): for an interactive problem the input is the secret."""
+    (the cache entry ``artifact``), speaking ``protocol``, which gets ``cpu_s`` and
+    ``memory_bytes`` of its own. The inputs go apart (``files``): for an interactive problem
+    the input is the secret."""
     command, executable = [], ""
     for arg in interactor.run:
         if arg.startswith(ARTIFACT_DIR + "/"):
             executable, arg = arg.removeprefix(ARTIFACT_DIR + "/"), f"/proc/self/fd/{EXECUTABLE_FD}"
         command.append(arg)
     return dataclasses.replace(
-        run, kind="interact", tests=[None] * len(run.tests), interactor_command=command,
+        run, kind="interact", tests=[None] * len(run.tests), interactor_command=command, interactor_protocol=protocol,
+        interactor_rejections=list(REJECTIONS[protocol]),
         interactor_env=dict(interactor.env), interactor_artifact=artifact, interactor_file=executable,
         interactor_cpu_s=cpu_s, interactor_wall_s=GRACE_S, interactor_memory_bytes=memory_bytes,
         cgroup_memory_bytes=run.cgroup_memory_bytes + memory_bytes, cgroup_tasks=run.cgroup_tasks + TASKS,
@@ -82,16 +91,17 @@ def files(inputs: list[str], answers: list[str]) -> InteractorFiles:
     return InteractorFiles([[test, answer] for test, answer in zip(inputs, answers, strict=True)])
 
 
-def verdict(run: InteractOutcome) -> tuple[str, float] | None:
-    """(status, points) of an interactive test by the precedence above; None: no verdict."""
+def verdict(run: InteractOutcome, protocol: str = "testlib") -> tuple[str, float] | None:
+    """(status, points) of an interactive test by the precedence above (the interactor's exit
+    read by its ``protocol``); None: no verdict."""
     try:
         reported = json.loads(run.result) if run.result else {}
     except ValueError:
         reported = {}
     if isinstance(reported, dict) and "compile_error" in reported:
         return "compile_error", 0.0
-    decided = custom_verdict(run.interactor_exit, run.interactor_stopped, run.interactor_report)
-    if run.interactor_first and not run.interactor_stopped and run.interactor_exit in REJECTIONS:
+    decided = custom_verdict(run.interactor_exit, run.interactor_stopped, run.interactor_report, protocol)
+    if run.interactor_first and not run.interactor_stopped and run.interactor_exit in REJECTIONS[protocol]:
         return "wrong_answer", 0.0
     if run.interactor_first and decided is None:
         return None

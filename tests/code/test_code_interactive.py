@@ -182,6 +182,38 @@ sys.exit(1)
     assert answered["error_types"] == [None, "wrong_answer"]
 
 
+# Kattis' convention: ``validator input answer feedback_dir``, 42 accepted, 43 rejected.
+KATTIS_GUESS = """
+import os, sys
+secret = int(open(sys.argv[1]).read())
+with open(os.path.join(sys.argv[3], "judgemessage.txt"), "w") as feedback:
+    for queries in range(31):
+        op, x = input().split()
+        feedback.write(f"{op} {x}\\n")
+        if op == "!":
+            sys.exit(42 if int(x) == secret else 43)
+        print("<" if secret < int(x) else ">" if secret > int(x) else "=", flush=True)
+sys.exit(43)
+"""
+# The program owns /tmp, where the validator's feedback directory is mounted: it cannot take it away.
+TAKES_THE_FEEDBACK = """
+import os, shutil
+for attempt in (lambda: os.rmdir("/tmp/.feedback"), lambda: os.rename("/tmp/.feedback", "/tmp/x"),
+                lambda: shutil.rmtree("/tmp/.feedback"), lambda: os.chmod("/tmp/.feedback", 0)):
+    try:
+        attempt()
+    except OSError:
+        pass
+""" + PY_SEARCH.replace("FLUSH", "True")
+
+
+def test_a_kattis_validator_interacts(server: Server) -> None:
+    label = {**LABEL, "interactor": {"program": KATTIS_GUESS, "language": "python", "protocol": "kattis"}}
+    programs = [("cpp", CPP_SEARCH.replace("OFFSET", o)) for o in ("0", "1")] + [("python", TAKES_THE_FEEDBACK)]
+    answered = grade(server.url, programs, label)
+    assert answered["error_types"] == [None, "wrong_answer", None]
+
+
 def _outcome(**fields: object) -> InteractOutcome:
     base = dict(index=0, exit=0, timed_out=False, over_memory=False, cpu_s=0.1, wall_s=0.1, stderr="", result="",
                 interactor_exit=0, interactor_stopped=False, interactor_report="", interactor_first=False,
@@ -216,3 +248,19 @@ def _outcome(**fields: object) -> InteractOutcome:
 )
 def test_the_verdicts_precedence(fields: dict, expected: tuple[str, float] | None) -> None:
     assert verdict(_outcome(**fields)) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"interactor_exit": 42}, ("passed", 1.0)),
+        ({"interactor_exit": 43}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": 0}, None),  # not Kattis' accepted
+        ({"interactor_exit": 1, "interactor_first": True}, None),
+        ({"interactor_exit": 43, "interactor_first": True, "exit": 1}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": 42, "exit": -11}, ("runtime_error", 0.0)),
+    ],
+)
+def test_a_kattis_validators_exits(fields: dict, expected: tuple[str, float] | None) -> None:
+    assert verdict(_outcome(**fields), "kattis") == expected

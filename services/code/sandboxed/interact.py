@@ -35,16 +35,32 @@ from services.code.sandboxed import compiled, confine, harness, wire
 from services.code.sandboxed.calls import CPU_TICK_S
 from services.code.sandboxed.wire import RESULT_FD, STDERR_TAIL, InteractorFiles, InteractOutcome, Job, Skipped
 
-# The interactor's descriptors: the test's input, its answer, its own build.
-INPUT_FD, ANSWER_FD, EXECUTABLE_FD = 3, 4, 5
+# The interactor's descriptors: the test's input, its answer, its own build, a Kattis
+# validator's feedback directory.
+INPUT_FD, ANSWER_FD, EXECUTABLE_FD, FEEDBACK_FD = 3, 4, 5, 6
+FEEDBACK_DIR = "/tmp/.feedback"
+FEEDBACK_BYTES = 1 << 20
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 INDEX = struct.Struct("i")
 
 
 def interactor_argv(job: Job) -> list[str]:
     """testlib's ``interactor input output answer`` (its output file, for a checker after it,
-    unused)."""
-    return [*job.interactor_command, f"/proc/self/fd/{INPUT_FD}", os.devnull, f"/proc/self/fd/{ANSWER_FD}"]
+    unused), or Kattis' ``validator input answer feedback_dir``."""
+    files = [f"/proc/self/fd/{INPUT_FD}", f"/proc/self/fd/{ANSWER_FD}"]
+    if job.interactor_protocol == "kattis":
+        return [*job.interactor_command, *files, f"/proc/self/fd/{FEEDBACK_FD}"]
+    return [*job.interactor_command, files[0], os.devnull, files[1]]
+
+
+def _feedback_dir(job: Job) -> int:
+    """A Kattis validator's feedback directory for one test (its judge messages, which this
+    judge does not read): a small tmpfs of the interactor's uid on ``FEEDBACK_DIR`` in the
+    sample's ``/tmp`` (a mount point the program can neither remove nor replace), as a
+    descriptor: the interactor cannot cross the program's ``/tmp`` to it."""
+    os.mkdir(FEEDBACK_DIR, 0o700)
+    confine.mount_tmpfs(FEEDBACK_DIR, FEEDBACK_BYTES, job.test_uid)
+    return os.open(FEEDBACK_DIR, os.O_PATH | os.O_DIRECTORY)
 
 
 class Keeper:
@@ -135,12 +151,13 @@ def run_tests(
 
 class _Process:
     """One side of a test: its pid, a pidfd (readable once it exits), what ended it, and a
-    copy of the read end of its stdin (``unread``) while both sides run."""
+    copy of each end of its pipes it holds until its end is seen (``let_pipes_go``)."""
 
-    def __init__(self, pid: int, stdin: int) -> None:
+    def __init__(self, pid: int, stdin: int, stdout: int) -> None:
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
         self.stdin: int | None = stdin
+        self.stdout: int | None = stdout
         self.status: int | None = None
         self.cpu_s = 0.0
         self.peak_bytes = 0
@@ -161,11 +178,14 @@ class _Process:
         fcntl.ioctl(self.stdin, termios.FIONREAD, count)
         return count[0] > 0
 
-    def let_stdin_go(self) -> None:
-        """Close the copy of its stdin: once a side has ended, the other's writes to it fail."""
-        if self.stdin is not None:
-            os.close(self.stdin)
-            self.stdin = None
+    def let_pipes_go(self) -> None:
+        """Close the copies of its pipes' ends, once its end has been seen: only then does the
+        other side read the end of what it wrote, or fail to write to it. So a side's end
+        that follows from the other's is always seen after it, never at the same time."""
+        for fd in (self.stdin, self.stdout):
+            if fd is not None:
+                os.close(fd)
+        self.stdin = self.stdout = None
 
     def stop(self, at_limit: bool = True) -> None:
         """Kill it: at its limits (``stopped``), or once its verdict is known."""
@@ -186,6 +206,8 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
     """Fork the program and the interactor of test ``index``, joined by two pipes; returns
     them and the read ends of their stderr (and the program's result pipe) by role."""
     test_input, answer = keeper.files(index)
+    if job.interactor_protocol == "kattis":
+        feedback = _feedback_dir(job)  # before the program starts: it owns /tmp
     executable = os.open(os.path.join(job.interactor_artifact, job.interactor_file), os.O_RDONLY)
     to_program, to_interactor = os.pipe(), os.pipe()
     pipes = {role: os.pipe() for role in ("program", "interactor", "result")}
@@ -195,8 +217,15 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
     own = dataclasses.replace(job, cpu_s=job.interactor_cpu_s, memory_bytes=job.interactor_memory_bytes)
     fds = {0: to_interactor[0], 1: to_program[1], 2: pipes["interactor"][1], INPUT_FD: test_input,
            ANSWER_FD: answer, EXECUTABLE_FD: executable}  # fmt: skip
+    if job.interactor_protocol == "kattis":
+        fds[FEEDBACK_FD] = feedback
     interactor = confine.spawn(own, job.test_uid, fds, "/", _interactor_body(job), tests=1)
-    sides = _Process(program, os.dup(to_program[0])), _Process(interactor, os.dup(to_interactor[0]))
+    if job.interactor_protocol == "kattis":
+        os.close(feedback)
+    sides = (
+        _Process(program, os.dup(to_program[0]), os.dup(to_interactor[1])),
+        _Process(interactor, os.dup(to_interactor[0]), os.dup(to_program[1])),
+    )
     for fd in (test_input, answer, executable, *to_program, *to_interactor, *(w for _, w in pipes.values())):
         os.close(fd)
     return *sides, {r: role for role, (r, _) in pipes.items()}
@@ -268,11 +297,10 @@ def _run_test(
         for side in ended:
             sel.unregister(side.pidfd)
             side.reap()
-            program.let_stdin_go()
-            interactor.let_stdin_go()
+            side.let_pipes_go()
         if ended and not first:
-            first = _first(program, interactor, ended)
-            if first == "interactor" and interactor.status in REJECTIONS and program.status is None:
+            first = "program" if program in ended else "interactor"  # two at once: both on their own
+            if first == "interactor" and interactor.status in job.interactor_rejections and program.status is None:
                 program.stop(at_limit=False)
         for fd in events:
             if fd not in readers:
@@ -309,20 +337,6 @@ def _run_test(
         interactor_first=first == "interactor",
         interactor_cpu_s=round(interactor.cpu_s, 4),
     )  # fmt: skip
-
-
-def _first(program: _Process, interactor: _Process, ended: list[_Process]) -> str:
-    """Which side ended first, of those that ended since the last look: both at once (the
-    supervisor woke late) is the program, whose end the interactor read, unless SIGPIPE killed
-    it: only the interactor's end does that."""
-    if len(ended) == 1:
-        return "program" if ended[0] is program else "interactor"
-    return "interactor" if program.status == -signal.SIGPIPE else "program"
-
-
-# The interactor's exits that reject the program whatever it does next: testlib's wrong
-# answer and presentation error.
-REJECTIONS = (1, 2)
 
 
 def _clean_up(job: Job) -> None:

@@ -89,6 +89,8 @@ class Job:
     interactor_cpu_s: float = 0.0
     interactor_wall_s: float = 0.0
     interactor_memory_bytes: int = 0
+    interactor_protocol: str = "testlib"  # or "kattis": its arguments, a feedback directory
+    interactor_rejections: list[int] = field(default_factory=list)  # exits that end the program
 
 
 @dataclass
