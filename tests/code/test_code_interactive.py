@@ -182,6 +182,20 @@ sys.exit(1)
     assert answered["error_types"] == [None, "wrong_answer"]
 
 
+def test_admission_counts_the_interactors_cpu_and_build(tmp_path) -> None:
+    """Admission (the default): a C++ sample of 3 tests costs 3 x 2 s of CPU and a 15 s build,
+    its interactor as much again. On 2 cores by a 110 s deadline, 8 such samples would fit
+    without the interactor's share (84 s of CPU a core), not with it (168 s): never alone, a
+    422 on OpenRLHF's route; 4 fit either way."""
+    env = {**ENV, "SCORER_CODE_ADMISSION": "limits"}
+    with gunicorn_server("code", env, threads=8, log_dir=tmp_path) as srv:
+        for count, status in ((8, 422), (4, 200)):
+            fenced = ["```cpp\nint main(){}\n```"] * count
+            body = {"outputs": fenced, "prompts": ["p"] * count, "labels": [LABEL] * count}
+            response = requests.post(srv.url + "/reward/score", json=body, timeout=300)
+            assert response.status_code == status, response.text[:300]
+
+
 # Kattis' convention: ``validator input answer feedback_dir``, 42 accepted, 43 rejected.
 KATTIS_GUESS = """
 import os, sys
