@@ -203,17 +203,16 @@ class _Process:
 
 
 def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, dict[int, str]]:
-    """Fork the program and the interactor of test ``index``, joined by two pipes; returns
-    them and the read ends of their stderr (and the program's result pipe) by role."""
+    """Fork the interactor and the program of test ``index``, joined by two pipes; returns
+    them (the program first) and the read ends of their stderr (and the program's result pipe) by role."""
     test_input, answer = keeper.files(index)
     if job.interactor_protocol == "kattis":
         feedback = _feedback_dir(job)  # before the program starts: it owns /tmp
     executable = os.open(os.path.join(job.interactor_artifact, job.interactor_file), os.O_RDONLY)
     to_program, to_interactor = os.pipe(), os.pipe()
     pipes = {role: os.pipe() for role in ("program", "interactor", "result")}
-    fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
-    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code, job.prelude)
-    program = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
+    # The interactor first: a program that took every task the sample's cgroup allows the
+    # moment it started would leave none to start it (a sandbox failure: no verdict).
     own = dataclasses.replace(job, cpu_s=job.interactor_cpu_s, memory_bytes=job.interactor_memory_bytes)
     fds = {0: to_interactor[0], 1: to_program[1], 2: pipes["interactor"][1], INPUT_FD: test_input,
            ANSWER_FD: answer, EXECUTABLE_FD: executable}  # fmt: skip
@@ -222,6 +221,9 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
     interactor = confine.spawn(own, job.test_uid, fds, "/", _interactor_body(job), tests=1)
     if job.interactor_protocol == "kattis":
         os.close(feedback)
+    fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
+    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code, job.prelude)
+    program = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
     sides = (
         _Process(program, os.dup(to_program[0]), os.dup(to_interactor[1])),
         _Process(interactor, os.dup(to_interactor[0]), os.dup(to_program[1])),
