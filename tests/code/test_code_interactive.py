@@ -138,6 +138,10 @@ def test_a_program_reaches_neither_the_interactor_nor_its_secret(server: Server)
         # Leaves a child behind that the next test must not meet.
         ("outlives", "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n" + PY_SEARCH.replace("FLUSH", "True"),
          "passed"),
+        # Goes on writing after the interactor accepted and exited: the broken pipe kills it, its
+        # own run-time error (Kattis: a program must also end well after its validator accepted).
+        ("writes after the end", PY_SEARCH.replace("FLUSH", "True") + "while True:\n    print('more', flush=True)\n",
+         "runtime_error"),
     ],
 )  # fmt: skip
 def test_attacks_on_the_pipes_end_in_the_programs_verdict(server: Server, name: str, code: str, status: str) -> None:
