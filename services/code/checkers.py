@@ -34,6 +34,8 @@ class Checker:
     rel_tol: float = DEFAULT_TOLERANCE
     program: str = ""
     language: str = ""
+    # How its exit codes read: testlib's, or Kattis' (42 accepted, 43 rejected).
+    protocol: str = "testlib"
 
 
 DEFAULT = Checker()
@@ -61,17 +63,22 @@ def parse_checker(value: Any) -> Checker:
     return Checker(mode=mode, abs_tol=float(tolerances[0]), rel_tol=float(tolerances[1]))
 
 
-# testlib's exit codes: accepted, wrong answer, presentation error, judge failure, partial.
+# testlib's exit codes: accepted, wrong answer, presentation error, judge failure, partial;
+# Kattis' output validators': accepted, rejected.
 EXIT_OK, EXIT_WRONG, EXIT_PRESENTATION, EXIT_FAIL, EXIT_POINTS = 0, 1, 2, 3, 7
+KATTIS_ACCEPTED, KATTIS_REJECTED = 42, 43
+REJECTIONS = {"testlib": (EXIT_WRONG, EXIT_PRESENTATION), "kattis": (KATTIS_REJECTED,)}
 _POINTS = re.compile(r"^\s*(?:points\s+)?([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.IGNORECASE)
 
 
-def custom_verdict(exit_code: int, timed_out: bool, report: str) -> tuple[str, float] | None:
+def custom_verdict(exit_code: int, timed_out: bool, report: str, protocol: str = "testlib") -> tuple[str, float] | None:
     """(status, points in [0, 1]) of a test from its custom checker's exit, or None when the
     checker failed (a judge failure: no verdict for the sample). Exit 7 reports the test's
     fraction as the first number of what the checker printed (testlib's ``quitp``)."""
     if timed_out:
         return None
+    if protocol == "kattis":
+        return {KATTIS_ACCEPTED: ("passed", 1.0), KATTIS_REJECTED: ("wrong_answer", 0.0)}.get(exit_code)
     if exit_code == EXIT_OK:
         return "passed", 1.0
     if exit_code in (EXIT_WRONG, EXIT_PRESENTATION):

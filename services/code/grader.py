@@ -18,15 +18,34 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.batching import Deadline
-from services.code import checkers, compare
+from services.code import checkers, compare, interactive
 from services.code.admission import Admission, Cost
+from services.code.checkers import Checker
 from services.code.compile_cache import Builds
 from services.code.labels import Suite
-from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
+from services.code.languages import (
+    CHECKER_LANGUAGES,
+    LANGUAGES,
+    OUT_OF_MEMORY,
+    PYTHON,
+    Program,
+    TimeScale,
+    time_scales,
+)
 from services.code.preludes import prelude
 from services.code.sandbox import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
 from services.code.sandboxed import wire
-from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
+from services.code.sandboxed.wire import (
+    CallOutcome,
+    InteractorFiles,
+    InteractOutcome,
+    Job,
+    Outcome,
+    Skipped,
+    StdinOutcome,
+    TrustedTests,
+    from_plain,
+)
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
 log = logging.getLogger(__name__)
@@ -123,15 +142,9 @@ def cut_short(run: Outcome, job: Job) -> bool:
     never reached, or it was stopped under its CPU and wall limits."""
     if isinstance(run, Skipped):
         return True
-    if not isinstance(run, StdinOutcome) or not run.timed_out:
+    if not isinstance(run, (StdinOutcome, InteractOutcome)) or not run.timed_out:
         return False
     return not (run.exit == -signal.SIGXCPU or run.cpu_s > job.cpu_s or run.wall_s >= job.wall_s)
-
-
-# What a program that failed to allocate prints as it dies: Python's and Java's error, C++'s
-# exception, Go's and Rust's runtimes, a V8 heap at its limit. Without cgroups the address
-# space limit makes an allocation fail; with them, the kernel's OOM kill says it.
-OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory allocation of ")
 
 
 # A stdin test whose program exited cleanly, for the label's custom checker to judge. What
@@ -179,6 +192,8 @@ def _judge_call(suite: Suite, run: CallOutcome, tolerance: float) -> str:
 def too_long(suite: Suite, kept: int) -> bool:
     """Whether an expected output of ``suite`` needs more than ``kept`` bytes of a program's
     output to be matched (``KEEP_FACTOR``): no program could pass it."""
+    if suite.interactor is not None:  # its answers are the interactor's, never compared here
+        return False
     if suite.kind == "stdin":
         longest = max(len(want.encode()) for want in suite.expected)
     elif suite.kind == "call":
@@ -270,6 +285,9 @@ class Grader:
         if suite.checker.mode == "custom":
             reserve = self._check_reserve(suite) + (s.compile_cpu_s if suite.checker.language != PYTHON else 0.0)
             cpu, slot = cpu + reserve, slot + reserve
+        elif suite.interactor is not None:  # beside its program, on its own CPU
+            build = s.compile_cpu_s if suite.interactor.language != PYTHON else 0.0
+            cpu, slot = cpu + tests * self._interactor_cpu_s(suite.interactor) + build, slot + build
         return Cost(cpu, slot)
 
     def grade_one(self, sample: Sample, deadline: float, request: object) -> Verdict:
@@ -347,11 +365,12 @@ class Grader:
             # A label's checker is built, and its time kept, before the program runs: whatever
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             try:
-                checker = stack.enter_context(self._checker(suite, deadline, request, uid))
+                checker = stack.enter_context(self._checker(suite.interactor or suite.checker, deadline, request, uid))
             except JudgeFailure as exc:
                 log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                 return Verdict("judge_failure", 0, len(statuses), None)
-            runs_by = deadline - (self._check_reserve(suite) if checker is not None else 0.0)
+            checks_after = checker is not None and suite.interactor is None
+            runs_by = deadline - (self._check_reserve(suite) if checks_after else 0.0)
             if runs_by <= time.monotonic():
                 raise SandboxFailure("no time left before the request deadline for the program and its checker")
             language = program.language.name if program else PYTHON
@@ -363,14 +382,31 @@ class Grader:
             if program is not None:
                 assert self.builds is not None
                 job = self.builds.run_job(program, job, self._cgroups())
+            trusted: TrustedTests | InteractorFiles | None = self._trusted(suite)
+            if suite.interactor is not None:
+                assert checker is not None and self.builds is not None
+                cpu_s, memory = self._interactor_cpu_s(suite.interactor), self.settings.memory_mb << 20
+                protocol, entry = suite.interactor.protocol, self.builds.cache.entry(checker.key)
+                job = interactive.job(job, checker, protocol, entry, cpu_s, memory)
+                trusted, checker = interactive.files(suite.tests, suite.expected), None
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(job, uid, self._trusted(suite), held_bytes=answers_needed(suite))
+            runs = self.sandbox.run(job, uid, trusted, held_bytes=answers_needed(suite))
+            interacted: dict[int, float] = {}  # the points of each interactive test
             try:
                 held = 0  # characters of output waiting for the checker
                 for run in runs:
                     if deadline_cuts and cut_short(run, job):
                         cut = True
+                        continue
+                    if isinstance(run, InteractOutcome):
+                        assert suite.interactor is not None
+                        found = interactive.verdict(run, suite.interactor.protocol)
+                        if found is None:
+                            log.warning("a label's interactor failed a code sample (no verdict): exit %d: %.300s",
+                                        run.interactor_exit, run.interactor_report)  # fmt: skip
+                            return Verdict("judge_failure", 0, len(statuses), None)
+                        statuses[run.index], interacted[run.index] = found
                         continue
                     statuses[run.index] = self._judge(suite, run)
                     if statuses[run.index] == UNCHECKED:
@@ -387,7 +423,7 @@ class Grader:
                     "the request's deadline cut a code sample's test short (no verdict): a node behind its plan"
                 )
                 return Verdict("deadline", 0, len(statuses), None)
-            points = [float(status == "passed") for status in statuses]
+            points = [interacted.get(index, float(status == "passed")) for index, status in enumerate(statuses)]
             if outputs:
                 assert checker is not None
                 try:
@@ -414,15 +450,14 @@ class Grader:
         return Verdict(status, passed, len(statuses), score)
 
     @contextlib.contextmanager
-    def _checker(self, suite: Suite, deadline: float, request: object, uid: int) -> Iterator[Program | None]:
-        """The label's custom checker (None without one), built in the slot ``uid`` and held in
-        the compile cache while the sample runs. Raises ``JudgeFailure``."""
-        if suite.checker.mode != "custom":
+    def _checker(self, checker: Checker, deadline: float, request: object, uid: int) -> Iterator[Program | None]:
+        """The label's custom checker or interactor (None without one), built in the slot
+        ``uid`` and held in the compile cache while the sample runs. Raises ``JudgeFailure``."""
+        if checker.mode != "custom":
             yield None
             return
         if self.builds is None:
             raise JudgeFailure("this server builds no programs")
-        checker = suite.checker
         language = LANGUAGES[CHECKER_LANGUAGES[checker.language]]
         if self.builds.missing(language):
             raise JudgeFailure(f"the checker's toolchain is missing ({', '.join(self.builds.missing(language))})")
@@ -431,6 +466,10 @@ class Grader:
             if error is not None:
                 raise JudgeFailure(f"the checker does not compile: {error[:300]}")
             yield program
+
+    def _interactor_cpu_s(self, interactor: Checker) -> float:
+        """An interactor's CPU limit per test: a test's, in its language's scale."""
+        return self._scale(LANGUAGES[CHECKER_LANGUAGES[interactor.language]].name).of(self.settings.test_cpu_s)
 
     def _check_reserve(self, suite: Suite) -> float:
         """The time the label's checker may take on every test's output at its CPU limit (its

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import Unprocessable
+from services.code import interactive
 from services.code.checkers import DEFAULT as DEFAULT_CHECKER
 from services.code.checkers import Checker, parse_checker
 from services.code.languages import language_of
@@ -47,6 +48,9 @@ class Suite:
     # The import block run before a Python program (``preludes.PRELUDES``), or "" (the server's).
     prelude: str = ""
     subtasks: tuple[Subtask, ...] = ()
+    # Interactive stdin tests (``interactive``): the label's interactor, its tests' answers
+    # in ``expected`` (read by the interactor alone).
+    interactor: Checker | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,9 @@ def parse_label(label: Any) -> Suite | str:
     if JUDGING.intersection(label):
         parsed = parse_label({key: value for key, value in label.items() if key not in JUDGING})
         return _with_judging(parsed, label) if isinstance(parsed, Suite) else parsed
+    if "interactor" in label:
+        interactor, inputs, answers = interactive.parse(label)
+        return Suite("stdin", inputs, answers, interactor=interactor)
     if "input_output" in label:  # APPS/TACO keep the tests as a nested JSON string
         nested = label["input_output"]
         if not isinstance(nested, (str, dict)) or not nested:
@@ -149,7 +156,7 @@ def parse_label(label: Any) -> Suite | str:
         return label["environment"]
     raise Unprocessable(
         "labels: unknown test format; use {'inputs','outputs'}, {'tests': [...]}, "
-        "{'fn_name','inputs','outputs'} or {'test','entry_point'}"
+        "{'fn_name','inputs','outputs'}, {'test','entry_point'} or {'interactor','tests'}"
     )
 
 
@@ -166,8 +173,8 @@ def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
         if not language:
             raise Unprocessable(f"labels: unknown language {str(label['language'])[:40]!r}")
     checker = parse_checker(label["checker"]) if "checker" in label else DEFAULT_CHECKER
-    if checker != DEFAULT_CHECKER and suite.kind != "stdin":
-        raise Unprocessable("labels: a 'checker' applies to stdin/stdout tests only")
+    if checker != DEFAULT_CHECKER and (suite.kind != "stdin" or suite.interactor is not None):
+        raise Unprocessable("labels: a 'checker' applies to stdin/stdout tests only (an interactor judges its own)")
     scoring = label.get("scoring", "")
     if scoring and scoring not in SCORINGS:
         raise Unprocessable(f"labels: 'scoring' is one of {', '.join(SCORINGS)}")

@@ -168,6 +168,11 @@ def time_scales(spec: str) -> dict[str, TimeScale]:
     return scales
 
 
+# What a program that failed to allocate prints as it dies: Python's and Java's error, C++'s
+# exception, Go's and Rust's runtimes, a V8 heap at its limit. Without cgroups the address
+# space limit makes an allocation fail; with them, the kernel's OOM kill says it.
+OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory allocation of ")
+
 # A custom checker's language to the entry it is built with.
 CHECKER_LANGUAGES = {**dict.fromkeys(CPP_STANDARDS, "checker_cpp"), PYTHON: "checker_python"}
 

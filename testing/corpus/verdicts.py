@@ -1,12 +1,14 @@
 """The verdict corpus: public contest problems (Kattis problem packages) with submissions in
 several languages, each filed by its authors under the verdict it must get
-(``verdicts.jsonl.gz``; ``SOURCES.md`` says where each problem comes from and under which
-licence, ``bench/code/corpus/build_verdicts.py`` builds the file).
+(``verdicts.jsonl.gz``, and ``interactive.jsonl.gz`` for interactive problems; ``SOURCES.md``
+says where each problem comes from and under which licence, ``bench/code/corpus/build_verdicts.py``
+and ``build_interactive.py`` build the files).
 
 Each ``Submission`` becomes one sample: the package's tests (sample, then secret, in the
 order Kattis judges them) as a stdin label in the submission's language, the package's
-output validation as a ``checker``, all or nothing (a contest verdict), graded by a server
-whose per-test CPU limit and memory limit are the package's (``server_env``).
+output validation as a ``checker`` (an interactive problem's validator as its ``interactor``,
+Kattis' protocol), all or nothing (a contest verdict), graded by a server whose per-test CPU
+limit and memory limit are the package's (``server_env``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from testing.corpus import grade
 from testing.server import gunicorn_server
 
-DATA = Path(__file__).resolve().parent / "verdicts.jsonl.gz"
+DATA = tuple(Path(__file__).resolve().parent / name for name in ("verdicts.jsonl.gz", "interactive.jsonl.gz"))
 # Kattis's default memory limit (MiB), for packages that state none.
 DEFAULT_MEMORY_MB = 1024
 # The error types each expected verdict may get (Kattis files a run over its memory limit
@@ -105,18 +107,31 @@ def checker(problem: dict[str, Any]) -> str | dict[str, Any]:
 
 @cache
 def problems() -> tuple[dict[str, Any], ...]:
-    with gzip.open(DATA, "rt", encoding="utf-8") as lines:
-        return tuple(json.loads(line) for line in lines)
+    rows = []
+    for path in DATA:
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            rows += [json.loads(line) for line in lines]
+    return tuple(rows)
+
+
+def tests_of(problem: dict[str, Any]) -> dict[str, Any]:
+    """The package's tests and how they are judged, as a label."""
+    if "interactor" in problem:
+        interactor = {"program": problem["interactor"], "language": "cpp", "protocol": "kattis"}
+        return {
+            "interactor": interactor,
+            "tests": [{"input": t["input"], "answer": t["output"]} for t in problem["tests"]],
+        }
+    return {
+        "tests": [{"input": t["input"], "output": t["output"]} for t in problem["tests"]],
+        "checker": checker(problem),
+    }
 
 
 def load() -> list[Submission]:
     items = []
     for problem in problems():
-        label = {
-            "tests": [{"input": t["input"], "output": t["output"]} for t in problem["tests"]],
-            "checker": checker(problem),
-            "scoring": "all",
-        }
+        label = {**tests_of(problem), "scoring": "all"}
         for sub in problem["submissions"]:
             items.append(
                 Submission(

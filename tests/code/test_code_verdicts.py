@@ -4,8 +4,8 @@ Rocky Mountain Regional archives, C, C++, Java, Go, Rust, JavaScript and Python)
 running server with its package's tests, output validation and limits must get the verdict
 its authors filed it under (accepted, wrong_answer, time_limit_exceeded, run_time_error).
 
-A fast slice runs by default (under a minute). The whole corpus (115 submissions, about 10
-minutes on 2 loaded cores) runs only when asked for: ``pytest -m corpus
+A fast slice runs by default (about a minute). The whole corpus (127 submissions, 12 of them
+of the interactive ``guess``, about 12 minutes on 2 loaded cores) runs only when asked for: ``pytest -m corpus
 tests/code/test_code_verdicts.py`` or ``SCORER_TEST_CORPUS=1``. Submissions that disagree
 today for a known cause are listed with it (``verdicts.KNOWN_DISAGREEMENTS``): in the slice
 as ``xfail(strict=True)``, so that a fix turns them into an XPASS failure, to be unmarked.
@@ -35,6 +35,11 @@ SLICE = [
     "problemtools/hello/accepted/hello.java",
     "problemtools/hello/wrong_answer/hello.cc",
     "problemtools/hello/run_time_error/memory_limit.cc",
+    # Interactive: accepted; rejected by the validator first, then crashed; crashed after the
+    # validator accepted.
+    "problemtools/guess/accepted/guess.cc",
+    "problemtools/guess/wrong_answer/GuessCrash.java",
+    "problemtools/guess/run_time_error/guess_rte_after_correct.cc",
     "rmrc2022/sunandmoon/accepted/sunandmoon-zf.py",
     "rmrc2022/sunandmoon/accepted/sunandmoon_xiaowuc1.cpp",
 ]

@@ -8,6 +8,7 @@
   the candidate's call server, the assert tests' process;
 - ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
 - ``files``: a ``/run_code`` run's files, placed before it and fetched after it;
+- ``interact``: an interactive test's program and interactor, run at once and joined by pipes;
 - ``calls``: the relay of a candidate's calls, trusted: it times each test on the candidate's
   CPU clock (run by the supervisor for assert tests, by the server for call-based ones);
 - ``supervisor``: one sample, trusted (root): runs its tests, times them, streams their outcomes;
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("wire", "confine", "harness", "compiled", "files", "calls", "supervisor", "zygote")
+MODULES = ("wire", "confine", "harness", "compiled", "files", "calls", "interact", "supervisor", "zygote")
 
 
 # What ``python -I -S -c`` runs in the sandbox: the bundle, read from its stdin (then

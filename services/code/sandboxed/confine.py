@@ -115,6 +115,12 @@ def _mount_tmp(job: Job) -> None:
         _check(_LIBC.mount(b"/tmp", b"/dev/shm", None, MS_BIND, None), "mount /dev/shm")
 
 
+def mount_tmpfs(path: str, size: int, uid: int) -> None:
+    """A tmpfs of ``size`` bytes on ``path``, ``uid``'s alone."""
+    options = f"size={size},nr_inodes=64,mode=0700,uid={uid},gid={uid}".encode()
+    _check(_LIBC.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {path}")
+
+
 def _limit_ipc(job: Job) -> None:
     size = job.tmp_bytes
     for name, value in (("shmmax", size), ("shmall", size // 4096), ("shmmni", 64), ("msgmni", 16)):
@@ -379,6 +385,15 @@ def clean_up(uid: int) -> None:
             with contextlib.suppress(ChildProcessError):
                 while True:
                     os.waitpid(-1, 0)
+
+
+def programs_cpu(cgroup: SampleCgroup | None) -> float:
+    """CPU time so far of every process the sample had but its supervisor: its cgroup's count
+    where it keeps one (one file read however many processes), otherwise its processes' own
+    (``sample_cpu_seconds``, which no kernel-reaped child escapes: see
+    ``forbid_shared_kernel_state``)."""
+    counted = cgroup.programs_cpu_seconds() if cgroup is not None else None
+    return sample_cpu_seconds() if counted is None else counted
 
 
 def sample_cpu_seconds() -> float:

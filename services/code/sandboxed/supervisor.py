@@ -21,7 +21,7 @@ import struct
 import time
 import typing
 
-from services.code.sandboxed import calls, compiled, confine, files, harness, wire
+from services.code.sandboxed import calls, compiled, confine, files, harness, interact, wire
 from services.code.sandboxed.calls import CPU_TICK_S
 from services.code.sandboxed.wire import (
     ANSWERS_FD,
@@ -197,15 +197,6 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
         os._exit(70)
 
 
-def _programs_cpu(cgroup: confine.SampleCgroup | None) -> float:
-    """CPU time so far of every process the sample had but its supervisor: its cgroup's count
-    where it keeps one (one file read however many processes), otherwise its processes' own
-    (``confine.sample_cpu_seconds``, which no kernel-reaped child escapes: see
-    ``confine.forbid_shared_kernel_state``)."""
-    counted = cgroup.programs_cpu_seconds() if cgroup is not None else None
-    return confine.sample_cpu_seconds() if counted is None else counted
-
-
 def run_stdin_test(
     job: Job, start: int, workdir: str, deadline: float, conn: typing.Any, cgroup: confine.SampleCgroup | None
 ) -> int:
@@ -216,7 +207,7 @@ def run_stdin_test(
     own time (the longest time one of their threads waited for a CPU others held does not
     count, read as often: a thread's wait still counts after it ended).
     """
-    cpu_before = _programs_cpu(cgroup)
+    cpu_before = confine.programs_cpu(cgroup)
     oom_before = cgroup.oom_kills() if cgroup else 0
     pid, fds = _start_test(job, start, workdir)
     started = time.monotonic()
@@ -244,7 +235,7 @@ def run_stdin_test(
         over_cpu = False
         if now - cpu_read >= CPU_TICK_S:
             cpu_read = now
-            over_cpu = _programs_cpu(cgroup) - cpu_before > job.cpu_s
+            over_cpu = confine.programs_cpu(cgroup) - cpu_before > job.cpu_s
             waited = max(waited, confine.sample_run_delay())
         if remaining <= 0 or over_cpu:
             timed_out = True
@@ -272,7 +263,7 @@ def run_stdin_test(
         os.close(fd)
     exit_code = os.waitstatus_to_exitcode(status)
     oom_killed = cgroup is not None and cgroup.oom_kills() > oom_before
-    cpu = _programs_cpu(cgroup) - cpu_before
+    cpu = confine.programs_cpu(cgroup) - cpu_before
     ended = StdinOutcome(
         index=start,
         exit=exit_code,
@@ -340,13 +331,16 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
         _become_candidate(job, conn, cgroup)
     outbox = wire.Outbox(conn)
     try:
-        _run_sample(job, outbox, deadline, cgroup)
+        _run_sample(job, outbox, deadline, cgroup, conn)
     finally:
         outbox.flush()
 
 
-def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
-    """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
+def _run_sample(
+    job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.SampleCgroup | None, raw: socket.socket
+) -> None:
+    """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent);
+    ``raw`` is the server's connection (``conn`` holds what is sent on it)."""
     workdir = "/tmp"
     try:
         if job.kind == "build":
@@ -355,6 +349,8 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
             compiled.check(
                 job, conn, deadline, lambda index: run_stdin_test(job, index, workdir, deadline, conn, cgroup)
             )
+        elif job.kind == "interact":
+            interact.run_tests(job, conn, deadline, cgroup, lambda pristine: fresh_start(job, pristine), raw)
         elif job.kind == "assert":
             source = CandidateSource(job, workdir)
             try:

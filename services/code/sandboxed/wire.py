@@ -36,7 +36,7 @@ FLUSH_BYTES = 1 << 20
 class Job:
     """One sample to run: its code and test inputs (never the expected outputs), and limits."""
 
-    kind: str  # "stdin", "call", "assert", "build" or "check"
+    kind: str  # "stdin", "call", "assert", "build", "check" or "interact"
     code: str
     fn_name: str | None
     tests: list[Any]  # stdin: each test's input; call: each call's arguments; assert: one None per test
@@ -79,6 +79,18 @@ class Job:
     files: dict[str, str] = field(default_factory=dict)
     fetch: list[str] = field(default_factory=list)
     fetch_bytes: int = 0
+    # Kind "interact" (``interact``): the label's interactor, a build in the compile cache
+    # (``interactor_artifact``, its ``interactor_file`` run as ``/proc/self/fd/5``), its
+    # command and environment, and its own limits (its wall time: after the program ended).
+    interactor_command: list[str] = field(default_factory=list)
+    interactor_env: dict[str, str] = field(default_factory=dict)
+    interactor_artifact: str = ""
+    interactor_file: str = ""
+    interactor_cpu_s: float = 0.0
+    interactor_wall_s: float = 0.0
+    interactor_memory_bytes: int = 0
+    interactor_protocol: str = "testlib"  # or "kattis": its arguments, a feedback directory
+    interactor_rejections: list[int] = field(default_factory=list)  # exits that end the program
 
 
 @dataclass
@@ -88,6 +100,15 @@ class TrustedTests:
     tests: list[str]
     setup: str
     entry_point: str | None
+
+
+@dataclass
+class InteractorFiles:
+    """An interactive label's tests (each its input and answer), after the ``Job``: read by
+    the sample's keeper of them alone (``interact.Keeper``), never by the supervisor, whose
+    memory every Python program's process starts as a copy of."""
+
+    tests: list[list[str]]
 
 
 @dataclass
@@ -107,6 +128,27 @@ class StdinOutcome:
     # The kernel killed a process of it at the sample's memory limit, or its peak resident
     # memory went over the job's: a judge's limit is the program's alone.
     over_memory: bool = False
+
+
+@dataclass
+class InteractOutcome:
+    """What an interactive test's program and interactor did: the program's exit, limits and
+    stderr's tail as a stdin test's; the interactor's exit, the start of its report (stderr),
+    whether it was stopped at its limits, and whether it ended before the program."""
+
+    index: int
+    exit: int
+    timed_out: bool
+    over_memory: bool
+    cpu_s: float
+    wall_s: float
+    stderr: str
+    result: str  # a Python program's compile error
+    interactor_exit: int
+    interactor_stopped: bool
+    interactor_report: str
+    interactor_first: bool
+    interactor_cpu_s: float
 
 
 @dataclass
@@ -154,10 +196,13 @@ class Done:
     """The sample's last message."""
 
 
-Outcome = StdinOutcome | CallOutcome | Skipped
+Outcome = StdinOutcome | CallOutcome | InteractOutcome | Skipped
 MESSAGES = {
-    kind.__name__: kind for kind in (Job, TrustedTests, StdinOutcome, CallOutcome, Started, Skipped, Fetched, Done)
-}
+    kind.__name__: kind
+    for kind in (
+        Job, TrustedTests, InteractorFiles, StdinOutcome, CallOutcome, InteractOutcome, Started, Skipped, Fetched, Done
+    )
+}  # fmt: skip
 
 
 def _framed(message: object) -> bytes:

@@ -1,0 +1,121 @@
+"""Interactive labels: a program judged in conversation with the label's interactor (testlib's
+``registerInteraction``, as Codeforces and Polygon run it), and the verdict of each test.
+
+A label ``{"interactor": source | {"program": source, "language": "cpp" | "python"}, "tests":
+[{"input": str, "answer": str}]}`` (or ``"inputs"`` and ``"answers"``): for each test, the
+program and the interactor run at once in the sample's sandbox, each one's stdout the other's
+stdin (``sandboxed.interact``); the interactor alone reads the input and the answer, and its
+exit is the test's verdict unless the program failed on its own first. Precedence
+(Codeforces' and Kattis' alike):
+
+1. the interactor ended first with a rejection (testlib 1 or 2): wrong answer, whatever the
+   program does next (it is killed);
+2. the interactor ended first and failed (testlib 3, another exit, a crash, its limits): no
+   verdict (``judge_failure``);
+3. the program failed (its time, its memory, a crash, a non-zero exit): its own status;
+4. otherwise the interactor's exit: 0 accepted, 1 or 2 wrong answer, 7 its points, anything
+   else no verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from common.errors import Unprocessable
+from services.code.checkers import REJECTIONS, Checker, custom_verdict, parse_checker
+from services.code.languages import OUT_OF_MEMORY, Program
+from services.code.sandboxed.compiled import ARTIFACT_DIR
+from services.code.sandboxed.interact import EXECUTABLE_FD
+from services.code.sandboxed.wire import InteractorFiles, InteractOutcome, Job
+
+# The interactor's wall time once its program ended: it reads the program's last words.
+GRACE_S = 1.0
+# Its tasks (threads) beyond the program's in the sample's cgroup.
+TASKS = 16
+MAX_TESTS = 10_000
+
+
+def parse(label: dict[str, Any]) -> tuple[Checker, list[str], list[str]]:
+    """An interactive label's interactor (a custom checker's program: C++ with testlib.h or
+    Python), its tests' inputs and their answers (``""`` when a test has none)."""
+    value = label["interactor"]
+    spec = {"program": value} if isinstance(value, str) else value
+    if not isinstance(spec, dict) or set(spec) - {"program", "language", "protocol"}:
+        raise Unprocessable(
+            "labels: 'interactor' is source code or {'program': source, 'language': 'cpp' | 'python', "
+            "'protocol': 'testlib' | 'kattis'}"
+        )
+    protocol = spec.get("protocol", "testlib")
+    if protocol not in REJECTIONS:
+        raise Unprocessable(f"labels: an interactor's 'protocol' is one of {', '.join(REJECTIONS)}")
+    interactor = parse_checker({"program": spec.get("program"), "language": spec.get("language", "cpp")})
+    interactor = dataclasses.replace(interactor, protocol=protocol)
+    if "tests" in label:
+        cases = label["tests"]
+        if not isinstance(cases, list) or not all(isinstance(c, dict) and "input" in c for c in cases):
+            raise Unprocessable("labels: an interactive label's 'tests' are [{'input': str, 'answer': str}]")
+        inputs, answers = [c["input"] for c in cases], [c.get("answer", "") for c in cases]
+    else:
+        inputs = label.get("inputs")
+        answers = label.get("answers", [""] * len(inputs) if isinstance(inputs, list) else None)
+    if not isinstance(inputs, list) or not isinstance(answers, list) or len(inputs) != len(answers):
+        raise Unprocessable("labels: an interactive label needs 'tests', or 'inputs' and as many 'answers'")
+    if not 0 < len(inputs) <= MAX_TESTS or not all(isinstance(t, str) for t in (*inputs, *answers)):
+        raise Unprocessable(f"labels: an interactive label has 1 to {MAX_TESTS} tests of text")
+    return interactor, inputs, answers
+
+
+def job(run: Job, interactor: Program, protocol: str, artifact: str, cpu_s: float, memory_bytes: int) -> Job:
+    """``run`` (the program's runs) turned into interactive tests with ``interactor``'s build
+    (the cache entry ``artifact``), speaking ``protocol``, which gets ``cpu_s`` and
+    ``memory_bytes`` of its own. The inputs go apart (``files``): for an interactive problem
+    the input is the secret."""
+    command, executable = [], ""
+    for arg in interactor.run:
+        if arg.startswith(ARTIFACT_DIR + "/"):
+            executable, arg = arg.removeprefix(ARTIFACT_DIR + "/"), f"/proc/self/fd/{EXECUTABLE_FD}"
+        command.append(arg)
+    return dataclasses.replace(
+        run, kind="interact", tests=[None] * len(run.tests), interactor_command=command, interactor_protocol=protocol,
+        interactor_rejections=list(REJECTIONS[protocol]),
+        interactor_env=dict(interactor.env), interactor_artifact=artifact, interactor_file=executable,
+        interactor_cpu_s=cpu_s, interactor_wall_s=GRACE_S, interactor_memory_bytes=memory_bytes,
+        cgroup_memory_bytes=run.cgroup_memory_bytes + memory_bytes, cgroup_tasks=run.cgroup_tasks + TASKS,
+    )  # fmt: skip
+
+
+def files(inputs: list[str], answers: list[str]) -> InteractorFiles:
+    """What the sample's keeper holds for its interactor: each test's input and answer."""
+    return InteractorFiles([[test, answer] for test, answer in zip(inputs, answers, strict=True)])
+
+
+def verdict(run: InteractOutcome, protocol: str = "testlib") -> tuple[str, float] | None:
+    """(status, points) of an interactive test by the precedence above (the interactor's exit
+    read by its ``protocol``); None: no verdict."""
+    try:
+        reported = json.loads(run.result) if run.result else {}
+    except ValueError:
+        reported = {}
+    if isinstance(reported, dict) and "compile_error" in reported:
+        return "compile_error", 0.0
+    decided = custom_verdict(run.interactor_exit, run.interactor_stopped, run.interactor_report, protocol)
+    if run.interactor_first and not run.interactor_stopped and run.interactor_exit in REJECTIONS[protocol]:
+        return "wrong_answer", 0.0
+    if run.interactor_first and decided is None:
+        return None
+    failure = _program_failure(run)
+    if failure is not None:
+        return failure, 0.0
+    return decided
+
+
+def _program_failure(run: InteractOutcome) -> str | None:
+    if run.timed_out:
+        return "timeout"
+    if run.over_memory:
+        return "memory_limit"
+    if run.exit != 0:
+        return "memory_limit" if any(sign in run.stderr for sign in OUT_OF_MEMORY) else "runtime_error"
+    return None
