@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import numpy as np
 from PIL import Image, ImageCms
 
-from common.batching import check_deadline, hold_work
+from common.budget import hold_work
 from common.config import env_name
+from common.deadlines import check_deadline
 from common.errors import PayloadTooLarge, Unprocessable, describe_error
 from common.image_bytes import check_png_chunks, check_scans, exif_orientation, shown_png_chunks
 from common.image_request import image_names

@@ -12,13 +12,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from common import metrics
-from common.batching import BatchedCall, Deadline, OrderedSlots, WorkBudget, current_deadline
+from common.batching import BatchedCall
+from common.budget import WorkBudget
 from common.config import env_name
+from common.deadlines import Deadline, current_deadline
 from common.devices import choose_device
 from common.errors import NotReady
 from common.memory import Reclaimer
 from common.scorer import Result, Samples, Scorer
 from common.settings import CoreSettings
+from common.slots import OrderedSlots
 
 log = logging.getLogger(__name__)
 

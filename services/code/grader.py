@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from common.batching import Deadline
+from common.deadlines import Deadline
 from services.code import checkers, compare
 from services.code.admission import Admission, Cost
 from services.code.compile_cache import Builds

@@ -19,8 +19,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from common.batching import Deadline, current_deadline
 from common.config import ConfigError, env_name, from_env
+from common.deadlines import Deadline, current_deadline
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings

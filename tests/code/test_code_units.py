@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from common import registry
-from common.batching import Deadline
 from common.config import ConfigError
+from common.deadlines import Deadline
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable
 from common.settings import CoreSettings
 from services.code import environments, languages
