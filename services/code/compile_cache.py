@@ -32,7 +32,7 @@ from services.code import languages
 from services.code.languages import Language, Program
 from services.code.sandbox import SandboxFailure
 from services.code.sandboxed.compiled import CHECK_FILES
-from services.code.sandboxed.wire import Job, StdinOutcome
+from services.code.sandboxed.messages import Job, StdinOutcome
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,16 @@ from services.code.labels import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
 from services.code.preludes import prelude
 from services.code.sandbox import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
-from services.code.sandboxed import wire
-from services.code.sandboxed.wire import CallOutcome, Job, Outcome, Skipped, StdinOutcome, TrustedTests, from_plain
+from services.code.sandboxed.messages import (
+    CallOutcome,
+    Fetched,
+    Job,
+    Outcome,
+    Skipped,
+    StdinOutcome,
+    TrustedTests,
+    from_plain,
+)
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
 log = logging.getLogger(__name__)
@@ -575,8 +583,8 @@ class Grader:
 
     def _run_once(self, job: Job, request: object, deadline: float, built_s: float | None) -> Trial:
         messages = self._sandbox_run(job, request, deadline)
-        fetched = next((m.files for m in messages if isinstance(m, wire.Fetched)), {})
-        runs = [m for m in messages if not isinstance(m, wire.Fetched)]
+        fetched = next((m.files for m in messages if isinstance(m, Fetched)), {})
+        runs = [m for m in messages if not isinstance(m, Fetched)]
         if len(runs) != 1 or not isinstance(runs[0], StdinOutcome):
             raise SandboxFailure(f"a run answered {runs}")
         return Trial(None, built_s, runs[0], fetched)
@@ -587,7 +595,7 @@ class Grader:
             raise SandboxFailure(f"a trial run answered {runs}")
         return runs  # type: ignore[return-value]
 
-    def _sandbox_run(self, job: Job, request: object, deadline: float) -> list[Outcome | wire.Fetched]:
+    def _sandbox_run(self, job: Job, request: object, deadline: float) -> list[Outcome | Fetched]:
         with self._slot(request, deadline) as uid:
             return list(self.sandbox.run(job, uid))
 

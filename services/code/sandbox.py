@@ -45,9 +45,9 @@ from typing import Any
 
 from services.code import cgroups, sandboxed
 from services.code.packages import SANDBOX_PATH
-from services.code.sandboxed import calls, wire
+from services.code.sandboxed import calls, messages
 from services.code.sandboxed.confine import SampleCgroup
-from services.code.sandboxed.wire import Job, Outcome, TrustedTests
+from services.code.sandboxed.messages import Job, Outcome, TrustedTests
 
 log = logging.getLogger(__name__)
 
@@ -391,17 +391,17 @@ class Sandbox:
             return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(job.sample_s + 10.0)
-        # The outcomes come together (``wire.Outbox``): read through a buffer, many cost one read.
+        # The outcomes come together (``messages.Outbox``): read through a buffer, many cost one read.
         outcomes = sock.makefile("rb")
         try:
             try:
                 sock.connect(self._socket_path)
-                wire.send(sock, job)
+                messages.send(sock, job)
                 if trusted is not None:  # read by the tests' process alone, never by the candidate's
-                    wire.send(sock, trusted)
+                    messages.send(sock, trusted)
                 while True:
-                    message = wire.recv(outcomes)
-                    if isinstance(message, wire.Done):
+                    message = messages.recv(outcomes)
+                    if isinstance(message, messages.Done):
                         return
                     yield message
             except (OSError, EOFError, struct.error, ValueError) as exc:
@@ -424,7 +424,7 @@ class Sandbox:
 
         def hold(outcome: Outcome) -> None:
             nonlocal held
-            if isinstance(outcome, wire.CallOutcome) and outcome.answer is not None:
+            if isinstance(outcome, messages.CallOutcome) and outcome.answer is not None:
                 held += len(outcome.answer)
                 if held > most:
                     outcome = dataclasses.replace(outcome, failure="output_exceeded", answer=None)
@@ -438,7 +438,7 @@ class Sandbox:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # its pid comes with Started
                 sock.settimeout(job.sample_s + 10.0)
                 sock.connect(self._socket_path)
-                wire.send(sock, sent)
+                messages.send(sock, sent)
                 return InitCandidate(sock, self.cgroups)
 
         try:
@@ -454,10 +454,10 @@ class InitCandidate(calls.Candidate):
     pid (from the connection's credentials) and its cgroup."""
 
     def __init__(self, sock: socket.socket, cgroups: cgroups.Cgroups) -> None:
-        started, fds, pid, rest = wire.recv_with_fds(sock, len(wire.STARTED_FDS))
+        started, fds, pid, rest = messages.recv_with_fds(sock, len(messages.STARTED_FDS))
         self.pidfd, stdout, stderr, calls_pipe, answers = fds
         # Started comes alone (the kernel ends a read at descriptors) and names one cgroup.
-        if not isinstance(started, wire.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
+        if not isinstance(started, messages.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
             for fd in fds:
                 os.close(fd)
             raise ValueError(f"a {type(started).__name__} where Started was expected")

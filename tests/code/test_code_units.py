@@ -30,7 +30,7 @@ from services.code.labels import Suite, label_code_of, parse_label
 from services.code.preludes import prelude
 from services.code.sandbox import FairSlots, SandboxFailure
 from services.code.sandboxed.confine import SampleCgroup
-from services.code.sandboxed.wire import Skipped, StdinOutcome, from_plain, to_plain
+from services.code.sandboxed.messages import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 

@@ -9,7 +9,7 @@ from common.errors import Unprocessable
 from services.code.compile_cache import Unremembered
 from services.code.grader import Trial
 from services.code.sandbox_fusion import api
-from services.code.sandboxed.wire import StdinOutcome
+from services.code.sandboxed.messages import StdinOutcome
 from services.code.settings import CodeSettings
 
 pytestmark = pytest.mark.unit

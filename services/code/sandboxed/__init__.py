@@ -1,6 +1,6 @@
 """What runs inside the code sandbox, one module per process role (stdlib only, no other imports).
 
-- ``wire``: the messages between the server and a sample's supervisor (typed, framed JSON),
+- ``messages``: the messages between the server and a sample's supervisor (typed, framed JSON),
   the plain-data codec of calls and answers, and the fd numbers of the pipes between processes;
 - ``confine``: what confines a program's processes (namespaces, seccomp, rlimits, uids) and
   clears up after them;
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("wire", "confine", "harness", "compiled", "files", "calls", "supervisor", "zygote")
+MODULES = ("messages", "confine", "harness", "compiled", "files", "calls", "supervisor", "zygote")
 
 
 # What ``python -I -S -c`` runs in the sandbox: the bundle, read from its stdin (then

@@ -24,7 +24,7 @@ import time
 import typing
 
 from services.code.sandboxed import confine
-from services.code.sandboxed.wire import LOADED, STDERR_TAIL, CallOutcome, Job, Outcome, Skipped, to_plain
+from services.code.sandboxed.messages import LOADED, STDERR_TAIL, CallOutcome, Job, Outcome, Skipped, to_plain
 
 # How often the candidate's CPU time is read while a test runs; a tests' process gets this
 # much more wall time than a test to report after its candidate was stopped.

@@ -15,7 +15,7 @@ import os
 import stat
 
 from services.code.sandboxed.compiled import ARTIFACT_DIR
-from services.code.sandboxed.wire import Fetched, Job
+from services.code.sandboxed.messages import Fetched, Job
 
 ROOT = "/tmp"
 # The build's directory in the sample's /tmp is the server's.

@@ -31,7 +31,7 @@ import sys
 import types
 import typing
 
-from services.code.sandboxed.wire import (
+from services.code.sandboxed.messages import (
     ANSWERS_FD,
     CALLS_FD,
     LOADED,

@@ -21,9 +21,9 @@ import struct
 import time
 import typing
 
-from services.code.sandboxed import calls, compiled, confine, files, harness, wire
+from services.code.sandboxed import calls, compiled, confine, files, harness, messages
 from services.code.sandboxed.calls import CPU_TICK_S
-from services.code.sandboxed.wire import (
+from services.code.sandboxed.messages import (
     ANSWERS_FD,
     CALLS_FD,
     RESULT_FD,
@@ -153,7 +153,7 @@ class ForkedCandidate(calls.Candidate):
         return self.cgroup is not None and self.cgroup.oom_kills() > self.oom_kills
 
 
-def _start_tester(job: Job, conn: wire.Outbox, run: calls.CallRun) -> None:
+def _start_tester(job: Job, conn: messages.Outbox, run: calls.CallRun) -> None:
     """Assert tests: fork the tests' process (the slot's second uid), which reads the label's
     code from the connection itself."""
     requests, answers = os.pipe(), os.pipe()
@@ -162,7 +162,7 @@ def _start_tester(job: Job, conn: wire.Outbox, run: calls.CallRun) -> None:
     def body() -> None:
         confine.prctl(confine.PR_SET_DUMPABLE, 0)
         with socket.socket(fileno=TRUSTED_FD) as source:
-            trusted = wire.recv(source)
+            trusted = messages.recv(source)
         harness.run_tests(trusted)
 
     fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
@@ -183,7 +183,7 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
     set to linger blocks that close until its data is sent)."""
     out, err, calls_pipe, answers = os.pipe(), os.pipe(), os.pipe(), os.pipe()
     servers_ends = [os.pidfd_open(os.getpid()), out[0], err[0], calls_pipe[1], answers[0]]
-    wire.send_with_fds(conn, Started(cgroup.name if cgroup else ""), servers_ends)
+    messages.send_with_fds(conn, Started(cgroup.name if cgroup else ""), servers_ends)
     conn.close()
     for fd in servers_ends:
         os.close(fd)
@@ -286,7 +286,7 @@ def run_stdin_test(
         result=kept["result"].decode(errors="replace"),
         over_memory=oom_killed or 0 < job.judged_memory_bytes < usage.ru_maxrss << 10,
     )
-    wire.send(conn, ended)
+    messages.send(conn, ended)
     return start + 1
 
 
@@ -327,7 +327,7 @@ def prepare_and_supervise(listener: socket.socket, accepted: int, cgroup: confin
 def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
     """One sample, as its init (pid 1 of its PID namespace): its tests in order, a result
     streamed per test; when it exits, the kernel kills whatever is left in the namespace."""
-    job = wire.recv(conn)
+    job = messages.recv(conn)
     if not isinstance(job, Job):
         raise ValueError(f"a {type(job).__name__} where a Job was expected")
     deadline = time.monotonic() + job.sample_s
@@ -338,14 +338,14 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
     files.place(job)
     if job.kind == "call":
         _become_candidate(job, conn, cgroup)
-    outbox = wire.Outbox(conn)
+    outbox = messages.Outbox(conn)
     try:
         _run_sample(job, outbox, deadline, cgroup)
     finally:
         outbox.flush()
 
 
-def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
+def _run_sample(job: Job, conn: messages.Outbox, deadline: float, cgroup: confine.SampleCgroup | None) -> None:
     """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent)."""
     workdir = "/tmp"
     try:
@@ -359,7 +359,7 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
             source = CandidateSource(job, workdir)
             try:
                 calls.run_calls(
-                    job, lambda outcome: wire.send(conn, outcome), deadline,
+                    job, lambda outcome: messages.send(conn, outcome), deadline,
                     lambda: ForkedCandidate(source, cgroup), lambda run: _start_tester(job, conn, run),
                 )  # fmt: skip
             finally:
@@ -369,7 +369,7 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
             pristine = confine.tmp_state()
             while index < len(job.tests):
                 if time.monotonic() >= deadline:
-                    wire.send(conn, Skipped(index))
+                    messages.send(conn, Skipped(index))
                     index += 1
                     continue
                 if index:
@@ -378,5 +378,5 @@ def _run_sample(job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.Sa
     finally:
         confine.clean_up(job.uid)
     if job.fetch:
-        wire.send(conn, files.fetch(job))
-    wire.send(conn, wire.Done())
+        messages.send(conn, files.fetch(job))
+    messages.send(conn, messages.Done())
