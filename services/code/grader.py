@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -17,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from common.cpus import usable_cpus
 from common.deadlines import Deadline
 from services.code import checkers, compare
 from services.code.admission import Admission, Cost
@@ -222,7 +222,7 @@ class Grader:
         self.time_scales = time_scales(settings.time_scales)
         slots = settings.parallel - (settings.parallel >= RESERVE_FROM_SLOTS)  # what one request may hold
         limits = "SCORER_CODE_TEST_CPU_S / _TEST_WALL_S / _SAMPLE_WALL_S"
-        self.admission = Admission(len(os.sched_getaffinity(0)), slots, limits)
+        self.admission = Admission(usable_cpus(), slots, limits)
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0

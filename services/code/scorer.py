@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, env_name, from_env
+from common.cpus import usable_cpus
 from common.deadlines import Deadline, current_deadline
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.scorer import Scored, Scorer
@@ -121,7 +122,7 @@ class CodeScorer(Scorer):
         self.isolation = self._choose_isolation()
         self.sandbox: sandbox.Sandbox | None = None
         self.grader: Grader | None = None
-        helpers = max(1, min(LABEL_HELPERS, len(os.sched_getaffinity(0))))
+        helpers = max(1, min(LABEL_HELPERS, usable_cpus()))
         self.label_code = label_code.LabelCode(helpers, s.label_cache_mb << 20)
         atexit.register(self.label_code.close)
 
