@@ -116,10 +116,8 @@ class CodeScorer(Scorer):
                 f"installed in {packages.PACKAGES_DIR}: `bash run.sh code` installs them, or "
                 "`python -m services.code.packages` with the service's interpreter"
             )
-        # This worker serves the code verifier alone: labels may hold integers past CPython's default.
-        sys.set_int_max_str_digits(INT_MAX_DIGITS)
         self.environment = self._load_environment(s.env) if s.env else None
-        self.isolation = self._choose_isolation()
+        self.isolation: str | None = None  # chosen in setup
         self.sandbox: sandbox.Sandbox | None = None
         self.grader: Grader | None = None
         helpers = max(1, min(LABEL_HELPERS, usable_cpus()))
@@ -133,8 +131,9 @@ class CodeScorer(Scorer):
         except KeyError as exc:
             raise ConfigError(f"{env_name(SECTION, 'env')}: {exc.args[0]}") from None
 
-    def _choose_isolation(self) -> str:
-        """The isolation to use; refuses one weaker than bwrap unless the operator named it."""
+    def choose_isolation(self) -> str:
+        """The isolation to use, probed (each probe runs a process, so ``setup`` calls this);
+        refuses one weaker than bwrap unless the operator named it."""
         wanted = self.settings.sandbox
         if wanted == "auto":
             chosen = sandbox.strongest()
@@ -150,15 +149,18 @@ class CodeScorer(Scorer):
         return chosen
 
     def setup(self, device: str) -> None:
-        """Start the warm zygote and grade one known-good program through it."""
+        """Choose the isolation, start the warm zygote and grade one known-good program through it."""
         s = self.settings
+        # This worker serves the code verifier alone: labels may hold integers past CPython's default.
+        sys.set_int_max_str_digits(INT_MAX_DIGITS)
+        self.isolation = isolation = self.choose_isolation()
         shown = str(packages.PACKAGES_DIR) if s.sandbox_packages else ""
-        cache = compile_cache.CompileCache(s.compile_cache_mb << 20, self.isolation)
+        cache = compile_cache.CompileCache(s.compile_cache_mb << 20, isolation)
         atexit.register(cache.close)
         builds = compile_cache.Builds(cache, compile_cache.Limits(s.compile_cpu_s, s.compile_wall_s,
                                                                   s.compile_memory_mb, s.compile_tmp_mb))  # fmt: skip
         binds = ("--bind", cache.root, compile_cache.SANDBOX_VIEW, *languages.TOOLCHAIN_BINDS)
-        self.sandbox = sandbox.Sandbox(self.isolation, s.parallel, s.uid_base, s.cgroups, shown, binds)
+        self.sandbox = sandbox.Sandbox(isolation, s.parallel, s.uid_base, s.cgroups, shown, binds)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
         self.grader = Grader(s, self.sandbox, self.core.request_timeout_s, builds)
@@ -169,7 +171,7 @@ class CodeScorer(Scorer):
         self._check_what_programs_see()
         log.warning(
             "code sandbox isolation: %s (uids %d-%d, %d slots); resource limits: %s; environment: %s; languages: %s",
-            self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.parallel,
+            isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.parallel,
             self.sandbox.cgroups.describe(), s.env or "none",
             ", ".join(f"{name} {state}" for name, state in builds.availability().items()),
         )  # fmt: skip

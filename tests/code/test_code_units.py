@@ -310,9 +310,9 @@ def test_refuses_a_weaker_sandbox_unless_named(monkeypatch) -> None:
     monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "zero")
     monkeypatch.setenv("SCORER_CODE_SANDBOX", "none")
     with pytest.raises(ConfigError, match="ALLOW_WEAK_SANDBOX=none"):
-        CodeScorer(CoreSettings(service="code"))
+        CodeScorer(CoreSettings(service="code")).choose_isolation()
     monkeypatch.setenv("SCORER_CODE_ALLOW_WEAK_SANDBOX", "none")
-    assert CodeScorer(CoreSettings(service="code")).isolation == "none"
+    assert CodeScorer(CoreSettings(service="code")).choose_isolation() == "none"
 
 
 def test_nan_and_zero(monkeypatch) -> None:
