@@ -172,7 +172,7 @@ SERVICES: dict[str, Service] = {
         Service(
             name="multi",
             port=18100,
-            scorer="common.combined:CombinedScorer",
+            scorer="services.multi.scorer:CombinedScorer",
             uses_gpu=True,
             # The listed rewards' requirements, system packages and preparations (``setup_of``).
             requirements=(),

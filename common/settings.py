@@ -79,7 +79,7 @@ class CoreSettings:
 
 @dataclass(frozen=True)
 class MultiSettings:
-    """``SCORER_MULTI_*``: the rewards the ``multi`` service serves together (common/combined.py)."""
+    """``SCORER_MULTI_*``: the rewards the ``multi`` service serves together (services/multi/scorer.py)."""
 
     # The image scorers one worker loads, comma-separated (``run.sh multi --rewards ocr,pickscore``),
     # each with its own service's settings; none listed: the service does not start.
