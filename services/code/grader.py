@@ -24,8 +24,8 @@ from services.code.compile_cache import Builds
 from services.code.labels import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, Program, TimeScale, time_scales
 from services.code.preludes import prelude
-from services.code.sandbox import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
-from services.code.sandboxed.messages import (
+from services.code.sandbox.host import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
+from services.code.sandbox.inside.messages import (
     CallOutcome,
     Fetched,
     Job,

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from services.code.environments import load
-from services.code.sandboxed import LOADER
+from services.code.sandbox.inside import LOADER
 from testing.server import ROOT as REPOSITORY
 from testing.server import Server, gunicorn_server
 

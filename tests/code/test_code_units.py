@@ -28,9 +28,9 @@ from services.code.grader import Grader, Sample
 from services.code.label_code import ENTRY_BYTES, Checked, LabelCode
 from services.code.labels import Suite, label_code_of, parse_label
 from services.code.preludes import prelude
-from services.code.sandbox import FairSlots, SandboxFailure
-from services.code.sandboxed.confine import SampleCgroup
-from services.code.sandboxed.messages import Skipped, StdinOutcome, from_plain, to_plain
+from services.code.sandbox.host import FairSlots, SandboxFailure
+from services.code.sandbox.inside.confine import SampleCgroup
+from services.code.sandbox.inside.messages import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 

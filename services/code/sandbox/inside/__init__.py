@@ -8,12 +8,13 @@
   the candidate's call server, the assert tests' process;
 - ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
 - ``files``: a ``/run_code`` run's files, placed before it and fetched after it;
-- ``calls``: the relay of a candidate's calls, trusted: it times each test on the candidate's
-  CPU clock (run by the supervisor for assert tests, by the server for call-based ones);
+- ``relay``: the relay of a candidate's calls, trusted: it times each test on the candidate's
+  CPU clock (run by the supervisor for assert tests, and imported by the server, ``host``,
+  for the call-based tests it relays);
 - ``supervisor``: one sample, trusted (root): runs its tests, times them, streams their outcomes;
 - ``zygote``: the warm fork server that forks a supervisor per connection.
 
-``sandbox.Sandbox`` ships this package's sources into the sandbox as one unit (``bundle``),
+``host.Sandbox`` ships this package's sources into the sandbox as one unit (``bundle``),
 since the sandbox's root holds no checkout.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("messages", "confine", "harness", "compiled", "files", "calls", "supervisor", "zygote")
+MODULES = ("messages", "confine", "harness", "compiled", "files", "relay", "supervisor", "zygote")
 
 
 # What ``python -I -S -c`` runs in the sandbox: the bundle, read from its stdin (then

@@ -43,16 +43,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from services.code import cgroups, sandboxed
+from services.code import cgroups
 from services.code.packages import SANDBOX_PATH
-from services.code.sandboxed import calls, messages
-from services.code.sandboxed.confine import SampleCgroup
-from services.code.sandboxed.messages import Job, Outcome, TrustedTests
+from services.code.sandbox import inside
+from services.code.sandbox.inside import messages, relay
+from services.code.sandbox.inside.confine import SampleCgroup
+from services.code.sandbox.inside.messages import Job, Outcome, TrustedTests
 
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "unshare", "none")
-ZYGOTE_SOURCE = sandboxed.bundle().encode()
+ZYGOTE_SOURCE = inside.bundle().encode()
 # Root may do these inside bwrap; a test process loses them all when it drops its uid.
 # CAP_SYS_ADMIN lets each supervisor mount its sample's /tmp in a namespace of its own.
 BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
@@ -290,7 +291,7 @@ class Sandbox:
         binds = [*self.cgroups.bwrap_binds(), *self.binds] if self.isolation == "bwrap" else []
         python = os.path.realpath(sys.executable)
         spec = json.dumps({"version": self.cgroups.version, "dirs": self.cgroups.sandbox_dirs(self.isolation)})
-        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", sandboxed.LOADER]
+        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", inside.LOADER]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
@@ -412,7 +413,7 @@ class Sandbox:
 
     def _relay_calls(self, job: Job, held_bytes: int) -> Iterator[Outcome]:
         """Call-based tests: this thread sends the calls and times the answers itself
-        (``calls.CallRun``), each candidate a sample's init that became it; another is
+        (``relay.CallRun``), each candidate a sample's init that became it; another is
         started if one dies. The outcomes come when the sample is done (a run that fails is
         re-run whole), never judged meanwhile: how long judging an answer takes (a right one
         may take longer to compare) would delay the next call, which the candidate can time.
@@ -433,7 +434,7 @@ class Sandbox:
         # The candidate needs the tests' number only (its CPU rlimit): the calls come from here.
         sent = dataclasses.replace(job, tests=[None] * len(job.tests))
 
-        def start() -> calls.Candidate:
+        def start() -> relay.Candidate:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # its pid comes with Started
                 sock.settimeout(job.sample_s + 10.0)
@@ -442,13 +443,13 @@ class Sandbox:
                 return InitCandidate(sock, self.cgroups)
 
         try:
-            calls.run_calls(job, hold, time.monotonic() + job.sample_s, start)
+            relay.run_calls(job, hold, time.monotonic() + job.sample_s, start)
         except (OSError, EOFError, struct.error, ValueError) as exc:
             raise SandboxFailure(f"sandbox run failed: {exc}") from exc
         yield from outcomes
 
 
-class InitCandidate(calls.Candidate):
+class InitCandidate(relay.Candidate):
     """A call-based sample's init that became its candidate (``supervisor._become_candidate``),
     as the server sees it: the pidfd and pipes it sent with ``Started`` (``STARTED_FDS``), its
     pid (from the connection's credentials) and its cgroup."""

@@ -1,7 +1,7 @@
 """A sample's supervisor: trusted (root), it runs the sample's tests and streams their outcomes.
 
 Stdin tests: one *test process* per test (``run_stdin_test``), each test started afresh
-(``fresh_start``). Assert tests (``calls.CallRun``): a *candidate process* runs the code and
+(``fresh_start``). Assert tests (``relay.CallRun``): a *candidate process* runs the code and
 answers calls as plain data, forked by a source that never held an outcome
 (``CandidateSource``); the tests' code arrives after it was forked, to a *tests' process*
 alone. The supervisor times
@@ -21,9 +21,8 @@ import struct
 import time
 import typing
 
-from services.code.sandboxed import calls, compiled, confine, files, harness, messages
-from services.code.sandboxed.calls import CPU_TICK_S
-from services.code.sandboxed.messages import (
+from services.code.sandbox.inside import compiled, confine, files, harness, messages, relay
+from services.code.sandbox.inside.messages import (
     ANSWERS_FD,
     CALLS_FD,
     RESULT_FD,
@@ -36,6 +35,7 @@ from services.code.sandboxed.messages import (
     Started,
     StdinOutcome,
 )  # fmt: skip
+from services.code.sandbox.inside.relay import CPU_TICK_S
 
 # What is kept of the result pipe's lines that are not results (a compile error, garbage).
 RESULT_KEEP = 1 << 16
@@ -133,7 +133,7 @@ def _candidate_body(job: Job) -> typing.Callable[[], None]:
     return body
 
 
-class ForkedCandidate(calls.Candidate):
+class ForkedCandidate(relay.Candidate):
     """Assert tests: a candidate's process from the sample's ``CandidateSource`` (the slot's
     uid, no child processes), a child of this supervisor."""
 
@@ -153,7 +153,7 @@ class ForkedCandidate(calls.Candidate):
         return self.cgroup is not None and self.cgroup.oom_kills() > self.oom_kills
 
 
-def _start_tester(job: Job, conn: messages.Outbox, run: calls.CallRun) -> None:
+def _start_tester(job: Job, conn: messages.Outbox, run: relay.CallRun) -> None:
     """Assert tests: fork the tests' process (the slot's second uid), which reads the label's
     code from the connection itself."""
     requests, answers = os.pipe(), os.pipe()
@@ -175,7 +175,7 @@ def _start_tester(job: Job, conn: messages.Outbox, run: calls.CallRun) -> None:
 
 def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgroup | None) -> typing.NoReturn:
     """Call-based tests: this init becomes the sample's candidate, and the server sends the
-    calls and times the answers itself (``calls.CallRun``): no process of ours to relay them,
+    calls and times the answers itself (``relay.CallRun``): no process of ours to relay them,
     fork and exit per sample. It sends ``Started`` with a pidfd of itself and the server's
     ends of its pipes (``STARTED_FDS``), closes the connection, then drops to the slot's uid
     (no child processes) and answers calls on the pipes. Pipes, not the connection: a file
@@ -358,7 +358,7 @@ def _run_sample(job: Job, conn: messages.Outbox, deadline: float, cgroup: confin
         elif job.kind == "assert":
             source = CandidateSource(job, workdir)
             try:
-                calls.run_calls(
+                relay.run_calls(
                     job, lambda outcome: messages.send(conn, outcome), deadline,
                     lambda: ForkedCandidate(source, cgroup), lambda run: _start_tester(job, conn, run),
                 )  # fmt: skip

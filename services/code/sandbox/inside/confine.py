@@ -23,7 +23,7 @@ import sys
 import time
 import typing
 
-from services.code.sandboxed.messages import Job
+from services.code.sandbox.inside.messages import Job
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_DUMPABLE = 4

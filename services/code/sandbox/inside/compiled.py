@@ -19,8 +19,8 @@ import stat
 import time
 import typing
 
-from services.code.sandboxed import confine, messages
-from services.code.sandboxed.messages import RESULT_FD, Job, Skipped, StdinOutcome
+from services.code.sandbox.inside import confine, messages
+from services.code.sandbox.inside.messages import RESULT_FD, Job, Skipped, StdinOutcome
 
 # Where a sample's build is shown to its tests, read-only (in the sample's /tmp, mounted by its
 # supervisor over a root-owned directory: the program can neither change nor replace it).

@@ -31,7 +31,7 @@ import sys
 import types
 import typing
 
-from services.code.sandboxed.messages import (
+from services.code.sandbox.inside.messages import (
     ANSWERS_FD,
     CALLS_FD,
     LOADED,
