@@ -1,6 +1,6 @@
 """The languages graded programs may be written in: names and aliases, toolchains, commands.
 
-Python runs in the warm zygote (``inside.harness``). Every other language is *built* once
+Python runs in the warm zygote (``inside.program``). Every other language is *built* once
 per distinct source (``compile_cache``: keyed by language, flags and the source's hash) by
 its toolchain, in the sample's sandbox, and its artifact is then run by each stdin test as a
 fresh process (``inside.compiled``). JavaScript's build is a syntax check (``node

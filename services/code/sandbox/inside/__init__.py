@@ -4,8 +4,10 @@
   the plain-data codec of calls and answers, and the fd numbers of the pipes between processes;
 - ``confine``: what confines a program's processes (namespaces, seccomp, rlimits, uids) and
   clears up after them;
-- ``harness``: the bodies of the processes that run untrusted or label code: a stdin program,
-  the candidate's call server, the assert tests' process;
+- ``program``: the bodies of the processes that run the program, untrusted: a stdin test's,
+  the candidate's call server;
+- ``tester``: the body of the assert tests' process, which runs the label's code under a uid
+  of its own;
 - ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
 - ``files``: a ``/run_code`` run's files, placed before it and fetched after it;
 - ``relay``: the relay of a candidate's calls, trusted: it times each test on the candidate's
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("messages", "confine", "harness", "compiled", "files", "relay", "supervisor", "zygote")
+MODULES = ("messages", "confine", "program", "tester", "compiled", "files", "relay", "supervisor", "zygote")
 
 
 # What ``python -I -S -c`` runs in the sandbox: the bundle, read from its stdin (then

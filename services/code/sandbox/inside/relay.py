@@ -1,7 +1,7 @@
 """A sample's call-based or assert tests, relayed and timed by a trusted process.
 
 The candidate's code runs in a process of its own (the slot's uid, no child processes) that
-answers calls as plain data (``harness.serve_calls``). Call-based: the *server* relays them
+answers calls as plain data (``program.serve_calls``). Call-based: the *server* relays them
 (``CallRun`` with ``host``'s candidates, each a sample's init that became its candidate):
 it sends each test's call and keeps the answer, compared in the service. Assert: the sample's
 *supervisor* relays them (candidates it forks, ``supervisor``): the label's tests run in a

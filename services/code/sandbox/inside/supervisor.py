@@ -21,7 +21,7 @@ import struct
 import time
 import typing
 
-from services.code.sandbox.inside import compiled, confine, files, harness, messages, relay
+from services.code.sandbox.inside import compiled, confine, files, messages, program, relay, tester
 from services.code.sandbox.inside.messages import (
     ANSWERS_FD,
     CALLS_FD,
@@ -48,7 +48,7 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code, job.prelude)
+    body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
     pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1)
     os.close(stdin)
     for _, write_end in pipes.values():
@@ -128,7 +128,7 @@ def _candidate_body(job: Job) -> typing.Callable[[], None]:
 
     def body() -> None:
         confine.forbid_new_processes()
-        harness.serve_calls(job.code, job.prelude)
+        program.serve_calls(job.code, job.prelude)
 
     return body
 
@@ -163,7 +163,7 @@ def _start_tester(job: Job, conn: messages.Outbox, run: relay.CallRun) -> None:
         confine.prctl(confine.PR_SET_DUMPABLE, 0)
         with socket.socket(fileno=TRUSTED_FD) as source:
             trusted = messages.recv(source)
-        harness.run_tests(trusted)
+        tester.run_tests(trusted)
 
     fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
     fds[TRUSTED_FD] = conn.sock.fileno()
@@ -192,7 +192,7 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
     try:
         confine.confine_self(job, job.uid, fds, "/tmp", len(job.tests))
         confine.forbid_new_processes()
-        harness.serve_calls(job.code, job.prelude)
+        program.serve_calls(job.code, job.prelude)
     finally:
         os._exit(70)
 
