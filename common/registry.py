@@ -1,3 +1,4 @@
+# Over 400 lines: the table of every service, one entry each; the entries are the length.
 """The services: one entry each, read by ``run.sh``, ``gunicorn.conf.py`` and the app.
 
 Adding a scorer is one module (``services/<name>/scorer.py``) and one ``Service`` entry in

@@ -1,3 +1,4 @@
+# Over 400 lines: its split waits for the interactive problems being added to it (issue 27 item 4).
 """From a sample to a verdict: slots, deadlines, the one re-run, and per-test judging.
 
 The sandbox only reports what each test printed or returned; every verdict is made here.

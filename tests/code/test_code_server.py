@@ -1,3 +1,4 @@
+# Over 400 lines: the code service's HTTP contract against the running server the tests share.
 """The code verifier against a running gunicorn server: every test format, OpenRLHF-shaped
 requests, hostile programs, and the grading rules under load."""
 

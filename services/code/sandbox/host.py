@@ -1,3 +1,4 @@
+# Over 400 lines: the zygote's lifecycle, the run slots and the runs share one lock and one socket protocol.
 """The server's side of the sandbox: pick the isolation, keep the warm zygote, lend run slots.
 
 Isolation, strongest first (docs/ARCHITECTURE.md §8):

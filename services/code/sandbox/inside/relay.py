@@ -1,3 +1,4 @@
+# Over 400 lines: one relay (calls, CPU clock, a candidate killed and restarted), one test's state.
 """A sample's call-based or assert tests, relayed and timed by a trusted process.
 
 The candidate's code runs in a process of its own (the slot's uid, no child processes) that
