@@ -19,8 +19,8 @@ from werkzeug.exceptions import HTTPException
 
 from common import __version__, metrics, registry
 from common.auth import bearer_token_matches
-from common.batching import Deadline, request_deadline
 from common.config import deprecations, describe, from_env
+from common.deadlines import Deadline, request_deadline
 from common.devices import GPU_ENV
 from common.errors import PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
 from common.protocols import WireProtocol

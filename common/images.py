@@ -1,26 +1,25 @@
-"""The image request (docs/ARCHITECTURE.md §5.1): validation of ``images``/``prompts``/``metadata``
-and safe image decoding (format allow-list; the work a decode may cost, JPEG scans and PNG
-chunks counted from the bytes and pixel, aspect ratio and per-request pixel limits from the
-headers, checked before any pixel is decoded), to the RGB image a viewer shows."""
+"""The decode policy (docs/ARCHITECTURE.md §5.1): an image's bytes to the RGB image a viewer
+shows. The format allow-list and the work a decode may cost are checked first (JPEG scans and
+PNG chunks from the bytes, ``common.image_bytes``; pixels, aspect ratio and the request's pixels
+from the headers), then the pixels are decoded, each distinct image once."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import io
-import struct
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image, ImageCms
 
-from common.batching import check_deadline, hold_work
+from common.budget import hold_work
 from common.config import env_name
-from common.errors import PayloadTooLarge, Unprocessable, describe_error, quote
+from common.deadlines import check_deadline
+from common.errors import PayloadTooLarge, Unprocessable, describe_error
+from common.image_bytes import check_png_chunks, check_scans, exif_orientation, shown_png_chunks
+from common.image_request import image_names
 from common.settings import CoreSettings
 
 T = TypeVar("T")
@@ -31,13 +30,8 @@ ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP")
 # raises at another; we want one clear 413 at the configured size.
 Image.MAX_IMAGE_PIXELS = None
 
-JPEG_START, PNG_SIGNATURE = b"\xff\xd8", b"\x89PNG\r\n\x1a\n"
-# A JPEG scan starts at an SOS marker: these two bytes, which entropy-coded data never holds
-# (a 0xFF there is followed by 0x00 or a restart marker), and libjpeg reads a marker only there.
-JPEG_SCAN = b"\xff\xda"
 # EXIF orientations 2-8 and how each turns the image (1: as stored); 5-8 turn it a quarter,
 # swapping width and height.
-_ORIENTATION_TAG, _EXIF_SHORT = 0x0112, 3
 _TURNS = {
     1: None,
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -49,147 +43,17 @@ _TURNS = {
     8: Image.Transpose.ROTATE_90,
 }
 _QUARTER_TURNS = {5, 6, 7, 8}
-# The ancillary PNG chunks a viewer draws with (Pillow reads them); of the first two, only the first.
-_SINGLE_PNG_CHUNKS = {b"iCCP", b"eXIf"}
-_SHOWN_PNG_CHUNKS = _SINGLE_PNG_CHUNKS | {b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"pHYs", b"acTL", b"fcTL", b"fdAT"}
 _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
-
-
-@dataclass(frozen=True)
-class ImageRequest:
-    """A validated image request: raw image bytes, prompts and the free-form metadata."""
-
-    images: list[bytes]
-    prompts: list[str]
-    metadata: dict[str, Any]
-
-
-def encoded_image(value: Any, name: str) -> bytes:
-    """An image as sent: bytes, or base64 text in the JSON twin (422 otherwise)."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
-    if isinstance(value, str):  # the JSON twin carries base64
-        try:
-            return base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise Unprocessable(f"{name} is not valid base64") from None
-    raise Unprocessable(f"{name} must be bytes (or base64 text in JSON), got {type(value).__name__}")
-
-
-def encoded_images(values: Sequence[Any], names: Sequence[str]) -> list[bytes]:
-    """``encoded_image`` of each value, once per distinct object: the pickle memo lets a body
-    reference one string or bytearray many times, and each reference must not cost its own
-    base64 decode or copy (the values stay referenced by ``values``, so their ids are stable)."""
-    decoded: dict[int, bytes] = {}
-    images = []
-    for value, name in zip(values, names):
-        if id(value) not in decoded:
-            decoded[id(value)] = encoded_image(value, name)
-        images.append(decoded[id(value)])
-    return images
-
-
-def check_metadata(payload: dict[str, Any]) -> dict[str, Any]:
-    """The request's free-form ``metadata`` dict ({} when absent)."""
-    metadata = payload.get("metadata")
-    metadata = {} if metadata is None else metadata
-    if not isinstance(metadata, dict):
-        raise Unprocessable(f"'metadata' must be a dict (or absent), got {quote(metadata)}")
-    return metadata
-
-
-def check_prompts(prompts: Any, count: int, kind: str, core: CoreSettings) -> list[str]:
-    """One prompt (a string within ``SCORER_MAX_PROMPT_CHARS``) per sample of ``kind`` (image, video)."""
-    if not isinstance(prompts, (list, tuple)):
-        raise Unprocessable(f"'prompts' must be a list of strings, one per {kind}")
-    if len(prompts) != count:
-        raise Unprocessable(f"{count} {kind}s but {len(prompts)} prompts; need one prompt per {kind}")
-    for index, prompt in enumerate(prompts):
-        if not isinstance(prompt, str):
-            raise Unprocessable(f"prompts[{index}] must be a string, got {type(prompt).__name__}")
-        if len(prompt) > core.max_prompt_chars:
-            raise PayloadTooLarge(
-                f"prompts[{index}] has {len(prompt)} characters; the limit is {core.max_prompt_chars}"
-            )
-    return list(prompts)
-
-
-def check_items(count: int, what: str, core: CoreSettings) -> None:
-    """At most ``SCORER_MAX_ITEMS`` images to score in one request (413)."""
-    if count > core.max_items:
-        raise PayloadTooLarge(
-            f"{count} {what} in one request; the limit is {core.max_items} ({env_name('', 'max_items')})"
-        )
-
-
-def parse_image_request(payload: dict[str, Any], core: CoreSettings) -> ImageRequest:
-    """Check the shape and limits of an image request; raise a clear 413/422 otherwise."""
-    images = payload.get("images")
-    if not isinstance(images, (list, tuple)):
-        raise Unprocessable("'images' must be a list of encoded images")
-    metadata = check_metadata(payload)
-    check_items(len(images), "images", core)
-    prompts = check_prompts(payload.get("prompts"), len(images), "image", core)
-    return ImageRequest(
-        images=encoded_images(images, image_names(len(images))),
-        prompts=prompts,
-        metadata=metadata,
-    )
-
-
-def image_names(count: int) -> list[str]:
-    """How errors name the images of an image request: ``images[i]``."""
-    return [f"images[{index}]" for index in range(count)]
 
 
 def open_image(data: bytes, name: str = "images[0]") -> Image.Image:
     """The image with its header read and no pixels decoded yet; 422 unless JPEG, PNG or WebP.
     ``name`` says in errors which image it is (``images[2]``, a video's frame ``videos[0][8]``).
-    A PNG is read without the chunks a viewer does not use (``_shown_png_chunks``)."""
+    A PNG is read without the chunks a viewer does not use (``shown_png_chunks``)."""
     try:
-        return Image.open(io.BytesIO(_shown_png_chunks(data)), formats=ALLOWED_FORMATS)
+        return Image.open(io.BytesIO(shown_png_chunks(data)), formats=ALLOWED_FORMATS)
     except Exception as exc:  # PIL raises many types for corrupt data
         raise Unprocessable(f"{name} could not be decoded as JPEG, PNG or WebP: {describe_error(exc)}") from None
-
-
-def _png_chunks(data: bytes) -> Iterator[tuple[int, int, bytes]]:
-    """(start, end, type) of each whole chunk of a PNG, walking their lengths up to IEND or the
-    first chunk cut short."""
-    position = len(PNG_SIGNATURE)
-    while position + 12 <= len(data):
-        length, kind = struct.unpack_from(">I4s", data, position)
-        end = position + 12 + length
-        if end > len(data):
-            return
-        yield position, end, kind
-        if kind == b"IEND":
-            return
-        position = end
-
-
-def _shown_png_chunks(data: bytes) -> bytes:
-    """A PNG without the ancillary chunks no viewer draws with: text (Pillow inflates every
-    zTXt and iTXt in ``Image.open``, up to 64 MB an image, and a 1 KB chunk inflates to 1 MB),
-    private and unknown chunks (Pillow keeps a copy of the private ones), an iCCP or eXIf after
-    the first (libpng ignores those), and an eXIf after the pixels (the orientation is read with
-    the header, ``shown_size``). Other bytes as they are; not a PNG: ``data``."""
-    if not data.startswith(PNG_SIGNATURE):
-        return data
-    kept, seen, end, dropped = [PNG_SIGNATURE], set(), len(PNG_SIGNATURE), False
-    for start, end, kind in _png_chunks(data):
-        critical = not kind[0] & 0x20
-        if kind == b"IDAT":
-            seen.add(b"eXIf")  # one after the pixels: Pillow reads it only when decoding them
-        if critical or (kind in _SHOWN_PNG_CHUNKS and kind not in seen):
-            kept.append(data[start:end])
-        else:
-            dropped = True
-        if kind in _SINGLE_PNG_CHUNKS:
-            seen.add(kind)
-    if not dropped:
-        return data
-    kept.append(data[end:])  # what follows IEND, or a chunk cut short: Pillow's to judge
-    return b"".join(kept)
 
 
 def check_image_sizes(images: Sequence[Image.Image], core: CoreSettings, names: Sequence[str] | None = None) -> None:
@@ -241,64 +105,10 @@ def metadata_bytes(image: Image.Image) -> int:
     return sum(map(len, kept))
 
 
-def _check_scans(data: bytes, limit: int, name: str) -> None:
-    """A progressive JPEG is decoded once per scan over the whole image: a 73 KB 4096x4096 JPEG
-    repeating a 40-byte refinement scan took 11.6 s (libjpeg-turbo sets no limit)."""
-    if data.startswith(JPEG_START) and (scans := data.count(JPEG_SCAN)) > limit:
-        raise PayloadTooLarge(
-            f"{name} is a JPEG of {scans} scans; the limit is {limit} ({env_name('', 'max_jpeg_scans')})"
-        )
-
-
-def _check_png_chunks(data: Sequence[bytes], limit: int, names: Sequence[str]) -> None:
-    """Count the chunks of the request's PNGs, walking their lengths, up to ``limit``: Pillow
-    spends microseconds on each, even an empty one (a PNG of 1 M empty chunks: 3.2 s to open).
-    Each reference counts, as the size limits do, though the image is opened once: the walk stops
-    at the limit."""
-    count = 0
-    for item, name in zip(data, names):
-        if not item.startswith(PNG_SIGNATURE):
-            continue
-        for _ in _png_chunks(item):
-            count += 1
-            if count > limit:
-                raise PayloadTooLarge(
-                    f"the request's PNG images have over {limit} chunks together ({name} reaching it); "
-                    f"the limit is {limit} ({env_name('', 'max_png_chunks')})"
-                )
-
-
 def shown_size(image: Image.Image) -> tuple[int, int]:
     """(width, height) as a viewer shows the image: swapped by an EXIF quarter turn."""
     width, height = image.size
-    return (height, width) if _orientation(image) in _QUARTER_TURNS else (width, height)
-
-
-def _orientation(image: Image.Image) -> int | None:
-    """The Orientation tag of the EXIF block read with the header (JPEG APP1, PNG eXIf, WebP
-    EXIF), found among IFD0's entries without parsing them (an eXIf may hold 65,535 tags:
-    Pillow's parse takes 0.15 s). As browsers do, nothing else: not XMP, which Pillow's
-    ``getexif`` searches by regex, nor ImageMagick's text chunks; and not an eXIf after the
-    pixels (``getexif`` of a PNG decodes it whole to look there; libpng-based viewers read only
-    one before them). None when there is none or the EXIF cannot be read, as viewers show it."""
-    exif = image.info.get("exif")
-    if not isinstance(exif, bytes):
-        return None
-    exif = exif.removeprefix(b"Exif\x00\x00")
-    order = {b"II": "<", b"MM": ">"}.get(exif[:2])
-    if order is None or len(exif) < 8:
-        return None
-    (start,) = struct.unpack_from(order + "I", exif, 4)
-    if start + 2 > len(exif):
-        return None
-    (count,) = struct.unpack_from(order + "H", exif, start)
-    count = min(count, (len(exif) - start - 2) // 12)
-    # IFD0's 12-byte entries: tag, type, count, then the value (a SHORT in its first two bytes)
-    entry = {"names": ["tag", "type", "value"], "formats": [order + "u2"] * 3, "offsets": [0, 2, 8], "itemsize": 12}
-    entries = np.frombuffer(exif, np.dtype(entry), count, start + 2)
-    found = np.flatnonzero((entries["tag"] == _ORIENTATION_TAG) & (entries["type"] == _EXIF_SHORT))
-    value = int(entries["value"][found[0]]) if found.size else None
-    return value if value in _TURNS else None
+    return (height, width) if exif_orientation(image.info.get("exif")) in _QUARTER_TURNS else (width, height)
 
 
 def load_image(image: Image.Image, name: str = "images[0]") -> Image.Image:
@@ -354,7 +164,7 @@ def as_shown(image: Image.Image) -> Image.Image:
     """A decoded image as RGB the way a viewer shows it: turned by its EXIF orientation, 16-bit
     samples scaled (not clipped), palettes expanded, colours from its embedded ICC profile (CMYK
     and grey included) or else a PNG's gamma to sRGB, and transparency composited over white."""
-    if (turn := _TURNS.get(_orientation(image))) is not None:
+    if (turn := _TURNS.get(exif_orientation(image.info.get("exif")))) is not None:
         image = image.transpose(turn)
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
         image = _grey16_as_8(image)
@@ -459,8 +269,8 @@ def open_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] 
     its references; the size limits count every reference, as each is scored."""
     names = image_names(len(data)) if names is None else names
     for item, name in _distinct(zip(data, names)):
-        _check_scans(item, core.max_jpeg_scans, name)
-    _check_png_chunks(data, core.max_png_chunks, names)
+        check_scans(item, core.max_jpeg_scans, name)
+    check_png_chunks(data, core.max_png_chunks, names)
     images = once_each(data, names, open_image)
     check_image_sizes(images, core, names)
     return images

@@ -22,9 +22,8 @@ from typing import Any
 
 from common.config import env_name
 from common.errors import PayloadTooLarge, Unprocessable, quote
-from common.images import (
-    JPEG_START,
-    PNG_SIGNATURE,
+from common.image_bytes import JPEG_START, PNG_SIGNATURE
+from common.image_request import (
     check_items,
     check_metadata,
     check_prompts,

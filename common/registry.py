@@ -1,3 +1,4 @@
+# Over 400 lines: the table of every service, one entry each; the entries are the length.
 """The services: one entry each, read by ``run.sh``, ``gunicorn.conf.py`` and the app.
 
 Adding a scorer is one module (``services/<name>/scorer.py``) and one ``Service`` entry in
@@ -152,7 +153,7 @@ SERVICES: dict[str, Service] = {
         Service(
             name="multi",
             port=18100,
-            scorer="common.combined:CombinedScorer",
+            scorer="services.multi.scorer:CombinedScorer",
             uses_gpu=True,
             # The listed rewards' requirements, system packages and preparations (``setup_of``).
             requirements=(),

@@ -1,4 +1,4 @@
-"""Which rewards a ``multi`` service's request sums, and with which weights (common/combined.py):
+"""Which rewards a ``multi`` service's request sums, and with which weights (services/multi/scorer.py):
 the URL's query (``?ocr=0.7&pickscore=0.3``, ``!optional`` after a weight: its reward's failure
 drops it instead of failing the request), which wins, else ``metadata["rewards"]``
 (``{"ocr": 0.7, "pickscore": {"weight": 0.3, "optional": true}}``), else every served reward

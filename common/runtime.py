@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from common import metrics
-from common.batching import BatchedCall, Deadline, OrderedSlots, WorkBudget, current_deadline
+from common.batching import BatchedCall
+from common.budget import WorkBudget
 from common.config import env_name
+from common.cpus import usable_cpus
+from common.deadlines import Deadline, current_deadline
 from common.devices import choose_device
 from common.errors import NotReady
 from common.memory import Reclaimer
 from common.scorer import Result, Samples, Scorer
 from common.settings import CoreSettings
+from common.slots import OrderedSlots
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +111,7 @@ class RequestLimits:
         # CPU-bound request work (decoding, preprocessing) beyond the cores only adds contention
         # and holds back the first items the model could already be working on; requests get
         # their turn in arrival order.
-        self._decoding = OrderedSlots(core.decode_threads or os.cpu_count() or 1)
+        self._decoding = OrderedSlots(core.decode_threads or usable_cpus())
         # Decoded images and model inputs of the requests in the worker, in bytes (``hold_work``).
         self.work = WorkBudget(core.max_work_bytes, env_name("", "max_work_bytes"))
         # The memory of a burst given back once the worker is idle.

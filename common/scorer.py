@@ -39,7 +39,7 @@ class Scored:
 
 @dataclass
 class Combined(Scored):
-    """A weighted sum of several rewards' scores (common/combined.py): ``details`` holds each
+    """A weighted sum of several rewards' scores (services/multi/scorer.py): ``details`` holds each
     reward's unweighted score, NaN where an optional reward failed (``dropped``: one did); of a
     video, ``frame_details`` each reward's scores of its chosen frames (NaN each where it failed)."""
 

@@ -112,7 +112,7 @@ class CoreSettings:
 
 @dataclass(frozen=True)
 class MultiSettings:
-    """``SCORER_MULTI_*``: the rewards the ``multi`` service serves together (common/combined.py)."""
+    """``SCORER_MULTI_*``: the rewards the ``multi`` service serves together (services/multi/scorer.py)."""
 
     # Each reward with its own service's settings.
     rewards: str = setting(

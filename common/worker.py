@@ -1,3 +1,4 @@
+# Over 400 lines: the gthread worker's connection handling, its parts sharing one connection's state.
 """The gunicorn worker of every service: gthread, where a slow client holds a socket, never a thread.
 
 gunicorn's gthread worker hands a connection to a request thread as soon as it has a byte to

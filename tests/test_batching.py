@@ -7,19 +7,11 @@ import time
 
 import pytest
 
-from common.batching import (
-    BatchedCall,
-    Deadline,
-    DynamicBatcher,
-    OrderedSlots,
-    WorkBudget,
-    check_deadline,
-    hold_work,
-    request_deadline,
-    tentative_work,
-    trial_work,
-)
+from common.batching import BatchedCall, DynamicBatcher
+from common.budget import WorkBudget, hold_work, tentative_work, trial_work
+from common.deadlines import Deadline, check_deadline, request_deadline
 from common.errors import Overloaded, PayloadTooLarge
+from common.slots import OrderedSlots
 
 pytestmark = pytest.mark.unit
 

@@ -1,3 +1,4 @@
+# Over 400 lines: the pickle opcode and image strategies share one running OCR service.
 """Fuzzing of request decoding against the running OCR service: any bytes, any nesting of plain
 data, wrong types, huge declared sizes; pickles written opcode by opcode (every opcode of
 pickletools' table, the memo, shared substructures, deep and wide shapes) and images of extreme

@@ -1,3 +1,4 @@
+# Over 400 lines: the request strategies and both parsers' differential run go together.
 """Differential fuzzing of the worker's framing (``common.framing``) against gunicorn's own HTTP/1
 parser (``gunicorn.http``): requests built field by field (methods, targets, versions, framing
 fields with every spelling of their values, chunk sizes, extensions and trailers, bare LFs,

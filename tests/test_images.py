@@ -14,13 +14,13 @@ import pytest
 from PIL import Image, ImageCms
 
 from common.errors import PayloadTooLarge
+from common.image_request import parse_image_request
 from common.images import (
     as_shown,
     decode_images,
     metadata_bytes,
     open_image,
     open_images,
-    parse_image_request,
     shown_size,
 )
 from common.settings import CoreSettings

@@ -9,11 +9,11 @@ import math
 import pytest
 
 from common import install, registry, shell
-from common.combined import combined_results
 from common.errors import PayloadTooLarge, Unprocessable
 from common.media import MEAN, MediaRequest
 from common.rewards import Wanted, from_query, requested, rewards_url
 from common.scorer import Combined, ImageScorer
+from services.multi.scorer import combined_results
 
 pytestmark = pytest.mark.unit
 

@@ -1,3 +1,4 @@
+# Over 400 lines: the OCR service end to end against the running service the tests share.
 """The OCR service end to end: real gunicorn, real PP-OCR models, real HTTP clients."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# Over 400 lines: run.sh's branches against one private-namespace copy of the set-up files.
 """``run.sh`` installs the system packages a command needs, or stops with the exact command.
 
 Each test runs ``run.sh`` from a copy of the repository's set-up files in a private mount

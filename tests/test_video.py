@@ -1,3 +1,4 @@
+# Over 400 lines: every image scorer's video requests against the running services they share (module fixtures).
 """Video samples through every image scorer, against running services (real gunicorn): a request
 of ``videos`` (lists of encoded frames) scores every ``frame_interval``-th frame as an image, a
 video's score is its chosen frames' mean (OCR: also flow_grpo's ``video_ocr`` rule), frames not

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config import from_env
-from common.images import parse_image_request
+from common.image_request import parse_image_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from bench.code.bench import SOLUTIONS, samples
 from services.code.environments import load
 from services.code.grader import Grader, Sample
-from services.code.sandbox import Sandbox
+from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
 
 batches, cgroups, uid_base = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])

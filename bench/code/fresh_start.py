@@ -14,8 +14,8 @@ import argparse
 import os
 import time
 
-from services.code.sandboxed import confine
-from services.code.sandboxed.wire import Job
+from services.code.sandbox.inside import confine
+from services.code.sandbox.inside.messages import Job
 
 UID = 61999  # not used by a running server's slots (uid_base 61000 and up, 2 per slot)
 

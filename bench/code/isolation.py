@@ -27,7 +27,7 @@ import json, sys, time
 from services.code.environments import load
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite
-from services.code.sandbox import Sandbox
+from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
 
 samples, cgroups, uid_base = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])

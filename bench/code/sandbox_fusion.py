@@ -54,7 +54,7 @@ def graded(url: str, tag: str, code: str, first: int, tests: int) -> float:
 
 
 def measure(calls: list, concurrency: int) -> tuple[float, list[float]]:
-    """Wall seconds for all ``calls`` (``concurrency`` at a time) and each one's latency."""
+    """Wall seconds for all ``relay`` (``concurrency`` at a time) and each one's latency."""
     with ThreadPoolExecutor(concurrency) as pool:
         started = time.perf_counter()
         latencies = list(pool.map(lambda call: call(), calls))

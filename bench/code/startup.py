@@ -17,7 +17,7 @@ import uuid
 
 from services.code import compile_cache, languages
 from services.code.grader import Grader
-from services.code.sandbox import Sandbox
+from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
 from tests.code.test_code_languages import CASES
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from common.batching import hold_work
+from common.budget import hold_work
 from common.config import env_name
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import shown_size

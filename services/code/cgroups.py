@@ -3,7 +3,7 @@
 A worker makes one directory of its own (``scorer-code-<pid>``) under its own cgroup, per
 controller (cgroup v1: ``memory``) or once (cgroup v2, with the
 ``memory`` and ``pids`` controllers enabled for it); each sample's supervisor makes the
-sample's cgroup in it and joins it (``sandboxed.confine.SampleCgroup``), and the zygote
+sample's cgroup in it and joins it (``inside.confine.SampleCgroup``), and the zygote
 removes it after; a closing worker removes what is left and its own directory, and a starting
 one the directories of workers that were killed. Where none
 can be made (no writable cgroupfs, controllers missing or not delegable, or

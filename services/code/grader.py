@@ -1,3 +1,4 @@
+# Over 400 lines: its split waits for the interactive problems being added to it (issue 27 item 4).
 """From a sample to a verdict: slots, deadlines, the one re-run, and per-test judging.
 
 The sandbox only reports what each test printed or returned; every verdict is made here.
@@ -9,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from common.batching import Deadline
+from common.cpus import usable_cpus
+from common.deadlines import Deadline
 from services.code import checkers, compare, interactive
 from services.code.admission import Admission, Cost
 from services.code.checkers import Checker
@@ -33,10 +34,10 @@ from services.code.languages import (
     time_scales,
 )
 from services.code.preludes import prelude
-from services.code.sandbox import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
-from services.code.sandboxed import wire
-from services.code.sandboxed.wire import (
+from services.code.sandbox.host import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
+from services.code.sandbox.inside.messages import (
     CallOutcome,
+    Fetched,
     InteractorFiles,
     InteractOutcome,
     Job,
@@ -229,7 +230,7 @@ class Grader:
         self.time_scales = time_scales(settings.time_scales)
         slots = settings.parallel - (settings.parallel >= RESERVE_FROM_SLOTS)  # what one request may hold
         limits = "SCORER_CODE_TEST_CPU_S / _TEST_WALL_S / _SAMPLE_WALL_S"
-        self.admission = Admission(len(os.sched_getaffinity(0)), slots, limits)
+        self.admission = Admission(usable_cpus(), slots, limits)
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -614,8 +615,8 @@ class Grader:
 
     def _run_once(self, job: Job, request: object, deadline: float, built_s: float | None) -> Trial:
         messages = self._sandbox_run(job, request, deadline)
-        fetched = next((m.files for m in messages if isinstance(m, wire.Fetched)), {})
-        runs = [m for m in messages if not isinstance(m, wire.Fetched)]
+        fetched = next((m.files for m in messages if isinstance(m, Fetched)), {})
+        runs = [m for m in messages if not isinstance(m, Fetched)]
         if len(runs) != 1 or not isinstance(runs[0], StdinOutcome):
             raise SandboxFailure(f"a run answered {runs}")
         return Trial(None, built_s, runs[0], fetched)
@@ -626,7 +627,7 @@ class Grader:
             raise SandboxFailure(f"a trial run answered {runs}")
         return runs  # type: ignore[return-value]
 
-    def _sandbox_run(self, job: Job, request: object, deadline: float) -> list[Outcome | wire.Fetched]:
+    def _sandbox_run(self, job: Job, request: object, deadline: float) -> list[Outcome | Fetched]:
         with self._slot(request, deadline) as uid:
             return list(self.sandbox.run(job, uid))
 

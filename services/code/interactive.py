@@ -4,7 +4,7 @@
 A label ``{"interactor": source | {"program": source, "language": "cpp" | "python"}, "tests":
 [{"input": str, "answer": str}]}`` (or ``"inputs"`` and ``"answers"``): for each test, the
 program and the interactor run at once in the sample's sandbox, each one's stdout the other's
-stdin (``sandboxed.interact``); the interactor alone reads the input and the answer, and its
+stdin (``sandbox.inside.interact``); the interactor alone reads the input and the answer, and its
 exit is the test's verdict unless the program failed on its own first. Precedence
 (Codeforces' and Kattis' alike):
 
@@ -26,9 +26,9 @@ from typing import Any
 from common.errors import Unprocessable
 from services.code.checkers import REJECTIONS, Checker, custom_verdict, parse_checker
 from services.code.languages import OUT_OF_MEMORY, Program
-from services.code.sandboxed.compiled import ARTIFACT_DIR
-from services.code.sandboxed.interact import EXECUTABLE_FD
-from services.code.sandboxed.wire import InteractorFiles, InteractOutcome, Job
+from services.code.sandbox.inside.compiled import ARTIFACT_DIR
+from services.code.sandbox.inside.interact import EXECUTABLE_FD
+from services.code.sandbox.inside.messages import InteractorFiles, InteractOutcome, Job
 
 # The interactor's wall time once its program ended: it reads the program's last words.
 GRACE_S = 1.0

@@ -21,7 +21,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from types import CodeType
 
-from common.batching import Deadline, hold_work
+from common.budget import hold_work
+from common.deadlines import Deadline
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable
 
 # Memory compiling takes, per character of code (1.25 MB of asserts peaked at ~210 MB over

@@ -4,7 +4,7 @@ A ``Suite`` splits a label into what enters the sandbox (``tests``: stdin texts,
 arguments or assert code) and what never does (``expected``). Comparison runs here, in the
 service, on plain data: the sandbox reports stdout text or a call's answer as plain data, so
 an object with a forged ``__eq__`` cannot pass. Assert code runs in the sandbox's tests'
-process, apart from the candidate's (see ``sandboxed.calls``).
+process, apart from the candidate's (see ``inside.relay``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The languages graded programs may be written in: names and aliases, toolchains, commands.
 
-Python runs in the warm zygote (``sandboxed.harness``). Every other language is *built* once
+Python runs in the warm zygote (``inside.program``). Every other language is *built* once
 per distinct source (``compile_cache``: keyed by language, flags and the source's hash) by
 its toolchain, in the sample's sandbox, and its artifact is then run by each stdin test as a
-fresh process (``sandboxed.compiled``). JavaScript's build is a syntax check (``node
+fresh process (``inside.compiled``). JavaScript's build is a syntax check (``node
 --check``) that ships the source itself.
 
 Toolchains are system packages and a pinned Go (``common/install.py``: ``run.sh`` installs
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.install import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS
-from services.code.sandboxed.compiled import ARTIFACT_DIR, OUTPUT_DIR
+from services.code.sandbox.inside.compiled import ARTIFACT_DIR, OUTPUT_DIR
 
 PYTHON = "python"
 # The longest file name Linux file systems take (NAME_MAX).

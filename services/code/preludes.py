@@ -11,7 +11,7 @@ block here is the one its harness states, verbatim (the file and commit are in t
 - ``none``: the program as written, as a contest judge runs it.
 
 The sandbox runs the block in the program's namespace before the program, compiled apart
-(``harness``): the program's line numbers stay its own, ``from __future__`` stays first, and
+(``inside.program``): the program's line numbers stay its own, ``from __future__`` stays first, and
 whatever the program defines replaces what the block bound.
 """
 

@@ -19,16 +19,18 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from common.batching import Deadline, current_deadline
 from common.config import ConfigError, env_name, from_env
+from common.cpus import usable_cpus
+from common.deadlines import Deadline, current_deadline
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
-from services.code import compile_cache, environments, label_code, languages, packages, sandbox
+from services.code import compile_cache, environments, label_code, languages, packages
 from services.code.extract import extract_program, response_from_query
 from services.code.grader import Grader, Sample, Verdict
 from services.code.labels import Suite, label_code_of, parse_label, with_checked_code
 from services.code.preflight import preflight
+from services.code.sandbox import host
 from services.code.sandbox_fusion import api as sandbox_fusion
 from services.code.settings import CodeSettings
 
@@ -116,13 +118,11 @@ class CodeScorer(Scorer):
                 f"installed in {packages.PACKAGES_DIR}: `bash run.sh code` installs them, or "
                 "`python -m services.code.packages` with the service's interpreter"
             )
-        # This worker serves the code verifier alone: labels may hold integers past CPython's default.
-        sys.set_int_max_str_digits(INT_MAX_DIGITS)
         self.environment = self._load_environment(s.env) if s.env else None
-        self.isolation = self._choose_isolation()
-        self.sandbox: sandbox.Sandbox | None = None
+        self.isolation: str | None = None  # chosen in setup
+        self.sandbox: host.Sandbox | None = None
         self.grader: Grader | None = None
-        helpers = max(1, min(LABEL_HELPERS, len(os.sched_getaffinity(0))))
+        helpers = max(1, min(LABEL_HELPERS, usable_cpus()))
         self.label_code = label_code.LabelCode(helpers, s.label_cache_mb << 20)
         atexit.register(self.label_code.close)
 
@@ -133,16 +133,17 @@ class CodeScorer(Scorer):
         except KeyError as exc:
             raise ConfigError(f"{env_name(SECTION, 'env')}: {exc.args[0]}") from None
 
-    def _choose_isolation(self) -> str:
-        """The isolation to use; refuses one weaker than bwrap unless the operator named it."""
+    def choose_isolation(self) -> str:
+        """The isolation to use, probed (each probe runs a process, so ``setup`` calls this);
+        refuses one weaker than bwrap unless the operator named it."""
         wanted = self.settings.sandbox
         if wanted == "auto":
-            chosen = sandbox.strongest()
-        elif sandbox.available(wanted):
+            chosen = host.strongest()
+        elif host.available(wanted):
             chosen = wanted
         else:
             raise ConfigError(f"{env_name(SECTION, 'sandbox')}={wanted}: not available on this host")
-        if chosen != sandbox.ISOLATIONS[0] and self.settings.allow_weak_sandbox != chosen:
+        if chosen != host.ISOLATIONS[0] and self.settings.allow_weak_sandbox != chosen:
             raise ConfigError(
                 f"the strongest code sandbox here is {chosen!r}, weaker than bwrap (install the Debian package "
                 f"'bubblewrap'); set {env_name(SECTION, 'allow_weak_sandbox')}={chosen} to accept it"
@@ -150,15 +151,18 @@ class CodeScorer(Scorer):
         return chosen
 
     def setup(self, device: str) -> None:
-        """Start the warm zygote and grade one known-good program through it."""
+        """Choose the isolation, start the warm zygote and grade one known-good program through it."""
         s = self.settings
+        # This worker serves the code verifier alone: labels may hold integers past CPython's default.
+        sys.set_int_max_str_digits(INT_MAX_DIGITS)
+        self.isolation = isolation = self.choose_isolation()
         shown = str(packages.PACKAGES_DIR) if s.sandbox_packages else ""
-        cache = compile_cache.CompileCache(s.compile_cache_mb << 20, self.isolation)
+        cache = compile_cache.CompileCache(s.compile_cache_mb << 20, isolation)
         atexit.register(cache.close)
         builds = compile_cache.Builds(cache, compile_cache.Limits(s.compile_cpu_s, s.compile_wall_s,
                                                                   s.compile_memory_mb, s.compile_tmp_mb))  # fmt: skip
         binds = ("--bind", cache.root, compile_cache.SANDBOX_VIEW, *languages.TOOLCHAIN_BINDS)
-        self.sandbox = sandbox.Sandbox(self.isolation, s.parallel, s.uid_base, s.cgroups, shown, binds)
+        self.sandbox = host.Sandbox(isolation, s.parallel, s.uid_base, s.cgroups, shown, binds)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
         self.grader = Grader(s, self.sandbox, self.core.request_timeout_s, builds)
@@ -169,7 +173,7 @@ class CodeScorer(Scorer):
         self._check_what_programs_see()
         log.warning(
             "code sandbox isolation: %s (uids %d-%d, %d slots); resource limits: %s; environment: %s; languages: %s",
-            self.isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.parallel,
+            isolation, self.sandbox.uids[0], self.sandbox.uids[-1], s.parallel,
             self.sandbox.cgroups.describe(), s.env or "none",
             ", ".join(f"{name} {state}" for name, state in builds.availability().items()),
         )  # fmt: skip
@@ -189,7 +193,7 @@ class CodeScorer(Scorer):
             f"the code sandbox's programs (uid {self.grader.sandbox.uids[0]}) {said or 'failed'}{error}. "
             f"Packages beyond the standard library come from {packages.PACKAGES_DIR}. "
             f"The interpreter {interpreter} "
-            f"(its prefix and standard library: {', '.join(sandbox.interpreter_dirs())}) must be readable "
+            f"(its prefix and standard library: {', '.join(host.interpreter_dirs())}) must be readable "
             "by every uid; with bubblewrap only those directories are shown to programs, with a weaker "
             "sandbox the host's own permissions apply (a Python under a 0700 home directory fails)"
         )
@@ -307,7 +311,7 @@ class CodeScorer(Scorer):
         deadline = current_deadline() or Deadline(self.core.request_timeout_s)
         try:
             return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, deadline.expires))
-        except sandbox.SandboxFailure as exc:
+        except host.SandboxFailure as exc:
             raise Overloaded(f"the sandbox could not make the run ({exc}); retry") from exc
 
     def info(self) -> dict[str, Any]:

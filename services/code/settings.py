@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from common.config import setting
+from common.cpus import usable_cpus
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class CodeSettings:
         """
         if self.max_parallel:
             return self.max_parallel
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cpus()
         sample_bytes = (self.memory_mb + self.tmp_mb + SUPERVISOR_MB) << 20
         memory_holds = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // sample_bytes
         return max(MIN_PARALLEL, min(SLOTS_PER_CORE * cores, memory_holds))

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from common.batching import check_deadline, hold_work
+from common.budget import hold_work
 from common.config import ConfigError
+from common.deadlines import check_deadline
 from common.devices import require_torch_device
 from common.errors import Unprocessable
 from common.images import shown_size

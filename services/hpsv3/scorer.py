@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from common.batching import hold_work
+from common.budget import hold_work
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.errors import PayloadTooLarge, Unprocessable

@@ -16,8 +16,8 @@ from typing import Any
 
 from PIL import Image
 
-from common.batching import current_deadline
 from common.config import ConfigError, describe, env_name, from_env
+from common.deadlines import current_deadline
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_per_image
 from common.media import MediaRequest

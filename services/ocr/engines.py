@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from common.batching import check_deadline
 from common.config import ConfigError, env_name
+from common.deadlines import check_deadline
 from common.errors import PayloadTooLarge
 from services.ocr.reward import Line
 

@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 
 from PIL import Image, ImageDraw, ImageFont
 
-from common.batching import check_deadline, hold_work
+from common.budget import hold_work
 from common.config import describe, env_name, from_env
+from common.deadlines import check_deadline
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_each, once_per_image, shown_size
 from common.media import MEAN, MediaRequest, VideoRule

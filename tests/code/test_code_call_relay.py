@@ -10,7 +10,7 @@ import os
 import textwrap
 import time
 
-from services.code.sandboxed.calls import CPU_TICK_S, THREADS_PER_READ
+from services.code.sandbox.inside.relay import CPU_TICK_S, THREADS_PER_READ
 from testing.server import Server
 from tests.code import test_code_isolation
 from tests.code.test_code_isolation import GROUP, ROUNDS

@@ -15,7 +15,7 @@ from services.code.compare import output_matches
 from services.code.compile_cache import Builds, CompileCache, Limits, Unremembered
 from services.code.grader import Grader, Sample
 from services.code.labels import Suite
-from services.code.sandbox import SandboxFailure
+from services.code.sandbox.host import SandboxFailure
 from services.code.settings import CodeSettings
 from testing.server import Server, gunicorn_server
 from tests.code.test_code_languages import ENV, grade

@@ -23,7 +23,7 @@ ENV = {
     "SCORER_CODE_SAMPLE_WALL_S": "120",
     "SCORER_CODE_MEMORY_MB": "256",
 }
-# Launched with the zygote's bundle (services.code.sandboxed.LOADER): the zygote, its samples'
+# Launched with the zygote's bundle (services.code.sandbox.inside.LOADER): the zygote, its samples'
 # inits and their processes, and the bwrap around them.
 ZYGOTE_MARK = b"-I\x00-S\x00-c\x00import os, sys"
 

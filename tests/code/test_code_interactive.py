@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from services.code.interactive import verdict
-from services.code.sandboxed.wire import InteractOutcome
+from services.code.sandbox.inside.messages import InteractOutcome
 from testing.interactive import CPP_SEARCH, GUESS, JAVA_SEARCH, LABEL, PY_SEARCH
 from testing.server import Server, gunicorn_server
 

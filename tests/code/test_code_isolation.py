@@ -1,3 +1,4 @@
+# Over 400 lines: one GRPO group's attacks per round against one running server with its limits.
 """Isolation per sample, tried as a GRPO group would: 8 samples of one prompt per request, over
 several rounds, each program trying to reach the others (at once or later) or the node.
 

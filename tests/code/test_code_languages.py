@@ -1,3 +1,4 @@
+# Over 400 lines: seven languages' cases against one running server.
 """C, C++, Java, Go, Rust and JavaScript programs against the running server (issue 19).
 
 Per language, one request holds a correct A+B, a wrong answer, an infinite loop, a 1 GiB

@@ -1,3 +1,4 @@
+# Over 400 lines: the code service's HTTP contract against the running server the tests share.
 """The code verifier against a running gunicorn server: every test format, OpenRLHF-shaped
 requests, hostile programs, and the grading rules under load."""
 
@@ -20,7 +21,7 @@ import pytest
 import requests
 
 from services.code.environments import load
-from services.code.sandboxed import LOADER
+from services.code.sandbox.inside import LOADER
 from testing.server import ROOT as REPOSITORY
 from testing.server import Server, gunicorn_server
 

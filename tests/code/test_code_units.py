@@ -1,3 +1,4 @@
+# Over 400 lines: the code verifier's in-process units beside the grader, whose split waits (issue 27 item 4).
 """Unit tests of the code verifier's pure parts: extraction, label formats, comparison, the
 grading rules (re-run, masking) with a fake sandbox, and the refusals at startup."""
 
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from common import install
-from common.batching import Deadline
 from common.config import ConfigError
+from common.deadlines import Deadline
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable
 from common.settings import CoreSettings
 from services.code import environments, languages
@@ -28,9 +29,9 @@ from services.code.grader import Grader, Sample
 from services.code.label_code import ENTRY_BYTES, Checked, LabelCode
 from services.code.labels import Suite, label_code_of, parse_label
 from services.code.preludes import prelude
-from services.code.sandbox import FairSlots, SandboxFailure
-from services.code.sandboxed.confine import SampleCgroup
-from services.code.sandboxed.wire import Skipped, StdinOutcome, from_plain, to_plain
+from services.code.sandbox.host import FairSlots, SandboxFailure
+from services.code.sandbox.inside.confine import SampleCgroup
+from services.code.sandbox.inside.messages import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 
@@ -310,9 +311,9 @@ def test_refuses_a_weaker_sandbox_unless_named(monkeypatch) -> None:
     monkeypatch.setenv("SCORER_CODE_INFRA_FAILURE_SCORE", "zero")
     monkeypatch.setenv("SCORER_CODE_SANDBOX", "none")
     with pytest.raises(ConfigError, match="ALLOW_WEAK_SANDBOX=none"):
-        CodeScorer(CoreSettings(service="code"))
+        CodeScorer(CoreSettings(service="code")).choose_isolation()
     monkeypatch.setenv("SCORER_CODE_ALLOW_WEAK_SANDBOX", "none")
-    assert CodeScorer(CoreSettings(service="code")).isolation == "none"
+    assert CodeScorer(CoreSettings(service="code")).choose_isolation() == "none"
 
 
 def test_nan_and_zero(monkeypatch) -> None:

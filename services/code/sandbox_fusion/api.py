@@ -21,8 +21,8 @@ from common.scorer import Scored
 from services.code.compile_cache import Unremembered
 from services.code.grader import Grader, RunLimits, Trial
 from services.code.languages import LANGUAGES, PYTHON
-from services.code.sandboxed.files import components
-from services.code.sandboxed.wire import StdinOutcome
+from services.code.sandbox.inside.files import components
+from services.code.sandbox.inside.messages import StdinOutcome
 from services.code.settings import CodeSettings
 
 # SandboxFusion's language names this node runs, to ours.

@@ -14,8 +14,8 @@ import binascii
 import os
 import stat
 
-from services.code.sandboxed.compiled import ARTIFACT_DIR
-from services.code.sandboxed.wire import Fetched, Job
+from services.code.sandbox.inside.compiled import ARTIFACT_DIR
+from services.code.sandbox.inside.messages import Fetched, Job
 
 ROOT = "/tmp"
 # The build's directory in the sample's /tmp is the server's.

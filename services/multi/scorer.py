@@ -33,7 +33,7 @@ from typing import Any
 from PIL import Image
 
 from common import metrics, registry
-from common.batching import tentative_work, trial_work
+from common.budget import tentative_work, trial_work
 from common.config import ConfigError
 from common.errors import InternalError, NotReady, Overloaded, ScorerError, Unprocessable, quote
 from common.images import open_images

@@ -1,7 +1,7 @@
 """A sample's supervisor: trusted (root), it runs the sample's tests and streams their outcomes.
 
 Stdin tests: one *test process* per test (``run_stdin_test``), each test started afresh
-(``fresh_start``). Assert tests (``calls.CallRun``): a *candidate process* runs the code and
+(``fresh_start``). Assert tests (``relay.CallRun``): a *candidate process* runs the code and
 answers calls as plain data, forked by a source that never held an outcome
 (``CandidateSource``); the tests' code arrives after it was forked, to a *tests' process*
 alone. The supervisor times
@@ -21,9 +21,8 @@ import struct
 import time
 import typing
 
-from services.code.sandboxed import calls, compiled, confine, files, harness, interact, wire
-from services.code.sandboxed.calls import CPU_TICK_S
-from services.code.sandboxed.wire import (
+from services.code.sandbox.inside import compiled, confine, files, interact, messages, program, relay, tester
+from services.code.sandbox.inside.messages import (
     ANSWERS_FD,
     CALLS_FD,
     RESULT_FD,
@@ -36,6 +35,7 @@ from services.code.sandboxed.wire import (
     Started,
     StdinOutcome,
 )  # fmt: skip
+from services.code.sandbox.inside.relay import CPU_TICK_S
 
 # What is kept of the result pipe's lines that are not results (a compile error, garbage).
 RESULT_KEEP = 1 << 16
@@ -48,7 +48,7 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code, job.prelude)
+    body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
     pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1)
     os.close(stdin)
     for _, write_end in pipes.values():
@@ -128,12 +128,12 @@ def _candidate_body(job: Job) -> typing.Callable[[], None]:
 
     def body() -> None:
         confine.forbid_new_processes()
-        harness.serve_calls(job.code, job.prelude)
+        program.serve_calls(job.code, job.prelude)
 
     return body
 
 
-class ForkedCandidate(calls.Candidate):
+class ForkedCandidate(relay.Candidate):
     """Assert tests: a candidate's process from the sample's ``CandidateSource`` (the slot's
     uid, no child processes), a child of this supervisor."""
 
@@ -153,7 +153,7 @@ class ForkedCandidate(calls.Candidate):
         return self.cgroup is not None and self.cgroup.oom_kills() > self.oom_kills
 
 
-def _start_tester(job: Job, conn: wire.Outbox, run: calls.CallRun) -> None:
+def _start_tester(job: Job, conn: messages.Outbox, run: relay.CallRun) -> None:
     """Assert tests: fork the tests' process (the slot's second uid), which reads the label's
     code from the connection itself."""
     requests, answers = os.pipe(), os.pipe()
@@ -162,8 +162,8 @@ def _start_tester(job: Job, conn: wire.Outbox, run: calls.CallRun) -> None:
     def body() -> None:
         confine.prctl(confine.PR_SET_DUMPABLE, 0)
         with socket.socket(fileno=TRUSTED_FD) as source:
-            trusted = wire.recv(source)
-        harness.run_tests(trusted)
+            trusted = messages.recv(source)
+        tester.run_tests(trusted)
 
     fds = {0: null, 1: null, 2: null, TESTER_OUT_FD: requests[1], TESTER_IN_FD: answers[0]}
     fds[TRUSTED_FD] = conn.sock.fileno()
@@ -175,7 +175,7 @@ def _start_tester(job: Job, conn: wire.Outbox, run: calls.CallRun) -> None:
 
 def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgroup | None) -> typing.NoReturn:
     """Call-based tests: this init becomes the sample's candidate, and the server sends the
-    calls and times the answers itself (``calls.CallRun``): no process of ours to relay them,
+    calls and times the answers itself (``relay.CallRun``): no process of ours to relay them,
     fork and exit per sample. It sends ``Started`` with a pidfd of itself and the server's
     ends of its pipes (``STARTED_FDS``), closes the connection, then drops to the slot's uid
     (no child processes) and answers calls on the pipes. Pipes, not the connection: a file
@@ -183,7 +183,7 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
     set to linger blocks that close until its data is sent)."""
     out, err, calls_pipe, answers = os.pipe(), os.pipe(), os.pipe(), os.pipe()
     servers_ends = [os.pidfd_open(os.getpid()), out[0], err[0], calls_pipe[1], answers[0]]
-    wire.send_with_fds(conn, Started(cgroup.name if cgroup else ""), servers_ends)
+    messages.send_with_fds(conn, Started(cgroup.name if cgroup else ""), servers_ends)
     conn.close()
     for fd in servers_ends:
         os.close(fd)
@@ -192,7 +192,7 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
     try:
         confine.confine_self(job, job.uid, fds, "/tmp", len(job.tests))
         confine.forbid_new_processes()
-        harness.serve_calls(job.code, job.prelude)
+        program.serve_calls(job.code, job.prelude)
     finally:
         os._exit(70)
 
@@ -277,7 +277,7 @@ def run_stdin_test(
         result=kept["result"].decode(errors="replace"),
         over_memory=oom_killed or 0 < job.judged_memory_bytes < usage.ru_maxrss << 10,
     )
-    wire.send(conn, ended)
+    messages.send(conn, ended)
     return start + 1
 
 
@@ -318,7 +318,7 @@ def prepare_and_supervise(listener: socket.socket, accepted: int, cgroup: confin
 def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
     """One sample, as its init (pid 1 of its PID namespace): its tests in order, a result
     streamed per test; when it exits, the kernel kills whatever is left in the namespace."""
-    job = wire.recv(conn)
+    job = messages.recv(conn)
     if not isinstance(job, Job):
         raise ValueError(f"a {type(job).__name__} where a Job was expected")
     deadline = time.monotonic() + job.sample_s
@@ -329,7 +329,7 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
     files.place(job)
     if job.kind == "call":
         _become_candidate(job, conn, cgroup)
-    outbox = wire.Outbox(conn)
+    outbox = messages.Outbox(conn)
     try:
         _run_sample(job, outbox, deadline, cgroup, conn)
     finally:
@@ -337,7 +337,7 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
 
 
 def _run_sample(
-    job: Job, conn: wire.Outbox, deadline: float, cgroup: confine.SampleCgroup | None, raw: socket.socket
+    job: Job, conn: messages.Outbox, deadline: float, cgroup: confine.SampleCgroup | None, raw: socket.socket
 ) -> None:
     """The sample's tests, as its init (pid 1 of its PID namespace, so every orphan's parent);
     ``raw`` is the server's connection (``conn`` holds what is sent on it)."""
@@ -354,8 +354,8 @@ def _run_sample(
         elif job.kind == "assert":
             source = CandidateSource(job, workdir)
             try:
-                calls.run_calls(
-                    job, lambda outcome: wire.send(conn, outcome), deadline,
+                relay.run_calls(
+                    job, lambda outcome: messages.send(conn, outcome), deadline,
                     lambda: ForkedCandidate(source, cgroup), lambda run: _start_tester(job, conn, run),
                 )  # fmt: skip
             finally:
@@ -365,7 +365,7 @@ def _run_sample(
             pristine = confine.tmp_state()
             while index < len(job.tests):
                 if time.monotonic() >= deadline:
-                    wire.send(conn, Skipped(index))
+                    messages.send(conn, Skipped(index))
                     index += 1
                     continue
                 if index:
@@ -374,5 +374,5 @@ def _run_sample(
     finally:
         confine.clean_up(job.uid)
     if job.fetch:
-        wire.send(conn, files.fetch(job))
-    wire.send(conn, wire.Done())
+        messages.send(conn, files.fetch(job))
+    messages.send(conn, messages.Done())

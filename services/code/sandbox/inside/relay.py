@@ -1,8 +1,9 @@
+# Over 400 lines: one relay (calls, CPU clock, a candidate killed and restarted), one test's state.
 """A sample's call-based or assert tests, relayed and timed by a trusted process.
 
 The candidate's code runs in a process of its own (the slot's uid, no child processes) that
-answers calls as plain data (``harness.serve_calls``). Call-based: the *server* relays them
-(``CallRun`` with ``sandbox``'s candidates, each a sample's init that became its candidate):
+answers calls as plain data (``program.serve_calls``). Call-based: the *server* relays them
+(``CallRun`` with ``host``'s candidates, each a sample's init that became its candidate):
 it sends each test's call and keeps the answer, compared in the service. Assert: the sample's
 *supervisor* relays them (candidates it forks, ``supervisor``): the label's tests run in a
 *tests' process* under a second uid; each call of the candidate it makes passes through here,
@@ -10,6 +11,9 @@ and only its report says whether a test passed. Each test has ``cpu_s`` of the c
 CPU (its process CPU clock, read here) and ``wall_s`` of its own (time it waited for a CPU
 others held does not count); a candidate that dies or overruns is killed, the test fails,
 and the next test gets a fresh candidate process.
+
+Shipped into the sandbox for the supervisor; the server imports the same module for the
+call-based tests it relays itself (``host``).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import signal
 import time
 import typing
 
-from services.code.sandboxed import confine
-from services.code.sandboxed.wire import LOADED, STDERR_TAIL, CallOutcome, Job, Outcome, Skipped, to_plain
+from services.code.sandbox.inside import confine
+from services.code.sandbox.inside.messages import LOADED, STDERR_TAIL, CallOutcome, Job, Outcome, Skipped, to_plain
 
 # How often the candidate's CPU time is read while a test runs; a tests' process gets this
 # much more wall time than a test to report after its candidate was stopped.

@@ -1,3 +1,4 @@
+# Over 400 lines: the zygote's lifecycle, the run slots and the runs share one lock and one socket protocol.
 """The server's side of the sandbox: pick the isolation, keep the warm zygote, lend run slots.
 
 Isolation, strongest first (docs/ARCHITECTURE.md §8):
@@ -43,16 +44,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from services.code import cgroups, sandboxed
+from services.code import cgroups
 from services.code.packages import SANDBOX_PATH
-from services.code.sandboxed import calls, wire
-from services.code.sandboxed.confine import SampleCgroup
-from services.code.sandboxed.wire import Job, Outcome, TrustedTests
+from services.code.sandbox import inside
+from services.code.sandbox.inside import messages, relay
+from services.code.sandbox.inside.confine import SampleCgroup
+from services.code.sandbox.inside.messages import Job, Outcome, TrustedTests
 
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "unshare", "none")
-ZYGOTE_SOURCE = sandboxed.bundle().encode()
+ZYGOTE_SOURCE = inside.bundle().encode()
 # Root may do these inside bwrap; a test process loses them all when it drops its uid.
 # CAP_SYS_ADMIN lets each supervisor mount its sample's /tmp in a namespace of its own.
 BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
@@ -290,7 +292,7 @@ class Sandbox:
         binds = [*self.cgroups.bwrap_binds(), *self.binds] if self.isolation == "bwrap" else []
         python = os.path.realpath(sys.executable)
         spec = json.dumps({"version": self.cgroups.version, "dirs": self.cgroups.sandbox_dirs(self.isolation)})
-        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", sandboxed.LOADER]
+        command = [*_prefix(self.isolation, self.packages), *binds, python, "-I", "-S", "-c", inside.LOADER]
         spawned: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
@@ -391,17 +393,17 @@ class Sandbox:
             return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(job.sample_s + 10.0)
-        # The outcomes come together (``wire.Outbox``): read through a buffer, many cost one read.
+        # The outcomes come together (``messages.Outbox``): read through a buffer, many cost one read.
         outcomes = sock.makefile("rb")
         try:
             try:
                 sock.connect(self._socket_path)
-                wire.send(sock, job)
+                messages.send(sock, job)
                 if trusted is not None:  # read by the tests' process alone, never by the candidate's
-                    wire.send(sock, trusted)
+                    messages.send(sock, trusted)
                 while True:
-                    message = wire.recv(outcomes)
-                    if isinstance(message, wire.Done):
+                    message = messages.recv(outcomes)
+                    if isinstance(message, messages.Done):
                         return
                     yield message
             except (OSError, EOFError, struct.error, ValueError) as exc:
@@ -412,7 +414,7 @@ class Sandbox:
 
     def _relay_calls(self, job: Job, held_bytes: int) -> Iterator[Outcome]:
         """Call-based tests: this thread sends the calls and times the answers itself
-        (``calls.CallRun``), each candidate a sample's init that became it; another is
+        (``relay.CallRun``), each candidate a sample's init that became it; another is
         started if one dies. The outcomes come when the sample is done (a run that fails is
         re-run whole), never judged meanwhile: how long judging an answer takes (a right one
         may take longer to compare) would delay the next call, which the candidate can time.
@@ -424,7 +426,7 @@ class Sandbox:
 
         def hold(outcome: Outcome) -> None:
             nonlocal held
-            if isinstance(outcome, wire.CallOutcome) and outcome.answer is not None:
+            if isinstance(outcome, messages.CallOutcome) and outcome.answer is not None:
                 held += len(outcome.answer)
                 if held > most:
                     outcome = dataclasses.replace(outcome, failure="output_exceeded", answer=None)
@@ -433,31 +435,31 @@ class Sandbox:
         # The candidate needs the tests' number only (its CPU rlimit): the calls come from here.
         sent = dataclasses.replace(job, tests=[None] * len(job.tests))
 
-        def start() -> calls.Candidate:
+        def start() -> relay.Candidate:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # its pid comes with Started
                 sock.settimeout(job.sample_s + 10.0)
                 sock.connect(self._socket_path)
-                wire.send(sock, sent)
+                messages.send(sock, sent)
                 return InitCandidate(sock, self.cgroups)
 
         try:
-            calls.run_calls(job, hold, time.monotonic() + job.sample_s, start)
+            relay.run_calls(job, hold, time.monotonic() + job.sample_s, start)
         except (OSError, EOFError, struct.error, ValueError) as exc:
             raise SandboxFailure(f"sandbox run failed: {exc}") from exc
         yield from outcomes
 
 
-class InitCandidate(calls.Candidate):
+class InitCandidate(relay.Candidate):
     """A call-based sample's init that became its candidate (``supervisor._become_candidate``),
     as the server sees it: the pidfd and pipes it sent with ``Started`` (``STARTED_FDS``), its
     pid (from the connection's credentials) and its cgroup."""
 
     def __init__(self, sock: socket.socket, cgroups: cgroups.Cgroups) -> None:
-        started, fds, pid, rest = wire.recv_with_fds(sock, len(wire.STARTED_FDS))
+        started, fds, pid, rest = messages.recv_with_fds(sock, len(messages.STARTED_FDS))
         self.pidfd, stdout, stderr, calls_pipe, answers = fds
         # Started comes alone (the kernel ends a read at descriptors) and names one cgroup.
-        if not isinstance(started, wire.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
+        if not isinstance(started, messages.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
             for fd in fds:
                 os.close(fd)
             raise ValueError(f"a {type(started).__name__} where Started was expected")

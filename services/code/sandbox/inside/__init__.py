@@ -1,20 +1,23 @@
 """What runs inside the code sandbox, one module per process role (stdlib only, no other imports).
 
-- ``wire``: the messages between the server and a sample's supervisor (typed, framed JSON),
+- ``messages``: the messages between the server and a sample's supervisor (typed, framed JSON),
   the plain-data codec of calls and answers, and the fd numbers of the pipes between processes;
 - ``confine``: what confines a program's processes (namespaces, seccomp, rlimits, uids) and
   clears up after them;
-- ``harness``: the bodies of the processes that run untrusted or label code: a stdin program,
-  the candidate's call server, the assert tests' process;
+- ``program``: the bodies of the processes that run the program, untrusted: a stdin test's,
+  the candidate's call server;
+- ``tester``: the body of the assert tests' process, which runs the label's code under a uid
+  of its own;
 - ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
 - ``files``: a ``/run_code`` run's files, placed before it and fetched after it;
 - ``interact``: an interactive test's program and interactor, run at once and joined by pipes;
-- ``calls``: the relay of a candidate's calls, trusted: it times each test on the candidate's
-  CPU clock (run by the supervisor for assert tests, by the server for call-based ones);
+- ``relay``: the relay of a candidate's calls, trusted: it times each test on the candidate's
+  CPU clock (run by the supervisor for assert tests, and imported by the server, ``host``,
+  for the call-based tests it relays);
 - ``supervisor``: one sample, trusted (root): runs its tests, times them, streams their outcomes;
 - ``zygote``: the warm fork server that forks a supervisor per connection.
 
-``sandbox.Sandbox`` ships this package's sources into the sandbox as one unit (``bundle``),
+``host.Sandbox`` ships this package's sources into the sandbox as one unit (``bundle``),
 since the sandbox's root holds no checkout.
 """
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("wire", "confine", "harness", "compiled", "files", "calls", "interact", "supervisor", "zygote")
+MODULES = ("messages", "confine", "program", "tester", "compiled", "files", "relay", "interact", "supervisor", "zygote")
 
 
 # What ``python -I -S -c`` runs in the sandbox: the bundle, read from its stdin (then

@@ -31,9 +31,9 @@ import termios
 import time
 import typing
 
-from services.code.sandboxed import compiled, confine, harness, wire
-from services.code.sandboxed.calls import CPU_TICK_S
-from services.code.sandboxed.wire import RESULT_FD, STDERR_TAIL, InteractorFiles, InteractOutcome, Job, Skipped
+from services.code.sandbox.inside import compiled, confine, messages
+from services.code.sandbox.inside.messages import RESULT_FD, STDERR_TAIL, InteractorFiles, InteractOutcome, Job, Skipped
+from services.code.sandbox.inside.relay import CPU_TICK_S
 
 # The interactor's descriptors: the test's input, its answer, its own build, a Kattis
 # validator's feedback directory.
@@ -75,7 +75,7 @@ class Keeper:
             try:
                 self.sock.close()
                 confine.prctl(confine.PR_SET_DUMPABLE, 0)
-                files = wire.recv(conn)
+                files = messages.recv(conn)
                 if not isinstance(files, InteractorFiles):
                     raise ValueError(f"a {type(files).__name__} where InteractorFiles was expected")
                 _keep(files, theirs)
@@ -140,11 +140,11 @@ def run_tests(
         pristine = confine.tmp_state()
         for index in range(len(job.tests)):
             if time.monotonic() >= deadline:
-                wire.send(conn, Skipped(index))
+                messages.send(conn, Skipped(index))
                 continue
             if index:
                 pristine = fresh_start(pristine)
-            wire.send(conn, _run_test(job, index, keeper, deadline, cgroup))
+            messages.send(conn, _run_test(job, index, keeper, deadline, cgroup))
     finally:
         keeper.close()
 
@@ -222,7 +222,7 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
     if job.interactor_protocol == "kattis":
         os.close(feedback)
     fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
-    body = compiled.body(job) if job.command else lambda: harness.run_stdin_program(job.code, job.prelude)
+    body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
     program = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
     sides = (
         _Process(program, os.dup(to_program[0]), os.dup(to_interactor[1])),

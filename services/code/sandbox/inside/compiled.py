@@ -19,8 +19,8 @@ import stat
 import time
 import typing
 
-from services.code.sandboxed import confine, wire
-from services.code.sandboxed.wire import RESULT_FD, Job, Skipped, StdinOutcome
+from services.code.sandbox.inside import confine, messages
+from services.code.sandbox.inside.messages import RESULT_FD, Job, Skipped, StdinOutcome
 
 # Where a sample's build is shown to its tests, read-only (in the sample's /tmp, mounted by its
 # supervisor over a root-owned directory: the program can neither change nor replace it).
@@ -107,7 +107,7 @@ def build(job: Job, conn: typing.Any, run_test: typing.Callable[[typing.Any], in
             install(OUTPUT_DIR, job.install)
         except OSError as exc:
             outcome.result = json.dumps({"compile_error": f"the build's output was refused: {exc}"})
-    wire.send(conn, outcome)
+    messages.send(conn, outcome)
 
 
 def check(job: Job, conn: typing.Any, deadline: float, run_test: typing.Callable[[int], int]) -> None:
@@ -117,7 +117,7 @@ def check(job: Job, conn: typing.Any, deadline: float, run_test: typing.Callable
     os.mkdir(directory, 0o755)
     for index, contents in enumerate(job.checks):
         if time.monotonic() >= deadline:
-            wire.send(conn, Skipped(index))
+            messages.send(conn, Skipped(index))
             continue
         for path, text in zip(CHECK_FILES, contents, strict=True):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)

@@ -1,3 +1,4 @@
+# Over 400 lines: one process's confinement (namespaces, seccomp, rlimits, uids), shipped stdlib-only.
 """What confines a sample's processes, and what is left of them afterwards: nothing.
 
 Each sample gets mount, IPC, network, UTS and PID namespaces and a cgroup of its own
@@ -23,7 +24,7 @@ import sys
 import time
 import typing
 
-from services.code.sandboxed.wire import Job
+from services.code.sandbox.inside.messages import Job
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_DUMPABLE = 4

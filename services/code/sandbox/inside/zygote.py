@@ -1,6 +1,6 @@
 """The warm fork server that runs inside the sandbox's namespaces (stdlib only).
 
-Started once per worker (by ``sandbox.Sandbox``) as ``python -I -S -c <the package's LOADER>
+Started once per worker (by ``host.Sandbox``) as ``python -I -S -c <the package's LOADER>
 <fd> <cgroups> <packages> <spares>``, the package's bundle on its stdin, where ``fd`` is a
 listening Unix socket made by the server, ``cgroups`` the JSON of its cgroups, ``packages``
 the directory of the packages programs may import ("" for none) and ``spares`` how many
@@ -22,8 +22,8 @@ import socket
 import sys
 import time
 
-from services.code.sandboxed import confine
-from services.code.sandboxed.supervisor import prepare_and_supervise
+from services.code.sandbox.inside import confine
+from services.code.sandbox.inside.supervisor import prepare_and_supervise
 
 # The pause after an init that failed to prepare.
 FAILED_SPARE_PAUSE_S = 0.5

@@ -1,0 +1,3 @@
+"""The code sandbox: the server's side (``host``: the isolation, the warm zygote, the run slots,
+the relay of call-based tests) and what runs inside it (``inside``: shipped into the sandbox
+whole, one module per process and trust level)."""
