@@ -32,8 +32,10 @@ README = ROOT / "README.md"
 SERVICES = ROOT / "docs" / "services.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
 SERVICE_PAGES = sorted(ROOT.glob("services/*/README.md"))
-# The benches' commands run their modules, whose imports (torch) take seconds each: not in the unit loop.
 BENCH_PAGES = sorted(ROOT.glob("bench/**/README.md"))
+# A block that runs a bench's or a service's module: its imports (torch, transformers) take
+# seconds to a minute a command, too long for the unit loop.
+RUNS_A_MODULE = re.compile(r"-m (?:bench|services)\.")
 # The blocks another test runs as written: the marker before the block, and that test.
 RUN_ELSEWHERE = {"smoke test": "tests/test_smoke.py"}
 # A trainer's command-line argument: a Hydra override, ``[+]key.path=value``.
@@ -283,16 +285,16 @@ def check_block(block: Block, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "block", [b for b in BLOCKS if "nginx" not in b.text and not b.page.startswith("bench/")], ids=str
+    "block", [b for b in BLOCKS if "nginx" not in b.text and not RUNS_A_MODULE.search(b.text)], ids=str
 )
 @pytest.mark.unit
 def test_every_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
     check_block(block, tmp_path)
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.page.startswith("bench/")], ids=str)
+@pytest.mark.parametrize("block", [b for b in BLOCKS if RUNS_A_MODULE.search(b.text)], ids=str)
 @pytest.mark.integration
-def test_every_bench_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+def test_every_block_running_a_module_runs_as_written(block: Block, tmp_path: Path) -> None:
     check_block(block, tmp_path)
 
 
