@@ -1,7 +1,7 @@
-"""What the README, docs/ and deploy/README.md show works as they say: the example scorer and
-registry entry, and every shell block, each run as written or, where running it needs a GPU
-node, weights or a long install, checked as far as it can be without them (said per kind in
-``check_command``)."""
+"""What the README, docs/, deploy/README.md and the services' and benches' READMEs show works as
+they say: the example scorer and registry entry, and every shell block, each run as written or,
+where running it needs a GPU node, weights, the network or a long install, checked as far as it
+can be without them (said per kind in ``check_command``)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SERVICES = ROOT / "docs" / "services.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
+SERVICE_PAGES = sorted(ROOT.glob("services/*/README.md"))
+BENCH_PAGES = sorted(ROOT.glob("bench/**/README.md"))
+# A block that runs a bench's or a service's module: its imports (torch, transformers) take
+# seconds to a minute a command, too long for the unit loop.
+RUNS_A_MODULE = re.compile(r"-m (?:bench|services)\.")
 # The blocks another test runs as written: the marker before the block, and that test.
 RUN_ELSEWHERE = {"smoke test": "tests/test_smoke.py"}
 # A trainer's command-line argument: a Hydra override, ``[+]key.path=value``.
@@ -88,7 +93,7 @@ def shell_blocks() -> list[Block]:
     ones (in a list) included."""
     fence = re.compile(r"^(?:<!-- (.+?) -->\n)?( *)```(?:bash|sh|shell)\n(.*?)^\2```", re.MULTILINE | re.DOTALL)
     blocks = []
-    for page in PAGES:
+    for page in [*PAGES, *SERVICE_PAGES, *BENCH_PAGES]:
         text = page.read_text()
         for match in fence.finditer(text):
             line = text.count("\n", 0, match.start(2)) + 1
@@ -124,11 +129,97 @@ def check_trainer_arguments(words: list[str]) -> None:
             assert callable(getattr(module, names.get(key.rsplit(".", 1)[0], "compute_score"))), word
 
 
+# A trainer's command-line flag (OpenRLHF's): ``--key.path``, its value the next word if any.
+FLAG = re.compile(r"--[a-z][\w.]*")
+# A pinned requirement, as a pip command names one.
+PIN = re.compile(r"[A-Za-z0-9][\w.-]*==[\w.]+")
+# The interpreters a command may name: the test environment's, and those ``bash run.sh`` builds.
+PYTHONS = {"python", "python3", ".venv/bin/python"} | {
+    f"{registry.setup_of(name, {}).venv}/bin/python" for name in registry.SERVICES if name != "multi"
+}
+
+
+def check_trainer_flags(words: list[str]) -> None:
+    """A trainer's flags: ``--key.path``, each followed by at most one value."""
+    assert FLAG.fullmatch(words[0]) and len(words) <= 2 and not any(w.startswith("-") for w in words[1:]), words
+
+
+def check_script(words: list[str], env: dict[str, str]) -> None:
+    """A bench script, which needs a GPU node or the network: it is bash, every flag given is one
+    its ``case`` takes, and the interpreter it is given is one ``bash run.sh`` builds."""
+    script = ROOT / words[1]
+    assert script.is_file() and run(["bash", "-n", str(script)]).returncode == 0, words
+    assert all(f"{w})" in script.read_text() for w in words[2:] if w.startswith("--")), words
+    assert env.get("PYTHON", "python3") in PYTHONS, env
+
+
+def check_module(words: list[str], env: dict[str, str], tmp_path: Path) -> None:
+    """``python -m MODULE ARGS``, run with ``--help`` appended (a bench runs for minutes, a
+    service's tool needs its weights) in the test environment: its parser takes the values,
+    and every flag given is one it lists."""
+    if words[1:3] == ["-m", "pytest"]:
+        done = run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider", *words[3:]])
+        assert done.returncode == 0, done.stdout
+        return
+    if words[1:3] == ["-m", "venv"]:
+        done = run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / words[3])])
+        assert done.returncode == 0, done.stderr
+        return
+    if words[1:3] == ["-m", "common.client"]:
+        port = int(re.fullmatch(r"http://localhost:(\d+)", words[3]).group(1))  # type: ignore[union-attr]
+        assert port in {s.port for s in registry.SERVICES.values()}, words
+    assert words[1] == "-m" and words[2].startswith(("bench.", "common.", "services.")), words
+    done = run([sys.executable, *words[1:], "--help"], env={**os.environ, **env})
+    assert done.returncode == 0, (words, done.stderr[-2000:])
+    assert all(w.split("=")[0] in done.stdout for w in words[3:] if w.startswith("--")), (words, done.stdout)
+
+
+def check_python_code(words: list[str], tmp_path: Path) -> None:
+    """``python -c CODE``: the one that takes verl's client out of its wheel runs as written,
+    in a folder of the test's, on the wheel ``bash run.sh test`` downloaded; without it the
+    code only compiles."""
+    wheels = sorted((ROOT / ".verl-client").glob("verl-*.whl"))
+    if ".verl-client" not in words[2] or not wheels:
+        compile(words[2], "<the block>", "exec")
+        return
+    (tmp_path / ".verl-client").mkdir()
+    shutil.copy(wheels[0], tmp_path / ".verl-client")
+    done = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and (tmp_path / ".verl-client" / "utils.py").stat().st_size, done.stderr
+
+
+def check_network(words: list[str], tmp_path: Path) -> None:
+    """A download (needs the network): ``hf download`` runs as written offline, into a folder
+    of the test's, and must get as far as the missing file without a warning about its
+    arguments; ``pip`` takes the flags its ``--help`` lists and pinned requirements only."""
+    if words[0] == "hf":
+        argv = [str(Path(sys.executable).parent / "hf"), *words[1:]]
+        argv[argv.index("--local-dir") + 1] = str(tmp_path / "models")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hub"), "NO_COLOR": "1"}
+        done = run(argv, env=env)
+        assert done.returncode == 1 and "offline mode is enabled" in done.stderr, (words, done.stderr)
+        assert "Warning" not in done.stderr and "Ignoring" not in done.stderr, (words, done.stderr)
+        return
+    at = words.index("pip") + 1
+    done = run([sys.executable, "-m", "pip", words[at], "--help"])
+    assert done.returncode == 0, done.stderr
+    flags = [w for w in words[at + 1 :] if w.startswith("-")]
+    assert all(re.search(rf"(^|[ ,]){re.escape(f)}\b", done.stdout, re.MULTILINE) for f in flags), words
+    values = [
+        w for i, w in enumerate(words[at + 1 :], at + 1) if not w.startswith("-") and words[i - 1] not in {"-r", "-d"}
+    ]
+    assert all(PIN.fullmatch(v) for v in values), words
+    assert all((ROOT / words[i + 1]).is_file() for i, w in enumerate(words) if w == "-r"), words
+
+
 def check_command(words: list[str], prefixes: dict[str, Path], tmp_path: Path) -> None:
     """Run or check one command as its kind allows; a kind with no check here fails, so that a
     new command in the docs gets one."""
+    env = {}
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
-        words = words[1:]  # an environment assignment before the command
+        key, _, value = words[0].partition("=")  # an environment assignment before the command
+        env[key] = value
+        words = words[1:]
     if words[:2] == ["bash", "run.sh"] and words[2:3] == ["test"]:
         # The suite's own command: CI runs it (a run inside the suite would run the suite).
         assert "bash run.sh test" in (ROOT / ".ci" / "run").read_text()
@@ -137,6 +228,8 @@ def check_command(words: list[str], prefixes: dict[str, Path], tmp_path: Path) -
         # are checked instead, by run.sh's own parser, which reads them all before `--help`.
         done = run([*words, "--help"])
         assert done.returncode == 0 and "Start the scorer services" in done.stdout, (words, done.stderr)
+    elif words[0] == "bash" and words[1].startswith("bench/"):
+        check_script(words, env)
     elif words[:3] == ["python3", "-m", "deploy.render_nginx"]:
         # Rendered as written into a folder of the test's, the node names made resolvable.
         at = words.index("--prefix") + 1
@@ -153,18 +246,29 @@ def check_command(words: list[str], prefixes: dict[str, Path], tmp_path: Path) -
         assert words[at] in prefixes, f"{words}: no configuration rendered into {words[at]} before"
         done = run(["nginx", "-t", *words[1:at], str(prefixes[words[at]]), *words[at + 1 :]])
         assert done.returncode == 0 and "test is successful" in done.stderr, done.stderr
-    elif words[0] == ".venv/bin/python" and words[1:3] == ["-m", "pytest"]:
-        done = run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider", *words[3:]])
-        assert done.returncode == 0, done.stdout
+    elif words[0] == "hf" or "pip" in words[:3] or words[0].endswith("/bin/pip"):
+        check_network([*words[:1], "pip", *words[1:]] if words[0].endswith("/bin/pip") else words, tmp_path)
+    elif words[0] == "pytest":
+        check_module(["python", "-m", *words], env, tmp_path)
+    elif words[0] in PYTHONS and words[1] == "-c":
+        check_python_code(words, tmp_path)
+    elif words[0] in PYTHONS:
+        check_module(words, env, tmp_path)
+    elif words[0] == "source":
+        assert words[1:] == [".venv/bin/activate"], words  # the environment the test runs in
+    elif words[:3] == ["git", "worktree", "add"]:
+        # A past measurement's baseline: the commit it checks out is in the history.
+        done = run(["git", "cat-file", "-e", words[-1] + "^{commit}"])
+        assert done.returncode == 0, f"{words}: no such commit ({done.stderr})"
     elif OVERRIDE.fullmatch(words[0]):
         check_trainer_arguments(words)
+    elif FLAG.fullmatch(words[0]):
+        check_trainer_flags(words)
     else:
         pytest.fail(f"no check for the command {shlex.join(words)}: add one to check_command")
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if "nginx" not in b.text], ids=str)
-@pytest.mark.unit
-def test_every_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+def check_block(block: Block, tmp_path: Path) -> None:
     assert run(["bash", "-n"], input=block.text).returncode == 0, f"{block}: not bash"
     if block.marker in RUN_ELSEWHERE:
         assert (ROOT / RUN_ELSEWHERE[block.marker]).is_file()
@@ -180,6 +284,20 @@ def test_every_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None
         check_command(words, prefixes, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "block", [b for b in BLOCKS if "nginx" not in b.text and not RUNS_A_MODULE.search(b.text)], ids=str
+)
+@pytest.mark.unit
+def test_every_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+    check_block(block, tmp_path)
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if RUNS_A_MODULE.search(b.text)], ids=str)
+@pytest.mark.integration
+def test_every_block_running_a_module_runs_as_written(block: Block, tmp_path: Path) -> None:
+    check_block(block, tmp_path)
+
+
 @pytest.mark.parametrize("block", [b for b in BLOCKS if "nginx" in b.text], ids=str)
 @pytest.mark.integration
 def test_every_nginx_block_renders_a_configuration_nginx_takes(block: Block, tmp_path: Path) -> None:
@@ -191,10 +309,11 @@ def test_every_nginx_block_renders_a_configuration_nginx_takes(block: Block, tmp
 @pytest.mark.unit
 def test_the_blocks_are_found() -> None:
     """Every page's blocks are collected: each fence opened is closed, none is missed."""
-    for page in PAGES:
+    for page in [*PAGES, *SERVICE_PAGES, *BENCH_PAGES]:
         opened = len(re.findall(r"^ *```(?:bash|sh|shell)$", page.read_text(), re.MULTILINE))
         assert opened == sum(b.page == str(page.relative_to(ROOT)) for b in BLOCKS), page
-    assert {b.page for b in BLOCKS} >= {"README.md", "docs/deployment.md", "docs/protocols.md"}
+    pages = {"README.md", "docs/deployment.md", "docs/protocols.md", "services/code/README.md", "bench/code/README.md"}
+    assert {b.page for b in BLOCKS} >= pages
 
 
 def source_files(root: Path) -> list[Path]:

@@ -6,7 +6,7 @@
 #   PYTHON=/path/to/venv/bin/python bash bench/aesthetic/gpu.sh [extra bench.py flags]
 #
 # PYTHON must have the CUDA build of torch 2.13.0 and requirements-clip.txt installed
-# (bash run.sh aesthetic builds such a venv, .venv-aesthetic, on a GPU node).
+# (bash run.sh aesthetic builds such a venv, .venv-clip, on a GPU node).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PYTHON=${PYTHON:-python3}

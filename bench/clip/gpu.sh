@@ -7,7 +7,7 @@
 #   PYTHON=/path/to/venv/bin/python bash bench/clip/gpu.sh [extra bench.py flags]
 #
 # PYTHON must have the CUDA build of torch 2.13.0 and the pickscore requirements installed
-# (bash run.sh pickscore builds such a venv, .venv-pickscore, on a GPU node), plus
+# (bash run.sh pickscore builds such a venv, .venv-clip, on a GPU node), plus
 # open_clip_torch==3.3.0 installed with --no-deps for CLIP's vocabulary (tests/clip_models.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -223,9 +223,9 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
         os.close(feedback)
     fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
     body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
-    program = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
+    graded = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
     sides = (
-        _Process(program, os.dup(to_program[0]), os.dup(to_interactor[1])),
+        _Process(graded, os.dup(to_program[0]), os.dup(to_interactor[1])),
         _Process(interactor, os.dup(to_interactor[0]), os.dup(to_program[1])),
     )
     for fd in (test_input, answer, executable, *to_program, *to_interactor, *(w for _, w in pipes.values())):
