@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from common.config import ConfigError, describe, env_name, from_env
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_per_image
 from common.media import MediaRequest, VideoRule
-from common.scorer import ImageScorer, Samples, Scored
+from common.scorer import ImageScorer, Query, Samples, Scored
 from common.settings import CoreSettings
 from services.judge import prompts
 from services.judge.engine import EngineClient, Reply
@@ -33,6 +34,9 @@ from services.ocr.reward import RuleOptions, check_targets, reward
 # flow_grpo resizes each image to 512x512 before sending it to UnifiedReward v1.
 V1_SIZE = (512, 512)
 PARSE_FAILURE = "parse_failure"
+# Set while the judge's own service prepares a request: only there are a video's frames made one
+# item (``video_samples``); the multi service would judge them one by one.
+_WHOLE_VIDEOS: ContextVar[bool] = ContextVar("whole_videos", default=False)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,11 @@ class JudgeScorer(ImageScorer):
             for index, prompt in enumerate(request.prompts, request.first_prompt):
                 check_targets(prompt, self.ocr_options, index)
         if self.pairwise:
+            if request.frames is not None and not _WHOLE_VIDEOS.get():
+                raise Unprocessable(
+                    "the pairwise judge compares whole videos only when it is served alone (run.sh judge); "
+                    "in a multi request it takes images"
+                )
             counts: dict[str, int] = {}
             for prompt in request.prompts:
                 counts[prompt] = counts.get(prompt, 0) + 1
@@ -129,6 +138,13 @@ class JudgeScorer(ImageScorer):
                 if prompt not in targets:
                     targets[prompt] = check_targets(prompt, self.ocr_options, index)
         return [JudgeItem((url,), prompt, targets.get(prompt), show) for url, prompt in zip(urls, prompts_)]
+
+    def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
+        token = _WHOLE_VIDEOS.set(True)
+        try:
+            return super().prepare_samples(payload, query)
+        finally:
+            _WHOLE_VIDEOS.reset(token)
 
     def video_samples(self, items: list[JudgeItem], sizes: list[int], rule: VideoRule) -> Samples:
         """The pairwise judge compares two videos in one call, as Pref-GRPO does: each video one

@@ -14,6 +14,7 @@ from PIL import Image
 
 from common.config import ConfigError
 from common.errors import PayloadTooLarge, Unprocessable
+from common.media import parse_media_request
 from common.settings import CoreSettings
 from services.judge.engine import Reply
 from services.judge.scorer import JudgeItem, JudgeScorer
@@ -157,6 +158,17 @@ def test_an_image_answer_to_a_video_comparison_does_not_parse(monkeypatch: pytes
     samples = judge.prepare_samples({"videos": [[png(1)], [png(2)]], "prompts": ["p", "p"]})
     results = samples.results(judge.score_request(samples.items))
     assert all(math.isnan(r.score) and r.extras["error_types"] == "parse_failure" for r in results)
+
+
+def test_pairwise_videos_outside_the_judges_own_service_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi service checks and prepares a reward's frames itself (one item each), which
+    would compare a video's frames with each other: it gets a 422 instead."""
+    judge = scorer(monkeypatch, "unifiedreward-think", "nan", None)
+    payload = {"videos": [[png(1)], [png(2)]], "prompts": ["p", "p"]}
+    request = parse_media_request(payload, judge.core, judge.video_rules)
+    with pytest.raises(Unprocessable, match="served alone"):
+        judge.check_images([], request)
+    assert len(judge.prepare_samples(payload).items) == 2  # its own service: one item per video
 
 
 def _shades(urls: tuple[str, ...]) -> list[int]:
