@@ -377,15 +377,13 @@ case $command in
       SCORER_OCR_ENGINE=paddleocr ensure_venv ocr
       export SCORER_TEST_PADDLE_PYTHON=$VENV/bin/python
     fi
-    if [ -z "${SCORER_TEST_SKIP_REFERENCE:-}" ]; then
-      # open_clip and torchvision, the CLIP reward tests' reference libraries (tests/clip_reference.py).
+    if [ -z "${SCORER_TEST_SKIP_REFERENCE:-}" ] || [ -z "${SCORER_TEST_SKIP_ENGINE:-}" ]; then
+      # One environment on torch 2.14.1 with its torchvision: open_clip and torchvision, the CLIP
+      # reward tests' reference libraries (tests/clip_reference.py), and transformers serve, the
+      # judge tests' OpenAI-compatible engine (testing/judge_engine.py).
       ensure_venv reference
-      export SCORER_TEST_REFERENCE_PYTHON=$VENV/bin/python
-    fi
-    if [ -z "${SCORER_TEST_SKIP_ENGINE:-}" ]; then
-      # transformers serve, the judge tests' OpenAI-compatible engine (testing/judge_engine.py).
-      ensure_venv engine
-      export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
+      [ -n "${SCORER_TEST_SKIP_REFERENCE:-}" ] || export SCORER_TEST_REFERENCE_PYTHON=$VENV/bin/python
+      [ -n "${SCORER_TEST_SKIP_ENGINE:-}" ] || export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
     fi
     [ -n "${SCORER_TEST_VERL_SANDBOX_FUSION:-}" ] || verl_client "$tests_venv/bin/python"
     exec "$tests_venv/bin/python" -m pytest "$@"

@@ -216,8 +216,13 @@ class ImageScorer(Scorer):
         items = self.prepare_images(images, request.item_prompts, request.metadata) if images else []
         if request.frames is None:
             return Samples(items)
-        sizes = [len(chosen) for chosen in request.frames]
-        return Samples(items, lambda results: combine_frames(results, sizes, request.rule))
+        return self.video_samples(items, [len(chosen) for chosen in request.frames], request.rule)
+
+    def video_samples(self, items: list[Any], sizes: list[int], rule: VideoRule) -> Samples:
+        """A video request's samples from its chosen frames' items (``sizes``: each video's count,
+        in order): each frame scored alone, a video's frames combined by ``rule``. A scorer that
+        judges a video whole makes one item of each video's frames instead."""
+        return Samples(items, lambda results: combine_frames(results, sizes, rule))
 
 
 def decode(opened: list[Image.Image], request: MediaRequest, service: str) -> list[Image.Image]:

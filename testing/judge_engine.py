@@ -16,14 +16,12 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import requests
-import torch
-from transformers import GenerationConfig, Qwen2Tokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-from testing.qwen2vl_models import save_base
 from testing.server import free_port
 
 # The logit of the steered token over every other (zero): certain under any temperature.
@@ -31,7 +29,13 @@ STEER = 100.0
 
 
 def save_judge_model(directory: Path, reply: str | None = None, seed: int = 0) -> Path:
-    """A tiny random Qwen2-VL-7B-Instruct layout in ``directory``, answering ``reply`` when given."""
+    """A tiny random Qwen2-VL-7B-Instruct layout in ``directory``, answering ``reply`` when given.
+    (torch and transformers are imported here: starting the engine needs neither.)"""
+    import torch
+    from transformers import GenerationConfig, Qwen2Tokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from testing.qwen2vl_models import save_base
+
     save_base(directory)
     if reply is not None:
         tokenizer = Qwen2Tokenizer.from_pretrained(directory)
@@ -45,7 +49,8 @@ def save_judge_model(directory: Path, reply: str | None = None, seed: int = 0) -
     config = Qwen2VLConfig.from_pretrained(directory)
     model = Qwen2VLForConditionalGeneration(config).eval()
     if reply is not None:
-        _steer(model, tokenizer, reply)
+        with torch.no_grad():
+            _steer(model, tokenizer, reply)
     model.generation_config = GenerationConfig(
         eos_token_id=config.text_config.eos_token_id, bos_token_id=config.text_config.bos_token_id
     )
@@ -53,8 +58,8 @@ def save_judge_model(directory: Path, reply: str | None = None, seed: int = 0) -
     return directory
 
 
-@torch.no_grad()
-def _steer(model: Qwen2VLForConditionalGeneration, tokenizer: Qwen2Tokenizer, reply: str) -> None:
+def _steer(model: Any, tokenizer: Any, reply: str) -> None:
+    """Qwen2-VL ``model`` answering ``reply`` (a token of ``tokenizer``), as the module says."""
     newline = tokenizer.convert_tokens_to_ids("Ċ")  # byte-level BPE's "\n"
     answer = tokenizer.convert_tokens_to_ids(reply)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -76,17 +81,22 @@ def _steer(model: Qwen2VLForConditionalGeneration, tokenizer: Qwen2Tokenizer, re
 
 
 @contextlib.contextmanager
-def engine(python: str, log: Path, port: int = 0) -> Iterator[str]:
-    """``transformers serve`` on loopback (``port``, or a free one), its models loaded on demand
-    by path; yields its base URL once it answers, stopped after."""
+def engine(
+    python: str, log: Path, port: int = 0, device: str = "cpu", while_starting: Callable[[], None] | None = None
+) -> Iterator[str]:
+    """``transformers serve`` on loopback (``port``, or a free one) on ``device``, its models
+    loaded on demand by path; yields its base URL once it answers, stopped after.
+    ``while_starting`` runs while the engine starts (its imports take seconds)."""
     port = port or free_port()
     command = [python, "-m", "transformers.cli.transformers", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--device", "cpu"]
+    command += ["--port", str(port), "--device", device]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
+        if while_starting is not None:
+            while_starting()
         wait_for_models(url, process, log)
         yield url
     finally:

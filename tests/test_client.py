@@ -20,7 +20,7 @@ from PIL import Image
 from bench.load.run import _load
 from common import verl_omni
 from common.client import AsyncScorerClient, ScorerClient, settle
-from common.retry import Answer, RetryPolicy, ScorerRequestError
+from common.retry import Answer, GaveUp, Retryable, RetryPolicy, ScorerRequestError, call_before
 from testing.images import render_text
 from testing.server import Server, free_port
 
@@ -40,6 +40,64 @@ def test_the_policy_retries_408_429_and_5xx_and_settles_the_rest() -> None:
         settle(Answer(422, b'{"error": "bad"}', "application/json", 1))
     with pytest.raises(ValueError, match="non-negative"):
         RetryPolicy(retries=-1)
+
+
+class Clock:
+    """A clock that moves only when the caller sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def failing(outcomes: list[str]):
+    """An attempt that fails with ``outcomes`` in turn, then answers how many seconds it had."""
+
+    def attempt(remaining: float) -> float:
+        if outcomes:
+            outcome = outcomes.pop(0)
+            raise Retryable(outcome, f"failed with {outcome}")
+        return remaining
+
+    return attempt
+
+
+@pytest.mark.unit
+def test_a_deadline_bound_caller_retries_by_the_policy_with_capped_backoff() -> None:
+    clock = Clock()
+    policy = RetryPolicy(retries=5, backoff=0.5, backoff_max=1.5)
+    observed: list[str] = []
+    left = call_before(
+        failing(["503", "ConnectionError", "429", "500"]),
+        policy,
+        100.0,
+        clock.sleep,
+        lambda: clock.now,
+        observed.append,
+    )
+    assert clock.sleeps == [0.5, 1.0, 1.5, 1.5] and left == 100.0 - 4.5 and observed == ["retried"] * 4
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("outcomes", "expires", "reason", "sleeps"),
+    [
+        (["422"], 100.0, "final", []),  # not retried
+        (["503"] * 3, 100.0, "final", [0.5, 1.0]),  # the retries ran out
+        (["503"] * 9, 1.2, "deadline", [0.5]),  # the next pause (1 s) would end past the deadline
+    ],
+)
+def test_a_deadline_bound_caller_gives_up(
+    outcomes: list[str], expires: float, reason: str, sleeps: list[float]
+) -> None:
+    clock = Clock()
+    with pytest.raises(GaveUp) as gave_up:
+        call_before(failing(outcomes), RetryPolicy(retries=2, backoff=0.5), expires, clock.sleep, lambda: clock.now)
+    assert gave_up.value.reason == reason and clock.sleeps == sleeps
 
 
 @pytest.mark.unit

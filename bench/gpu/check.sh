@@ -2,10 +2,10 @@
 # One GPU check, for a bare GPU machine (Python 3.12 with torch, transformers, onnx, onnxruntime,
 # numpy, pillow, prometheus-client, werkzeug, opencv-python-headless; no package index). Run from
 # the repository root, with .whl/ made beforehand by bench/gpu/wheels.sh; all the steps in under
-# 11 min 20 s, all but the last (multi) in under 10 minutes:
+# 12 min 50 s, all but multi and judge in under 10 minutes:
 #
 #   bash bench/gpu/check.sh --out DIR            on the GPU
-#   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 2 min)
+#   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 3 min)
 #   ... --no-wheels                                  the interpreter's own packages, .whl/ or not
 #   ... --steps multi                                only the steps named (comma-separated)
 #
@@ -15,7 +15,11 @@
 # float16; the OCR three-way bench on the torch engine; the batching bench; the PickScore three-way
 # bench (ViT-B widths, 14-pixel patches, float16); the HPSv3 bench at Qwen2-VL-7B's real size
 # (random weights built on the GPU in bfloat16); the multi bench (OCR + PickScore and OCR +
-# PickScore + aesthetic in one call against each reward's own service). Every figure goes to
+# PickScore + aesthetic in one call against each reward's own service); the judge bench (the judge
+# service in front of transformers serve with a tiny random Qwen2-VL on the GPU, against the same
+# chat completions sent as VeRL-Omni's unified_reward.py sends them; ENGINE_PYTHON, default
+# SCORER_TEST_ENGINE_PYTHON or PYTHON, runs the engine: with --cpu-smoke, one without
+# transformers' serving extras and torchvision skips the step). Every figure goes to
 # DIR/check.json (each step's own JSON and log beside it). PYTHON picks the interpreter; without
 # .whl/ (or with --no-wheels) its own packages must have everything: the test venv does, and
 # tests/test_gpu_check.py runs --cpu-smoke --no-wheels with it.
@@ -32,7 +36,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bash bench/gpu/check.sh --out DIR [--cpu-smoke] [--no-wheels] [--steps A,B]" >&2; exit 2 ;;
   esac
 done
-STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 multi)
+STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 multi judge)
 IFS=, read -r -a wanted <<<"$STEPS"
 for name in ${wanted[@]+"${wanted[@]}"}; do
   [[ " ${STEP_NAMES[*]} " == *" $name "* ]] || { echo "--steps: no step '$name'; the steps: ${STEP_NAMES[*]}" >&2; exit 2; }
@@ -62,7 +66,8 @@ if [ $SMOKE = 1 ]; then
   BATCHING=(--cases 16:8 --rounds 1 --requests 2 --simple-requests 1)
   HPSV3=(--size tiny --device cpu --precision float32 --requests 4 --prompts 2 --rounds 1 --batch-sizes 4)
   MULTI=(--device cpu --requests 4 --rounds 1 --image-size 256)
-  LIMITS=(120 120 120 180 120 180 240 240)  # guards against a hang only: a shared CI machine can be slow
+  JUDGE=(--device cpu --samples 4 --rounds 1 --image-size 64)
+  LIMITS=(120 120 120 180 120 180 240 240 180)  # guards against a hang only: a shared CI machine can be slow
 else
   DEVICE=cuda
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -79,7 +84,8 @@ else
   # five services on the one GPU, each reward's own and one multi service per set.
   MULTI=(--device cuda --ocr-engine torch --pickscore-size b14 --aesthetic-size l14 --precision float16
          --requests 64 --rounds 2)
-  LIMITS=(45 75 105 105 60 50 120 120)
+  JUDGE=(--device cuda --samples 64 --rounds 3 --image-size 256)
+  LIMITS=(45 75 105 105 60 50 120 120 90)
 fi
 
 log "environment"
@@ -119,8 +125,8 @@ step() {
   echo $((SECONDS - started)) >"$OUT/$name.seconds"
 }
 
-# Time limits per step (seconds), in this order; together 11 min 20 s at most on the GPU, 9 min
-# 20 s without the multi step (--steps runs a part, for a machine lent 10 minutes at a time).
+# Time limits per step (seconds), in this order; together 12 min 50 s at most on the GPU, 9 min
+# 20 s without the multi and judge steps (--steps runs a part, for a machine lent 10 minutes at a time).
 step pinning "${LIMITS[0]}" "$PYTHON" -m bench.gpu.pinning --device "$DEVICE" --out "$OUT/pinning.json"
 step ocr_agreement "${LIMITS[1]}" "$PYTHON" -m bench.gpu.ocr_agreement "${AGREEMENT[@]}" --out "$OUT/ocr_agreement.json"
 step aesthetic "${LIMITS[2]}" "$PYTHON" -m bench.aesthetic.bench "${AESTHETIC[@]}" --head "$HEAD" --out "$OUT/aesthetic.json"
@@ -129,13 +135,21 @@ step batching "${LIMITS[4]}" "$PYTHON" -m bench.batching.run "${BATCHING[@]}" --
 step pickscore "${LIMITS[5]}" "$PYTHON" -m bench.clip.bench "${PICKSCORE[@]}" --out "$OUT/pickscore.json"
 step hpsv3 "${LIMITS[6]}" "$PYTHON" -m bench.hpsv3.bench "${HPSV3[@]}" --out "$OUT/hpsv3.json"
 step multi "${LIMITS[7]}" "$PYTHON" -m bench.multi.run "${MULTI[@]}" --out "$OUT/multi.json"
+ENGINE_PYTHON=${ENGINE_PYTHON:-${SCORER_TEST_ENGINE_PYTHON:-$PYTHON}}
+SKIPPED=()
+if [ $SMOKE = 1 ] && ! "$ENGINE_PYTHON" -c 'import fastapi, openai, torchvision, uvicorn' 2>/dev/null; then
+  log "judge skipped: $ENGINE_PYTHON has no transformers serving extras or torchvision (set ENGINE_PYTHON)"
+  SKIPPED+=(judge)
+else
+  step judge "${LIMITS[8]}" "$PYTHON" -m bench.judge.run --engine-python "$ENGINE_PYTHON" "${JUDGE[@]}" --out "$OUT/judge.json"
+fi
 
-"$PYTHON" - "$OUT" ${FAILED[@]+"${FAILED[@]}"} <<'PY'
+"$PYTHON" - "$OUT" "${SKIPPED[*]-}" ${FAILED[@]+"${FAILED[@]}"} <<'PY'
 import json, sys
 from pathlib import Path
-out, failed = Path(sys.argv[1]), sys.argv[2:]
-steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore", "hpsv3", "multi"]
-report = {"failed": failed, "seconds": {}}
+out, skipped, failed = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
+steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore", "hpsv3", "multi", "judge"]
+report = {"failed": failed, "skipped": skipped, "seconds": {}}
 for step in steps:
     path = out / f"{step}.json"
     report[step] = json.loads(path.read_text()) if path.exists() and step not in failed else None

@@ -15,9 +15,7 @@ from prometheus_client import Counter
 from requests.adapters import HTTPAdapter
 
 from common.errors import Overloaded
-
-# Statuses worth another try: the engine is busy, restarting or behind a balancer that says so.
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+from common.retry import GaveUp, Retryable, RetryPolicy, call_before
 
 TOKENS = Counter("scorer_judge_tokens_total", "Engine tokens the judge's calls used", ["service", "kind"])
 CALLS = Counter("scorer_judge_calls_total", "Chat completions sent to the engine", ["service", "outcome"])
@@ -50,9 +48,7 @@ class EngineClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.service = service
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.backoff_max_s = backoff_max_s
+        self.policy = RetryPolicy(retries, backoff_s, backoff_max=backoff_max_s)
         self.sleep = sleep
         self.session = requests.Session()
         self.session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=concurrency))
@@ -89,32 +85,27 @@ class EngineClient:
         return self.pool.submit(self.complete, body, expires)
 
     def complete(self, body: dict[str, Any], expires: float) -> Reply:
-        """POST ``body`` to ``/v1/chat/completions``; retried on 429/5xx and connection errors
-        with backoff while the deadline allows; ``EngineUnavailable`` after."""
-        attempt = 0
-        while True:
-            remaining = expires - time.monotonic()
-            if remaining <= 0:
-                CALLS.labels(self.service, "deadline").inc()
-                raise EngineUnavailable("the judge's engine did not answer within the request's deadline")
+        """POST ``body`` to ``/v1/chat/completions``, retried by the clients' one policy
+        (``common.retry``: 408, 429, 5xx and connection errors, with backoff) while the deadline
+        allows; ``EngineUnavailable`` after."""
+
+        def attempt(remaining: float) -> Reply:
             try:
                 answer = self.session.post(f"{self.url}/v1/chat/completions", json=body, timeout=remaining)
-                problem = f"answered {answer.status_code}: {answer.text[:200]}"
-                if answer.status_code == 200:
-                    return self._reply(answer)
-                retry = answer.status_code in RETRY_STATUSES
             except requests.RequestException as exc:
-                problem, retry = f"could not be reached: {type(exc).__name__}", True
-            if not retry or attempt >= self.retries:
-                CALLS.labels(self.service, "failed").inc()
-                raise EngineUnavailable(f"the judge's engine {problem}")
-            delay = min(self.backoff_s * 2**attempt, self.backoff_max_s)
-            if time.monotonic() + delay >= expires:
-                CALLS.labels(self.service, "deadline").inc()
-                raise EngineUnavailable(f"the judge's engine {problem}; no time left to retry")
-            CALLS.labels(self.service, "retried").inc()
-            self.sleep(delay)
-            attempt += 1
+                raise Retryable(type(exc).__name__, f"could not be reached: {type(exc).__name__}") from None
+            if answer.status_code != 200:
+                raise Retryable(str(answer.status_code), f"answered {answer.status_code}: {answer.text[:200]}")
+            return self._reply(answer)
+
+        try:
+            return call_before(attempt, self.policy, expires, sleep=self.sleep, observe=self._count)
+        except GaveUp as exc:
+            self._count("deadline" if exc.reason == "deadline" else "failed")
+            raise EngineUnavailable(f"the judge's engine {exc.problem}") from None
+
+    def _count(self, outcome: str) -> None:
+        CALLS.labels(self.service, outcome).inc()
 
     def _reply(self, response: requests.Response) -> Reply:
         """A 200's chat completion; one that is not is the engine's fault, not retried."""

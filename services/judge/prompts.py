@@ -149,6 +149,82 @@ def think_prompt(caption: str) -> str:
     return _THINK_TEMPLATE.replace("{caption}", caption)
 
 
+# Pref-GRPO's UnifiedReward-Think video template (fastvideo/rewards/templates.py), the same text
+# as UnifiedReward's qwen3vl_infer_cot_video_generation.py: each video's frames, first then
+# second, before it.
+_THINK_VIDEO_TEMPLATE = """You are an objective and precise evaluator for video quality comparison. I will provide you with a text caption and a sequence of consecutive frames extracted from two generated videos based on this caption. The first half of the frames belong to Video 1, and the second half of the frames belong to Video 2. You must analyze these two videos carefully and determine which video is better.
+
+        Instructions (MUST follow strictly):
+        1. All reasoning, analysis, explanations, and scores MUST be written strictly inside <think> and </think> tags.
+        2. The <think> block must start immediately with the first evaluation dimension. Do NOT include any introduction, notes, or explanations before the first numbered dimension.
+        3. After </think>, output the final judgment strictly inside <answer> and </answer> tags, containing only one of:
+        - Video 1 is better
+        - Video 2 is better
+        4. Do NOT output anything outside <think> and <answer>. No extra explanations, notes, or prefaces.
+
+        Evaluation procedure:
+
+        1. The caption for the generated videos is: 「{caption}」. The provided frames represent two candidate videos:
+        - First half: Video 1
+        - Second half: Video 2
+
+        2. You must evaluate the two videos across these core dimensions:
+        - Semantic consistency (how closely the video content aligns with the caption)
+        - Temporal coherence (smoothness and logical flow of motion across frames)
+        - Authenticity (realism and attention to detail)
+
+        3. You may also add up to two additional evaluation dimensions if they are clearly relevant (e.g., camera stability, lighting consistency, creativity). If no extra dimensions are relevant, keep only the three core dimensions.
+
+        4. For each evaluation dimension:
+        - Provide a score between 1–10 for both Video 1 and Video 2.
+        - Provide a short rationale for each score (2–5 short sentences).
+        - Each dimension must follow exactly this 3-line block format with numbering, line breaks, and indentation:
+            N. Dimension name: 
+                Video 1 (x/10) - rationale; 
+                Video 2 (y/10) - rationale
+
+        5. After evaluating all dimensions, calculate the total score for each video and show the calculation explicitly, following this exact format:
+            Total score:
+            Video 1: x+x+x(+...)=total
+            Video 2: y+y+y(+...)=total
+
+        6. All reasoning, analysis, scoring, and totals must be written strictly inside <think> and </think> tags. Nothing related to reasoning or scores may appear outside <think>.
+
+        Required output format (follow this exactly, including line breaks and indentation):
+
+        <think>
+        1. Semantic consistency: 
+            Video 1 (9/10) - ...; 
+            Video 2 (7/10) - ...
+        2. Temporal coherence: 
+            Video 1 (8/10) - ...; 
+            Video 2 (6/10) - ...
+        3. Authenticity: 
+            Video 1 (7/10) - ...; 
+            Video 2 (5/10) - ...
+        [Additional dimension if any]: 
+            Video 1 (8/10) - ...; 
+            Video 2 (6/10) - ...
+        [Additional dimension if any]: 
+            Video 1 (7/10) - ...; 
+            Video 2 (7/10) - ...
+        Total score:
+        Video 1: 9+8+7+8+7=39
+        Video 2: 7+6+5+6+7=31
+        </think>
+        <answer>Video 1 is better</answer>
+
+        Note: The example above is only to illustrate the exact format (numbering, line breaks, indentation, and style). Your actual evaluation must follow this format exactly, but be based on the given caption and the two provided videos (frames divided into two halves).
+        """  # noqa: E501, W291  (the published text, trailing spaces and all)
+# Frames of each video a Think video comparison shows, uniformly spaced (Pref-GRPO's num_frames).
+THINK_VIDEO_FRAMES = 8
+
+
+def think_video_prompt(caption: str) -> str:
+    """UnifiedReward-Think's pairwise video prompt, both videos' frames before it."""
+    return _THINK_VIDEO_TEMPLATE.replace("{caption}", caption)
+
+
 VLM_OCR_SYSTEM = "You are a helpful assistant."
 VLM_OCR_PROMPT = "Please output only the text content from the image without any additional descriptions or formatting."
 
@@ -207,9 +283,9 @@ def parse_unified_reward_v1(reply: str) -> float:
     return _on_scale(_one_value(_FINAL.findall(reply), "final score"), 1, 5, "final score")
 
 
-def parse_think(reply: str) -> int:
-    """Which image a Think reply prefers, 1 or 2: the ``<answer>`` after ``</think>``, exactly
-    one of the two published strings (surrounding space aside)."""
+def parse_think(reply: str, subject: str = "Image") -> int:
+    """Which image (``subject``: or ``Video``) a Think reply prefers, 1 or 2: the ``<answer>``
+    after ``</think>``, exactly one of the two published strings (surrounding space aside)."""
     _check_length(reply)
     after = reply.rsplit(_THINK_CLOSE, 1)[1] if _THINK_CLOSE in reply else reply
     answers = {answer.strip() for answer in _ANSWER.findall(after)}
@@ -218,11 +294,12 @@ def parse_think(reply: str) -> int:
     if len(answers) > 1:
         raise ParseFailure(f"the reply has {len(answers)} different answers")
     answer = answers.pop()
-    if answer == "Image 1 is better":
+    first, second = f"{subject} 1 is better", f"{subject} 2 is better"
+    if answer == first:
         return 1
-    if answer == "Image 2 is better":
+    if answer == second:
         return 2
-    raise ParseFailure(f"the answer {answer[:80]!r} is neither 'Image 1 is better' nor 'Image 2 is better'")
+    raise ParseFailure(f"the answer {answer[:80]!r} is neither {first!r} nor {second!r}")
 
 
 def transcription_lines(reply: str) -> list[tuple[str, float]]:

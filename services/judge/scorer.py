@@ -11,17 +11,19 @@ import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from common.config import ConfigError, describe, env_name, from_env
 from common.deadlines import current_deadline
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_per_image
-from common.media import MediaRequest
-from common.scorer import ImageScorer, Scored
+from common.media import MediaRequest, VideoRule
+from common.scorer import ImageScorer, Query, Samples, Scored
 from common.settings import CoreSettings
 from services.judge import prompts
 from services.judge.engine import EngineClient, Reply
@@ -32,17 +34,21 @@ from services.ocr.reward import RuleOptions, check_targets, reward
 # flow_grpo resizes each image to 512x512 before sending it to UnifiedReward v1.
 V1_SIZE = (512, 512)
 PARSE_FAILURE = "parse_failure"
+# Set while the judge's own service prepares a request: only there are a video's frames made one
+# item (``video_samples``); the multi service would judge them one by one.
+_WHOLE_VIDEOS: ContextVar[bool] = ContextVar("whole_videos", default=False)
 
 
 @dataclass(frozen=True)
 class JudgeItem:
-    """One image (or chosen frame) to judge: its data URL, its prompt, and for VLM OCR the
-    prompt's target texts."""
+    """One image (or chosen frame) to judge, or for the pairwise judge one video's frames: their
+    data URLs, the prompt, and for VLM OCR the prompt's target texts."""
 
-    url: str
+    urls: tuple[str, ...]
     prompt: str
     targets: list[str] | None
     show_reply: bool
+    video: bool = False
 
 
 def data_url(image: Image.Image) -> str:
@@ -97,8 +103,11 @@ class JudgeScorer(ImageScorer):
             for index, prompt in enumerate(request.prompts, request.first_prompt):
                 check_targets(prompt, self.ocr_options, index)
         if self.pairwise:
-            if request.frames is not None:
-                raise Unprocessable("the pairwise judge takes images; its video judging is not served yet")
+            if request.frames is not None and not _WHOLE_VIDEOS.get():
+                raise Unprocessable(
+                    "the pairwise judge compares whole videos only when it is served alone (run.sh judge); "
+                    "in a multi request it takes images"
+                )
             counts: dict[str, int] = {}
             for prompt in request.prompts:
                 counts[prompt] = counts.get(prompt, 0) + 1
@@ -129,7 +138,28 @@ class JudgeScorer(ImageScorer):
             for index, prompt in enumerate(prompts_):
                 if prompt not in targets:
                     targets[prompt] = check_targets(prompt, self.ocr_options, index)
-        return [JudgeItem(url, prompt, targets.get(prompt), show) for url, prompt in zip(urls, prompts_)]
+        return [JudgeItem((url,), prompt, targets.get(prompt), show) for url, prompt in zip(urls, prompts_)]
+
+    def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
+        token = _WHOLE_VIDEOS.set(True)
+        try:
+            return super().prepare_samples(payload, query)
+        finally:
+            _WHOLE_VIDEOS.reset(token)
+
+    def video_samples(self, items: list[JudgeItem], sizes: list[int], rule: VideoRule) -> Samples:
+        """The pairwise judge compares two videos in one call, as Pref-GRPO does: each video one
+        item of its chosen frames' ``THINK_VIDEO_FRAMES`` uniformly spaced ones (np.linspace)."""
+        if not self.pairwise:
+            return super().video_samples(items, sizes, rule)
+        videos, start = [], 0
+        for size in sizes:
+            frames = items[start : start + size]
+            start += size
+            shown = np.linspace(0, size - 1, min(prompts.THINK_VIDEO_FRAMES, size), dtype=int)
+            urls = tuple(frames[index].urls[0] for index in shown)
+            videos.append(JudgeItem(urls, frames[0].prompt, None, frames[0].show_reply, video=True))
+        return Samples(videos)
 
     def _expires(self) -> float:
         deadline = current_deadline()
@@ -147,7 +177,7 @@ class JudgeScorer(ImageScorer):
         return self._fill_failures([self._pointwise(item, reply) for item, reply in zip(items, replies)])
 
     def _pointwise_body(self, item: JudgeItem) -> dict[str, Any]:
-        image = {"type": "image_url", "image_url": {"url": item.url}}
+        image = {"type": "image_url", "image_url": {"url": item.urls[0]}}
         judge = self.settings.judge
         if judge == "vlm-ocr":
             messages = [
@@ -198,7 +228,7 @@ class JudgeScorer(ImageScorer):
             for index in (a, b):
                 replies[index].append(reply.text)
             try:
-                winner = a if prompts.parse_think(reply.text) == 1 else b
+                winner = a if prompts.parse_think(reply.text, "Video" if items[a].video else "Image") == 1 else b
             except ParseFailure:
                 failed[a] += 1
                 failed[b] += 1
@@ -229,11 +259,12 @@ class JudgeScorer(ImageScorer):
         return results
 
     def _pair_body(self, first: JudgeItem, second: JudgeItem) -> dict[str, Any]:
-        content = [
-            {"type": "image_url", "image_url": {"url": first.url}},
-            {"type": "image_url", "image_url": {"url": second.url}},
-            {"type": "text", "text": prompts.think_prompt(first.prompt)},
+        """The two images (or the first video's frames, then the second's), then the prompt."""
+        content: list[dict[str, Any]] = [
+            {"type": "image_url", "image_url": {"url": url}} for url in first.urls + second.urls
         ]
+        text = prompts.think_video_prompt(first.prompt) if first.video else prompts.think_prompt(first.prompt)
+        content.append({"type": "text", "text": text})
         return self._body([{"role": "user", "content": content}], prompts.THINK_SAMPLING)
 
     def _fill_failures(self, results: list[Scored]) -> list[Scored]:

@@ -105,3 +105,12 @@ def test_the_prompts_are_the_published_ones_with_the_caption_in_place() -> None:
     assert prompts.unified_reward_v1_prompt("a cat").startswith("<image>\nYou are given a text caption")
     think = prompts.think_prompt("a {cat}")
     assert "「a {cat}」" in think and "<answer>Image 1 is better</answer>" in think
+    video = prompts.think_video_prompt("a {cat}")
+    assert "「a {cat}」" in video and "The first half of the frames belong to Video 1" in video
+
+
+def test_think_reads_a_video_comparisons_answer() -> None:
+    video = THINK.replace("Image 1 is better", "Video 2 is better")
+    assert prompts.parse_think(video, "Video") == 2
+    with pytest.raises(ParseFailure, match="Video 1 is better"):
+        prompts.parse_think(THINK, "Video")  # an image's answer to a video comparison

@@ -3,6 +3,7 @@ pairwise groups, with the engine's replies given (the engine itself: test_judge_
 
 from __future__ import annotations
 
+import base64
 import io
 import math
 from concurrent.futures import Future
@@ -13,6 +14,7 @@ from PIL import Image
 
 from common.config import ConfigError
 from common.errors import PayloadTooLarge, Unprocessable
+from common.media import parse_media_request
 from common.settings import CoreSettings
 from services.judge.engine import Reply
 from services.judge.scorer import JudgeItem, JudgeScorer
@@ -48,7 +50,7 @@ def scorer(monkeypatch: pytest.MonkeyPatch, judge: str, policy: str, reply: Any,
 
 
 def items(urls: list[str], prompt: str = "p") -> list[JudgeItem]:
-    return [JudgeItem(url, prompt, None, False) for url in urls]
+    return [JudgeItem((url,), prompt, None, False) for url in urls]
 
 
 POINTWISE = {"a": "Final Score: 5", "b": "Final Score: 3", "c": "no score here"}
@@ -102,10 +104,14 @@ def test_pairwise_both_orders_cancel_a_position_bias(monkeypatch: pytest.MonkeyP
     assert [r.extras["comparisons"] for r in results] == [2, 2, 4, 4, 4]
 
 
-def request(prompts: list[str]) -> dict[str, Any]:
+def png(shade: int = 255) -> bytes:
     image = io.BytesIO()
-    Image.new("RGB", (32, 32), "white").save(image, "PNG")
-    return {"images": [image.getvalue()] * len(prompts), "prompts": prompts}
+    Image.new("RGB", (32, 32), (shade, shade, shade)).save(image, "PNG")
+    return image.getvalue()
+
+
+def request(prompts: list[str]) -> dict[str, Any]:
+    return {"images": [png()] * len(prompts), "prompts": prompts}
 
 
 def test_a_pairwise_request_is_bounded_before_any_call(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,3 +121,56 @@ def test_a_pairwise_request_is_bounded_before_any_call(monkeypatch: pytest.Monke
         judge.prepare_samples(request(["p"] * 5 + ["q"] * 2))
     with pytest.raises(Unprocessable, match="no other sample"):
         judge.prepare_samples(request(["p", "p", "q"]))
+
+
+def test_pairwise_videos_are_compared_whole_on_eight_uniformly_spaced_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pref-GRPO's video comparison: 8 frames of each video (np.linspace over its frames), the
+    first video's then the second's, before the video prompt; ``Video 1 is better`` read."""
+    bodies: list[dict[str, Any]] = []
+    judge = scorer(monkeypatch, "unifiedreward-think", "nan", None)
+    answer = judge.engine.submit
+
+    def submit(body: dict[str, Any], expires: float) -> Future[Reply]:
+        bodies.append(body)
+        return answer(body, expires)
+
+    judge.engine.reply = lambda urls: "<think>x</think><answer>Video 1 is better</answer>"
+    monkeypatch.setattr(judge.engine, "submit", submit)
+    # Three videos of one prompt: 12 frames (every second chosen: 0, 2, ..., 22), 3 frames, 1 frame.
+    videos = [[png(i) for i in range(24)], [png(100 + i) for i in range(3)], [png(200)]]
+    payload = {"videos": videos, "prompts": ["p"] * 3, "metadata": {"frame_interval": 2}}
+    samples = judge.prepare_samples(payload)
+    assert len(samples.items) == 3 and all(item.video for item in samples.items)
+    # 12 chosen frames -> linspace(0, 11, 8) -> 0, 1, 3, 4, 6, 7, 9, 11: frames 0, 2, 6, 8, 12, 14, 18, 22.
+    shown = [sorted(_shades(item.urls)) for item in samples.items]
+    assert shown == [[0, 2, 6, 8, 12, 14, 18, 22], [100, 102], [200]], shown
+    results = samples.results(judge.score_request(samples.items))
+    assert [r.score for r in results] == [1.0, 0.5, 0.0]
+    first = bodies[0]["messages"][0]["content"]
+    assert len(first) == 8 + 2 + 1 and first[-1]["text"].startswith(
+        "You are an objective and precise evaluator for video"
+    )
+    assert "「p」" in first[-1]["text"]
+
+
+def test_an_image_answer_to_a_video_comparison_does_not_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    judge = scorer(monkeypatch, "unifiedreward-think", "nan", lambda urls: BETTER[1])
+    samples = judge.prepare_samples({"videos": [[png(1)], [png(2)]], "prompts": ["p", "p"]})
+    results = samples.results(judge.score_request(samples.items))
+    assert all(math.isnan(r.score) and r.extras["error_types"] == "parse_failure" for r in results)
+
+
+def test_pairwise_videos_outside_the_judges_own_service_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi service checks and prepares a reward's frames itself (one item each), which
+    would compare a video's frames with each other: it gets a 422 instead."""
+    judge = scorer(monkeypatch, "unifiedreward-think", "nan", None)
+    payload = {"videos": [[png(1)], [png(2)]], "prompts": ["p", "p"]}
+    request = parse_media_request(payload, judge.core, judge.video_rules)
+    with pytest.raises(Unprocessable, match="served alone"):
+        judge.check_images([], request)
+    assert len(judge.prepare_samples(payload).items) == 2  # its own service: one item per video
+
+
+def _shades(urls: tuple[str, ...]) -> list[int]:
+    """The grey level of each frame a data URL carries."""
+    return [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).getpixel((0, 0))[0] for url in urls]

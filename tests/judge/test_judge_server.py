@@ -31,6 +31,7 @@ REPLIES = {
     "v1": "The image matches.\nFinal Score: 4",
     "think": "<think>\nTotal score:\nImage 1: 9+8=17\nImage 2: 7+8=15\n</think>\n<answer>Image 1 is better</answer>",
     "ocr": "HELLO\nWORLD",
+    "think-video": "<think>\nVideo 1: 9+8=17\nVideo 2: 7+8=15\n</think>\n<answer>Video 1 is better</answer>",
 }
 
 
@@ -112,6 +113,19 @@ def test_pairwise_scores_each_sample_by_its_wins_in_its_prompts_group(
     with judge(engine_url, models["think"], "unifiedreward-think", tmp_path, both_orders="1") as server:
         # Both orders: the position bias cancels.
         assert ScorerClient(server.url).scores(images, prompts) == [0.5] * 5
+
+
+def test_pairwise_videos_are_compared_on_their_frames(engine_url: str, models: dict[str, Path], tmp_path: Path) -> None:
+    """Pref-GRPO's video comparison through the engine's real chat template: both videos' frames
+    (8 of each at most) in one call; the steered judge always prefers the first video."""
+    videos = [[b64(blank(48 + 8 * i + j)) for j in range(10)] for i in range(3)]
+    body = {"videos": videos, "prompts": ["a cat running"] * 3, "metadata": {"judge": {"reply": True}}}
+    with judge(engine_url, models["think-video"], "unifiedreward-think", tmp_path) as server:
+        answer = requests.post(server.url + "/", json=body, timeout=300)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["scores"] == [1.0, 0.5, 0.0], answer.text
+        metrics = requests.get(server.url + "/metrics", timeout=10).text
+        assert 'scorer_judge_calls_total{outcome="ok",service="judge"} 3.0' in metrics, metrics
 
 
 def test_vlm_ocr_reads_the_transcription_with_the_ocr_rule(
