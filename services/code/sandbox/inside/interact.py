@@ -31,7 +31,7 @@ import termios
 import time
 import typing
 
-from services.code.sandbox.inside import compiled, confine, messages
+from services.code.sandbox.inside import compiled, confine, messages, program
 from services.code.sandbox.inside.messages import RESULT_FD, STDERR_TAIL, InteractorFiles, InteractOutcome, Job, Skipped
 from services.code.sandbox.inside.relay import CPU_TICK_S
 
