@@ -482,13 +482,13 @@ class Grader:
         self, suite: Suite, checker: Program, outputs: dict[int, str], deadline: float, uid: int
     ) -> dict[int, tuple[str, float]]:
         """The label's custom checker on each test's output, in a sandbox of its own (the
-        program has exited) in the sample's slot: ``checker input output answer``. Raises
+        program has exited) in the sample's slot, as its protocol runs it. Raises
         ``JudgeFailure``."""
         assert self.builds is not None
         order = sorted(outputs)
         files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
         job = self._job(Suite("stdin", [""] * len(order), [""]), "", deadline, checker.language.name)
-        job = self.builds.check_job(checker, job, files, self._cgroups())
+        job = self.builds.check_job(checker, job, files, self._cgroups(), suite.checker.protocol)
         found: dict[int, tuple[str, float]] = {}
         runs = self.sandbox.run(job, uid)
         try:
@@ -496,7 +496,7 @@ class Grader:
                 if not isinstance(run, StdinOutcome):
                     raise JudgeFailure("the checker ran out of time")
                 verdict = checkers.custom_verdict(
-                    run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
+                    run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout, suite.checker.protocol
                 )
                 if verdict is None:
                     raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")
