@@ -34,6 +34,8 @@ def root(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("problems")
     problems.anysum(directory)
     problems.guess(directory)
+    lenient = problems.anysum(directory, "lenient")
+    problems.write(lenient, {"output_validators/sum/validate.py": "raise SystemExit(0)\n"})
     return directory
 
 
@@ -81,6 +83,26 @@ def test_custom_output_validator_judges_any_valid_answer(server: Server) -> None
         "cpp, too slow": ("timeout", 0.0),
         "python, crashes": ("runtime_error", 0.0),
     }
+
+
+def test_what_a_program_prints_is_the_validators_to_judge(server: Server) -> None:
+    """Bytes that are no text, a flood, and the answers' file the validator reads (which the
+    program's sandbox does not hold): a wrong answer each, never a judge failure."""
+    programs = {
+        "bytes": ("python", "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe 1\\n')"),
+        "flood": ("python", "import sys\nsys.stdout.write('1 ' * (1 << 23))"),
+        "reads the answer": ("python", "print(open('/tmp/check/answer').read())"),
+    }
+    got = verdicts(server.url, programs, {"problem": "anysum"})
+    assert got["bytes"] == ("wrong_answer", 0.0)
+    assert got["flood"][0] in ("wrong_answer", "output_limit") and got["flood"][1] == 0.0
+    assert got["reads the answer"] == ("runtime_error", 0.0)
+
+
+def test_a_validator_exiting_as_testlib_accepts_is_no_verdict(server: Server) -> None:
+    """Kattis' accepted is 42: a validator that exits 0 judged nothing (NaN, never 1)."""
+    got = verdicts(server.url, {"right": ("python", "print(0, int(input()))")}, {"problem": "lenient"})
+    assert got["right"][0] == "judge_failure" and got["right"][1] != got["right"][1]
 
 
 def test_a_program_right_on_some_tests_scores_their_fraction(server: Server) -> None:
