@@ -1,16 +1,15 @@
 """Kattis problem packages for the tests (``services.code.problems``), written into a directory:
 ``anysum``, an "any valid answer" problem written for the tests (print two non-negative
-integers summing to N), judged by a Python output validator; ``guess``, Kattis problemtools'
-interactive example, from the verdict corpus (``testing/corpus``, which carries its licence)."""
+integers summing to N), judged by a Python output validator; Kattis problemtools' examples
+from the verdict corpus (``testing/corpus``, which carries their licences): ``guess``
+(interactive) and ``hello`` (default validation)."""
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any
 
-from testing.corpus.verdicts import DATA
+from testing.corpus.verdicts import problems
 
 # Kattis' protocol: input and answer files, a feedback directory; the output on stdin.
 SUM_VALIDATOR = """\
@@ -46,18 +45,20 @@ def anysum(root: Path, name: str = "anysum") -> Path:
     return write(root / name, files)
 
 
-def guess_row() -> dict[str, Any]:
-    """problemtools' ``guess`` as the corpus holds it (its tests, validator, submissions)."""
-    with gzip.open(DATA[1], "rt") as rows:
-        return next(row for row in map(json.loads, rows) if row["id"] == "problemtools/guess")
+def corpus_row(name: str) -> dict[str, Any]:
+    """problemtools' example ``name`` as the corpus holds it (its tests, settings, submissions)."""
+    return next(row for row in problems() if row["id"] == f"problemtools/{name}")
 
 
-def guess(root: Path) -> Path:
-    """problemtools' ``guess`` package at ``root/guess`` (its ``validate.h`` already in place of
-    its ``#include``, as the corpus holds it)."""
-    row = guess_row()
-    files = {"problem.yaml": "name: Guess the Number\nvalidation: custom interactive\n",
-             "output_validator/guess_validator/validate.cc": row["interactor"]}  # fmt: skip
+def from_corpus(root: Path, name: str) -> Path:
+    """problemtools' example ``name`` as a package at ``root/name``: an interactive one with its
+    validator (``validate.h`` already in place of its ``#include``, as the corpus holds it)."""
+    row = corpus_row(name)
+    if "interactor" in row:
+        files = {"problem.yaml": "validation: custom interactive\n",
+                 "output_validator/validator/validate.cc": row["interactor"]}  # fmt: skip
+    else:
+        files = {"problem.yaml": f"validation: {row['validation']}\nvalidator_flags: '{row['validator_flags']}'\n"}
     for test in row["tests"]:
         files[f"data/{test['name']}.in"], files[f"data/{test['name']}.ans"] = test["input"], test["output"]
-    return write(root / "guess", files)
+    return write(root / name, files)

@@ -1,15 +1,17 @@
 """Contest problem packages a label names (``{"problem": NAME}``): Kattis problemtools' layout,
 read from the node's ``SCORER_CODE_PROBLEMS_DIR`` once and kept.
 
-A package ``NAME/`` holds ``problem.yaml`` (``validation: custom`` or ``custom interactive``),
+A package ``NAME/`` holds ``problem.yaml`` (``validation: default``, ``custom`` or ``custom
+interactive``),
 ``data/sample`` and ``data/secret`` (``*.in`` each with its ``*.ans``, in subdirectories too,
 judged sample first, each sorted by path as Kattis sorts them) and its output validator's
 source (``output_validators/<name>/`` or ``output_validator/``: one C++ or Python file, C++
 headers beside it put in place of their ``#include "..."``). The validator judges as Kattis
 runs it (``validator input answer feedback_dir < output``, exit 42 accepted, 43 rejected); an
-interactive problem's is the tests' interactor. Anything else a package holds
-(``input_validators``, statements, submissions) is not read. Default output validation, a
-validator's flags, scoring and multi-pass problems are refused on load: they would be judged
+interactive problem's is the tests' interactor; default validation compares tokens as
+Kattis' default validator does (``DEFAULT_VALIDATOR``). Anything else a package holds
+(``input_validators``, statements, submissions) is not read. Float tolerances, other
+validator flags, scoring and multi-pass problems are refused on load: they would be judged
 otherwise than Kattis judges them.
 """
 
@@ -30,6 +32,9 @@ from services.code.labels import Suite
 # A problem's name: Kattis' short names, nothing a path could be made of.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.IGNORECASE)
 VALIDATIONS = {"custom": False, "custom interactive": True}
+# Kattis' default output validator as a checker mode: tokens, case-insensitive unless
+# ``case_sensitive`` (its one flag served: float tolerances compare integers otherwise).
+DEFAULT_VALIDATOR = {False: "yes_no", True: "tokens"}
 SOURCES = {".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".py": "python"}
 HEADERS = (".h", ".hpp", ".hh")
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"/]+)"[^\n]*$', re.MULTILINE)
@@ -59,17 +64,22 @@ def load(root: Path, name: str) -> Suite:
     if not package.is_dir() or package.resolve().parent != root:
         raise Unprocessable(f"labels: no problem {name!r} on this node")
     config = _config(package, name)
-    validation = config.get("validation", "default")
-    if validation not in VALIDATIONS:
+    validation, flags = config.get("validation", "default"), config.get("validator_flags") or ""
+    if validation != "default" and validation not in VALIDATIONS:
         raise Unprocessable(
-            f"problem {name!r}: validation {str(validation)[:40]!r} is not judged here (only 'custom' and "
-            "'custom interactive')"
+            f"problem {name!r}: validation {str(validation)[:40]!r} is not judged here (only 'default', 'custom' "
+            "and 'custom interactive')"
         )
-    if config.get("validator_flags"):
-        raise Unprocessable(f"problem {name!r}: validator_flags are not passed to validators here")
+    if flags and (validation != "default" or not isinstance(flags, str) or flags.split() != ["case_sensitive"]):
+        raise Unprocessable(
+            f"problem {name!r}: validator_flags {str(flags)[:80]!r} are not judged here (only the default "
+            "validator's case_sensitive)"
+        )
     try:
-        validator = parse_checker({**_validator(package, name), "protocol": "kattis"})
         inputs, answers = _tests(package, name)
+        if validation == "default":
+            return Suite("stdin", inputs, answers, checker=parse_checker(DEFAULT_VALIDATOR[bool(flags)]))
+        validator = parse_checker({**_validator(package, name), "protocol": "kattis"})
     except (OSError, UnicodeDecodeError) as exc:
         raise Unprocessable(f"problem {name!r} does not read: {str(exc)[:200]}") from None
     if VALIDATIONS[validation]:

@@ -33,7 +33,8 @@ ENV = {
 def root(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("problems")
     problems.anysum(directory)
-    problems.guess(directory)
+    problems.from_corpus(directory, "guess")
+    problems.from_corpus(directory, "hello")
     lenient = problems.anysum(directory, "lenient")
     problems.write(lenient, {"output_validators/sum/validate.py": "raise SystemExit(0)\n"})
     return directory
@@ -116,10 +117,27 @@ def test_problemtools_interactive_guess_package(server: Server) -> None:
     score is the fraction of tests passed: full for the accepted one alone)."""
     filed = {"accepted/guess.cc": (None, True), "wrong_answer/guess_0.cc": ("wrong_answer", False),
              "run_time_error/guess_rte.c": ("runtime_error", False)}  # fmt: skip
-    submissions = {s["path"]: s for s in problems.guess_row()["submissions"]}
+    submissions = {s["path"]: s for s in problems.corpus_row("guess")["submissions"]}
     programs = {path: (submissions[path]["language"], submissions[path]["code"]) for path in filed}
     got = verdicts(server.url, programs, {"problem": "guess"})
     assert {path: (status, score == 1.0) for path, (status, score) in got.items()} == filed
+
+
+def test_problemtools_hello_package_default_validation(server: Server) -> None:
+    """Kattis' default validator: tokens, case-insensitive; problemtools' own submissions."""
+    submissions = {s["path"]: s for s in problems.corpus_row("hello")["submissions"]}
+    programs = {path: (submissions[path]["language"], submissions[path]["code"])
+                for path in ("accepted/hello.py", "accepted/hello.cc", "wrong_answer/hello.cc")}  # fmt: skip
+    programs["shouts, spaced"] = ("python", "print('HELLO', '  WORLD!')")
+    programs["no bang"] = ("python", "print('Hello World')")
+    got = verdicts(server.url, programs, {"problem": "hello"})
+    assert got == {
+        "accepted/hello.py": (None, 1.0),
+        "accepted/hello.cc": (None, 1.0),
+        "wrong_answer/hello.cc": ("wrong_answer", 0.0),
+        "shouts, spaced": (None, 1.0),
+        "no bang": ("wrong_answer", 0.0),
+    }
 
 
 @pytest.mark.parametrize(
@@ -170,9 +188,9 @@ def _broken(tmp_path: Path, change: dict[str, str | None]) -> str:
     "change, why",
     [
         ({"data/secret/02.ans": None}, "data/secret/02.in has no .ans"),
-        ({"problem.yaml": "validation: default\n"}, "validation 'default' is not judged here"),
+        ({"problem.yaml": "validation: custom\nvalidator_flags: case_sensitive\n"}, "validator_flags"),
         ({"problem.yaml": "validation: custom score\n"}, "validation 'custom score'"),
-        ({"problem.yaml": "validation: custom\nvalidator_flags: float_tolerance 1e-6\n"}, "validator_flags"),
+        ({"problem.yaml": "validation: default\nvalidator_flags: float_tolerance 1e-6\n"}, "validator_flags"),
         ({"problem.yaml": "[unclosed\n"}, "problem.yaml does not read"),
         ({"problem.yaml": None}, "problem.yaml is missing"),
         ({"output_validators/sum/other.py": "pass\n"}, "one C++ or Python source"),
@@ -181,6 +199,13 @@ def _broken(tmp_path: Path, change: dict[str, str | None]) -> str:
 )
 def test_an_invalid_package_is_refused_naming_what_is_wrong(tmp_path: Path, change: dict, why: str) -> None:
     assert why in _broken(tmp_path, change)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flags, mode", [("", "yes_no"), ("case_sensitive", "tokens")])
+def test_default_validation_is_kattis_token_comparison(tmp_path: Path, flags: str, mode: str) -> None:
+    problems.write(problems.anysum(tmp_path), {"problem.yaml": f"validation: default\nvalidator_flags: '{flags}'\n"})
+    assert Problems(str(tmp_path)).suite("anysum").checker.mode == mode
 
 
 @pytest.mark.unit
@@ -196,8 +221,8 @@ def test_a_package_is_read_once(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_a_cpp_validators_headers_take_the_place_of_their_include(tmp_path: Path) -> None:
-    problems.guess(tmp_path)
-    package = tmp_path / "guess" / "output_validator" / "guess_validator"
+    problems.from_corpus(tmp_path, "guess")
+    package = tmp_path / "guess" / "output_validator" / "validator"
     source = (package / "validate.cc").read_text()
     (package / "validate.h").write_text("// the header\n")
     (package / "validate.cc").write_text('#include "validate.h"\n' + source)
