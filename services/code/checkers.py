@@ -37,9 +37,14 @@ class Checker:
     language: str = ""
     # How its exit codes read: testlib's, or Kattis' (42 accepted, 43 rejected).
     protocol: str = "testlib"
+    # Mode ``kattis`` (a package's default validation, ``kattis_default``): its flag; its
+    # tolerances are ``abs_tol`` and ``rel_tol``, negative when not set.
+    case_sensitive: bool = False
 
 
 DEFAULT = Checker()
+# The mode of a problem package's default validation: not a label's to ask for.
+KATTIS_DEFAULT = "kattis"
 
 
 def parse_checker(value: Any) -> Checker:

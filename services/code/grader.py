@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.batching import Deadline
-from services.code import checkers, compare, interactive
+from services.code import checkers, compare, interactive, kattis_default
 from services.code.admission import Admission, Cost
-from services.code.checkers import Checker
+from services.code.checkers import KATTIS_DEFAULT, Checker
 from services.code.compile_cache import Builds
 from services.code.labels import Suite
 from services.code.languages import (
@@ -133,6 +133,9 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     checker, want = suite.checker, suite.expected[run.index]
     if checker.mode == "custom":
         return UNCHECKED
+    if checker.mode == KATTIS_DEFAULT:
+        matched = kattis_default.matches(run.stdout, want, checker.case_sensitive, checker.abs_tol, checker.rel_tol)
+        return "passed" if matched else "wrong_answer"
     abs_tol, rel_tol = (tolerance, tolerance) if checker.mode == "default" else (checker.abs_tol, checker.rel_tol)
     return "passed" if compare.output_matches(checker.mode, run.stdout, want, abs_tol, rel_tol) else "wrong_answer"
 

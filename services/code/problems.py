@@ -8,15 +8,17 @@ judged sample first, each sorted by path as Kattis sorts them) and its output va
 source (``output_validators/<name>/`` or ``output_validator/``: one C++ or Python file, C++
 headers beside it put in place of their ``#include "..."``). The validator judges as Kattis
 runs it (``validator input answer feedback_dir < output``, exit 42 accepted, 43 rejected); an
-interactive problem's is the tests' interactor; default validation compares tokens as
-Kattis' default validator does (``DEFAULT_VALIDATOR``). Anything else a package holds
-(``input_validators``, statements, submissions) is not read. Float tolerances, other
-validator flags, scoring and multi-pass problems are refused on load: they would be judged
-otherwise than Kattis judges them.
+interactive problem's is the tests' interactor; default validation is Kattis' default
+validator (``kattis_default``) with its flags. Anything else a package holds
+(``input_validators``, statements, submissions) is not read. ``space_change_sensitive``, a
+custom validator's flags, scoring and multi-pass problems are refused on load: they would be
+judged otherwise than Kattis judges them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import threading
 from pathlib import Path
@@ -26,15 +28,15 @@ import yaml
 
 from common.errors import Unprocessable
 from services.code import interactive
-from services.code.checkers import parse_checker
+from services.code.checkers import KATTIS_DEFAULT, Checker, parse_checker
 from services.code.labels import Suite
 
 # A problem's name: Kattis' short names, nothing a path could be made of.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.IGNORECASE)
 VALIDATIONS = {"custom": False, "custom interactive": True}
-# Kattis' default output validator as a checker mode: tokens, case-insensitive unless
-# ``case_sensitive`` (its one flag served: float tolerances compare integers otherwise).
-DEFAULT_VALIDATOR = {False: "yes_no", True: "tokens"}
+# Kattis' default output validator's tolerance flags (``space_change_sensitive`` is not served).
+TOLERANCES = {"float_absolute_tolerance": ("abs_tol",), "float_relative_tolerance": ("rel_tol",),
+              "float_tolerance": ("abs_tol", "rel_tol")}  # fmt: skip
 SOURCES = {".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".py": "python"}
 HEADERS = (".h", ".hpp", ".hh")
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"/]+)"[^\n]*$', re.MULTILINE)
@@ -70,21 +72,44 @@ def load(root: Path, name: str) -> Suite:
             f"problem {name!r}: validation {str(validation)[:40]!r} is not judged here (only 'default', 'custom' "
             "and 'custom interactive')"
         )
-    if flags and (validation != "default" or not isinstance(flags, str) or flags.split() != ["case_sensitive"]):
-        raise Unprocessable(
-            f"problem {name!r}: validator_flags {str(flags)[:80]!r} are not judged here (only the default "
-            "validator's case_sensitive)"
-        )
+    if flags and validation != "default":
+        raise Unprocessable(f"problem {name!r}: validator_flags are not passed to custom validators here")
     try:
         inputs, answers = _tests(package, name)
         if validation == "default":
-            return Suite("stdin", inputs, answers, checker=parse_checker(DEFAULT_VALIDATOR[bool(flags)]))
+            return Suite("stdin", inputs, answers, checker=default_validator(flags, name))
         validator = parse_checker({**_validator(package, name), "protocol": "kattis"})
     except (OSError, UnicodeDecodeError) as exc:
         raise Unprocessable(f"problem {name!r} does not read: {str(exc)[:200]}") from None
     if VALIDATIONS[validation]:
         return Suite("stdin", inputs, answers, interactor=validator)
     return Suite("stdin", inputs, answers, checker=validator)
+
+
+def default_validator(flags: Any, name: str) -> Checker:
+    """Kattis' default validator with ``flags`` (``validator_flags``) as a checker."""
+    words = flags.split() if isinstance(flags, str) else None
+    checker = Checker(mode=KATTIS_DEFAULT, abs_tol=-1.0, rel_tol=-1.0)
+    while words:
+        flag = words.pop(0)
+        if flag == "case_sensitive":
+            checker = dataclasses.replace(checker, case_sensitive=True)
+            continue
+        if flag not in TOLERANCES or not words:
+            raise Unprocessable(
+                f"problem {name!r}: validator_flags {str(flags)[:80]!r} are not judged here (case_sensitive, "
+                f"{', '.join(f'{t} EPS' for t in TOLERANCES)})"
+            )
+        try:
+            tolerance = float(words.pop(0))
+        except ValueError:
+            tolerance = math.nan
+        if not math.isfinite(tolerance):
+            raise Unprocessable(f"problem {name!r}: {flag} needs a finite number")
+        checker = dataclasses.replace(checker, **dict.fromkeys(TOLERANCES[flag], tolerance))
+    if words is None:
+        raise Unprocessable(f"problem {name!r}: validator_flags must be text")
+    return checker
 
 
 def _config(package: Path, name: str) -> dict[str, Any]:

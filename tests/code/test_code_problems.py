@@ -13,7 +13,8 @@ import pytest
 import requests
 
 from common.errors import Unprocessable
-from services.code.problems import Problems
+from services.code import kattis_default
+from services.code.problems import Problems, default_validator
 from testing import problems
 from testing.server import Server, gunicorn_server
 
@@ -190,7 +191,9 @@ def _broken(tmp_path: Path, change: dict[str, str | None]) -> str:
         ({"data/secret/02.ans": None}, "data/secret/02.in has no .ans"),
         ({"problem.yaml": "validation: custom\nvalidator_flags: case_sensitive\n"}, "validator_flags"),
         ({"problem.yaml": "validation: custom score\n"}, "validation 'custom score'"),
-        ({"problem.yaml": "validation: default\nvalidator_flags: float_tolerance 1e-6\n"}, "validator_flags"),
+        ({"problem.yaml": "validation: default\nvalidator_flags: space_change_sensitive\n"}, "validator_flags"),
+        ({"problem.yaml": "validation: default\nvalidator_flags: float_tolerance\n"}, "validator_flags"),
+        ({"problem.yaml": "validation: default\nvalidator_flags: float_tolerance x\n"}, "needs a finite number"),
         ({"problem.yaml": "[unclosed\n"}, "problem.yaml does not read"),
         ({"problem.yaml": None}, "problem.yaml is missing"),
         ({"output_validators/sum/other.py": "pass\n"}, "one C++ or Python source"),
@@ -202,10 +205,59 @@ def test_an_invalid_package_is_refused_naming_what_is_wrong(tmp_path: Path, chan
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("flags, mode", [("", "yes_no"), ("case_sensitive", "tokens")])
-def test_default_validation_is_kattis_token_comparison(tmp_path: Path, flags: str, mode: str) -> None:
+@pytest.mark.parametrize(
+    "flags, case_sensitive, abs_tol, rel_tol",
+    [
+        ("", False, -1.0, -1.0),
+        ("case_sensitive", True, -1.0, -1.0),
+        ("float_tolerance 1e-6", False, 1e-6, 1e-6),
+        ("float_absolute_tolerance 0.5 case_sensitive", True, 0.5, -1.0),
+        ("float_relative_tolerance 1e-4", False, -1.0, 1e-4),
+    ],
+)
+def test_default_validation_reads_its_flags(tmp_path: Path, flags: str, case_sensitive: bool, abs_tol, rel_tol) -> None:
     problems.write(problems.anysum(tmp_path), {"problem.yaml": f"validation: default\nvalidator_flags: '{flags}'\n"})
-    assert Problems(str(tmp_path)).suite("anysum").checker.mode == mode
+    checker = Problems(str(tmp_path)).suite("anysum").checker
+    assert (checker.mode, checker.case_sensitive, checker.abs_tol, checker.rel_tol) == (
+        "kattis",
+        case_sensitive,
+        abs_tol,
+        rel_tol,
+    )
+
+
+# Kattis' default validator, case by case (answer, output, flags, accepted).
+KATTIS_DEFAULT = [
+    ("Hello World!\n", "hello   world!", "", True),
+    ("Hello World!\n", "hello world!", "case_sensitive", False),
+    ("1 2\n", "1\u00a02", "", False),  # a no-break space is no C whitespace
+    ("Stra\u00dfe", "STRA\u00dfE", "", True),  # ASCII letters fold, others are bytes
+    ("k", "\u212a", "", False),  # the Kelvin sign is no K to strcasecmp
+    ("1 2", "1 2 3", "", False),
+    ("1 2", "1", "", False),
+    ("", "", "", True),
+    ("3.0", "3", "", False),  # no tolerance: text
+    ("3.0", "3", "float_tolerance 1e-9", True),
+    ("100", "100.00001", "float_relative_tolerance 1e-6", True),
+    ("100", "100.001", "float_relative_tolerance 1e-6", False),
+    ("0", "0.4", "float_absolute_tolerance 0.5", True),
+    ("0", "0.4", "float_relative_tolerance 0.5", False),
+    ("16", "0x10", "float_tolerance 1e-9", True),  # strtod reads hexadecimal
+    ("10", "1_0", "float_tolerance 1e-9", False),  # Python's float() would take it
+    ("1.5", "nan", "float_tolerance 1e-9", False),
+    ("1.5", "1.5x", "float_tolerance 1e-9", False),
+    ("inf", "INF", "float_tolerance 1e-9", True),  # no finite double: compared as text
+    ("1e999", "1E999", "float_tolerance 1e-9", True),
+    ("word", "WORD", "float_tolerance 1e-9", True),
+    ("50000000000000001", "50000000000000000", "float_tolerance 1e-9", True),  # integers as doubles
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("want, got, flags, accepted", KATTIS_DEFAULT)
+def test_kattis_default_validator(want: str, got: str, flags: str, accepted: bool) -> None:
+    checker = default_validator(flags, "p")
+    assert kattis_default.matches(got, want, checker.case_sensitive, checker.abs_tol, checker.rel_tol) is accepted
 
 
 @pytest.mark.unit
