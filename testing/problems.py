@@ -1,8 +1,8 @@
 """Kattis problem packages for the tests (``services.code.problems``), written into a directory:
 ``anysum``, an "any valid answer" problem written for the tests (print two non-negative
-integers summing to N), judged by a Python output validator; Kattis problemtools' examples
-from the verdict corpus (``testing/corpus``, which carries their licences): ``guess``
-(interactive) and ``hello`` (default validation)."""
+integers summing to N), judged by a Python output validator; the verdict corpus's problems
+(``testing/corpus``, which carries their licences) as packages: problemtools' ``guess``
+(interactive) and ``hello``, Rocky Mountain 2018's ``qaly`` (a float tolerance)."""
 
 from __future__ import annotations
 
@@ -45,15 +45,16 @@ def anysum(root: Path, name: str = "anysum") -> Path:
     return write(root / name, files)
 
 
-def corpus_row(name: str) -> dict[str, Any]:
-    """problemtools' example ``name`` as the corpus holds it (its tests, settings, submissions)."""
-    return next(row for row in problems() if row["id"] == f"problemtools/{name}")
+def corpus_row(ident: str) -> dict[str, Any]:
+    """The corpus's problem ``ident`` (``problemtools/guess``): its tests, settings, submissions."""
+    return next(row for row in problems() if row["id"] == ident)
 
 
-def from_corpus(root: Path, name: str) -> Path:
-    """problemtools' example ``name`` as a package at ``root/name``: an interactive one with its
-    validator (``validate.h`` already in place of its ``#include``, as the corpus holds it)."""
-    row = corpus_row(name)
+def from_corpus(root: Path, ident: str) -> Path:
+    """The corpus's problem ``ident`` as a package named as its last part in ``root``: an
+    interactive one with its validator (``validate.h`` already in place of its ``#include``,
+    as the corpus holds it)."""
+    row, name = corpus_row(ident), ident.rsplit("/", 1)[-1]
     if "interactor" in row:
         files = {"problem.yaml": "validation: custom interactive\n",
                  "output_validator/validator/validate.cc": row["interactor"]}  # fmt: skip

@@ -34,8 +34,8 @@ ENV = {
 def root(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("problems")
     problems.anysum(directory)
-    problems.from_corpus(directory, "guess")
-    problems.from_corpus(directory, "hello")
+    for ident in ("problemtools/guess", "problemtools/hello", "rmrc2018/qaly"):
+        problems.from_corpus(directory, ident)
     lenient = problems.anysum(directory, "lenient")
     problems.write(lenient, {"output_validators/sum/validate.py": "raise SystemExit(0)\n"})
     return directory
@@ -118,7 +118,7 @@ def test_problemtools_interactive_guess_package(server: Server) -> None:
     score is the fraction of tests passed: full for the accepted one alone)."""
     filed = {"accepted/guess.cc": (None, True), "wrong_answer/guess_0.cc": ("wrong_answer", False),
              "run_time_error/guess_rte.c": ("runtime_error", False)}  # fmt: skip
-    submissions = {s["path"]: s for s in problems.corpus_row("guess")["submissions"]}
+    submissions = {s["path"]: s for s in problems.corpus_row("problemtools/guess")["submissions"]}
     programs = {path: (submissions[path]["language"], submissions[path]["code"]) for path in filed}
     got = verdicts(server.url, programs, {"problem": "guess"})
     assert {path: (status, score == 1.0) for path, (status, score) in got.items()} == filed
@@ -126,7 +126,7 @@ def test_problemtools_interactive_guess_package(server: Server) -> None:
 
 def test_problemtools_hello_package_default_validation(server: Server) -> None:
     """Kattis' default validator: tokens, case-insensitive; problemtools' own submissions."""
-    submissions = {s["path"]: s for s in problems.corpus_row("hello")["submissions"]}
+    submissions = {s["path"]: s for s in problems.corpus_row("problemtools/hello")["submissions"]}
     programs = {path: (submissions[path]["language"], submissions[path]["code"])
                 for path in ("accepted/hello.py", "accepted/hello.cc", "wrong_answer/hello.cc")}  # fmt: skip
     programs["shouts, spaced"] = ("python", "print('HELLO', '  WORLD!')")
@@ -138,6 +138,20 @@ def test_problemtools_hello_package_default_validation(server: Server) -> None:
         "wrong_answer/hello.cc": ("wrong_answer", 0.0),
         "shouts, spaced": (None, 1.0),
         "no bang": ("wrong_answer", 0.0),
+    }
+
+
+def test_rocky_mountain_qaly_package_float_tolerance(server: Server) -> None:
+    """Its authors' accepted submissions, within float_absolute_tolerance 1e-3 of the answers."""
+    submissions = {s["path"]: s for s in problems.corpus_row("rmrc2018/qaly")["submissions"]}
+    programs = {path: (submissions[path]["language"], submissions[path]["code"])
+                for path in ("accepted/qaly-db.cc", "accepted/qaly-zf.py")}  # fmt: skip
+    programs["zero"] = ("python", "print(0)")
+    got = verdicts(server.url, programs, {"problem": "qaly"})
+    assert got == {
+        "accepted/qaly-db.cc": (None, 1.0),
+        "accepted/qaly-zf.py": (None, 1.0),
+        "zero": ("wrong_answer", 0.0),
     }
 
 
@@ -273,7 +287,7 @@ def test_a_package_is_read_once(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_a_cpp_validators_headers_take_the_place_of_their_include(tmp_path: Path) -> None:
-    problems.from_corpus(tmp_path, "guess")
+    problems.from_corpus(tmp_path, "problemtools/guess")
     package = tmp_path / "guess" / "output_validator" / "validator"
     source = (package / "validate.cc").read_text()
     (package / "validate.h").write_text("// the header\n")
