@@ -5,9 +5,10 @@ Built-in modes (``compare.MODES``) compare in the service, by ``compare.output_m
 ``lines``, ``exact``, ``float`` (numbers within an absolute *or* relative tolerance, ``abs``
 and ``rel``: 1e-6 by default) and ``yes_no``.
 
-A *custom* checker (``{"program": source, "language": "cpp" | "python"}``) is a program run in a
-sandbox of its own after the graded program exited, as ``checker input output answer`` with
-testlib's exit codes (``custom_verdict``).
+A *custom* checker (``{"program": source, "language": "cpp" | "python", "protocol": "testlib" |
+"kattis"}``) is a program run in a sandbox of its own after the graded program exited: testlib's
+``checker input output answer``, or a Kattis output validator's ``validator input answer
+feedback_dir < output`` (exit 42 accepted, 43 rejected; ``custom_verdict``).
 """
 
 from __future__ import annotations
@@ -36,9 +37,14 @@ class Checker:
     language: str = ""
     # How its exit codes read: testlib's, or Kattis' (42 accepted, 43 rejected).
     protocol: str = "testlib"
+    # Mode ``kattis`` (a package's default validation, ``kattis_default``): its flag; its
+    # tolerances are ``abs_tol`` and ``rel_tol``, negative when not set.
+    case_sensitive: bool = False
 
 
 DEFAULT = Checker()
+# The mode of a problem package's default validation: not a label's to ask for.
+KATTIS_DEFAULT = "kattis"
 
 
 def parse_checker(value: Any) -> Checker:
@@ -53,7 +59,10 @@ def parse_checker(value: Any) -> Checker:
             raise Unprocessable(f"labels: a checker's 'program' must be source code of at most {MAX_CHECKER_CHARS}")
         if language not in CHECKER_LANGUAGES:
             raise Unprocessable("labels: a checker program is C++ (testlib.h) or Python")
-        return Checker(mode="custom", program=program, language=language)
+        protocol = value.get("protocol", "testlib")
+        if protocol not in REJECTIONS:
+            raise Unprocessable(f"labels: a checker's 'protocol' is one of {', '.join(REJECTIONS)}")
+        return Checker(mode="custom", program=program, language=language, protocol=protocol)
     mode = value.get("mode", "default")
     if mode not in MODES:
         raise Unprocessable(f"labels: unknown checker mode {str(mode)[:40]!r}; one of {', '.join(MODES)}")

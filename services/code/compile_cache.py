@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from services.code import languages
 from services.code.languages import Language, Program
 from services.code.sandbox.host import SandboxFailure
-from services.code.sandbox.inside.compiled import CHECK_FILES
+from services.code.sandbox.inside.compiled import CHECK_FILES, FEEDBACK_DIR
 from services.code.sandbox.inside.messages import Job, StdinOutcome
 
 log = logging.getLogger(__name__)
@@ -229,10 +229,20 @@ class Builds:
             memory_bytes=resource.RLIM_INFINITY if cgroups else job.memory_bytes + fallback_extra(program.language),
         )
 
-    def check_job(self, program: Program, job: Job, files: list[list[str]], cgroups: bool) -> Job:
-        """``job`` (one empty stdin test per check) turned into runs of the checker ``program``,
-        each as ``checker input output answer`` on the files of its entry of ``files``."""
+    def check_job(
+        self, program: Program, job: Job, files: list[list[str]], cgroups: bool, protocol: str = "testlib"
+    ) -> Job:
+        """``job`` (one stdin test per check) turned into runs of the checker ``program``, each on
+        the files of its entry of ``files`` (input, output, answer): testlib's ``checker input
+        output answer``, or Kattis' ``validator input answer feedback_dir < output``."""
         run = self.run_job(program, job, cgroups)
+        if protocol == "kattis":
+            source, _, answer = CHECK_FILES
+            return dataclasses.replace(
+                run, kind="check", checks=[[test, "", want] for test, _, want in files],
+                tests=[got for _, got, _ in files], command=[*program.run, source, answer, FEEDBACK_DIR],
+                judged_memory_bytes=0,
+            )  # fmt: skip
         return dataclasses.replace(
             run, kind="check", checks=files, command=[*program.run, *CHECK_FILES], judged_memory_bytes=0
         )

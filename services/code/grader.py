@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from common.cpus import usable_cpus
 from common.deadlines import Deadline
-from services.code import checkers, compare, interactive
+from services.code import checkers, compare, interactive, kattis_default
 from services.code.admission import Admission, Cost
-from services.code.checkers import Checker
+from services.code.checkers import KATTIS_DEFAULT, Checker
 from services.code.compile_cache import Builds
 from services.code.labels import Suite
 from services.code.languages import (
@@ -134,6 +134,9 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
     checker, want = suite.checker, suite.expected[run.index]
     if checker.mode == "custom":
         return UNCHECKED
+    if checker.mode == KATTIS_DEFAULT:
+        matched = kattis_default.matches(run.stdout, want, checker.case_sensitive, checker.abs_tol, checker.rel_tol)
+        return "passed" if matched else "wrong_answer"
     abs_tol, rel_tol = (tolerance, tolerance) if checker.mode == "default" else (checker.abs_tol, checker.rel_tol)
     return "passed" if compare.output_matches(checker.mode, run.stdout, want, abs_tol, rel_tol) else "wrong_answer"
 
@@ -483,13 +486,13 @@ class Grader:
         self, suite: Suite, checker: Program, outputs: dict[int, str], deadline: float, uid: int
     ) -> dict[int, tuple[str, float]]:
         """The label's custom checker on each test's output, in a sandbox of its own (the
-        program has exited) in the sample's slot: ``checker input output answer``. Raises
+        program has exited) in the sample's slot, as its protocol runs it. Raises
         ``JudgeFailure``."""
         assert self.builds is not None
         order = sorted(outputs)
         files = [[str(suite.tests[i]), outputs[i], str(suite.expected[i])] for i in order]
         job = self._job(Suite("stdin", [""] * len(order), [""]), "", deadline, checker.language.name)
-        job = self.builds.check_job(checker, job, files, self._cgroups())
+        job = self.builds.check_job(checker, job, files, self._cgroups(), suite.checker.protocol)
         found: dict[int, tuple[str, float]] = {}
         runs = self.sandbox.run(job, uid)
         try:
@@ -497,7 +500,7 @@ class Grader:
                 if not isinstance(run, StdinOutcome):
                     raise JudgeFailure("the checker ran out of time")
                 verdict = checkers.custom_verdict(
-                    run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout
+                    run.exit, run.timed_out or run.output_exceeded, run.stderr or run.stdout, suite.checker.protocol
                 )
                 if verdict is None:
                     raise JudgeFailure(f"the checker exited {run.exit}: {(run.stderr or run.stdout)[:300]}")

@@ -99,9 +99,10 @@ def with_checked_code(suite: Suite, defines_check: Callable[[str], bool]) -> Sui
     return dataclasses.replace(suite, invalid=NO_ENTRY_POINT)
 
 
-def parse_label(label: Any) -> Suite | str:
+def parse_label(label: Any, problems: Callable[[Any], Suite] | None = None) -> Suite | str:
     """Turn a label (dict or JSON string) into a ``Suite``, or the name of the environment it
-    asks for (``""`` for an empty label: the server's own environment)."""
+    asks for (``""`` for an empty label: the server's own environment); ``problems`` gives the
+    tests of a problem package a label names (``services.code.problems``)."""
     if isinstance(label, str):
         if not label.strip():
             return ""
@@ -113,6 +114,13 @@ def parse_label(label: Any) -> Suite | str:
         return ""
     if not isinstance(label, dict):
         raise Unprocessable("labels: each label must be a dict or a JSON string of one")
+    if "problem" in label:
+        if set(label) - {"problem", "language"}:
+            raise Unprocessable("labels: a problem's label is {'problem': NAME} (and its 'language')")
+        if problems is None:
+            raise Unprocessable("labels: this server holds no problem packages (SCORER_CODE_PROBLEMS_DIR)")
+        suite = problems(label["problem"])
+        return _with_language(suite, label["language"]) if "language" in label else suite
     if JUDGING.intersection(label):
         parsed = parse_label({key: value for key, value in label.items() if key not in JUDGING})
         return _with_judging(parsed, label) if isinstance(parsed, Suite) else parsed
@@ -167,11 +175,7 @@ SCORINGS = ("fraction", "all", "subtasks")
 
 def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
     """``suite`` with the label's language, checker, scoring and prelude."""
-    language = suite.language
-    if "language" in label:
-        language = language_of(label["language"]) or ""
-        if not language:
-            raise Unprocessable(f"labels: unknown language {str(label['language'])[:40]!r}")
+    language = _with_language(suite, label["language"]).language if "language" in label else suite.language
     checker = parse_checker(label["checker"]) if "checker" in label else DEFAULT_CHECKER
     if checker != DEFAULT_CHECKER and (suite.kind != "stdin" or suite.interactor is not None):
         raise Unprocessable("labels: a 'checker' applies to stdin/stdout tests only (an interactor judges its own)")
@@ -185,6 +189,13 @@ def _with_judging(suite: Suite, label: dict[str, Any]) -> Suite:
     return dataclasses.replace(
         suite, language=language, checker=checker, scoring=scoring, subtasks=subtasks, prelude=prelude
     )
+
+
+def _with_language(suite: Suite, name: Any) -> Suite:
+    language = language_of(name) or ""
+    if not language:
+        raise Unprocessable(f"labels: unknown language {str(name)[:40]!r}")
+    return dataclasses.replace(suite, language=language)
 
 
 def _subtasks(groups: Any, total: int) -> tuple[Subtask, ...]:

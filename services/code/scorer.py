@@ -25,7 +25,7 @@ from common.deadlines import Deadline, current_deadline
 from common.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
-from services.code import compile_cache, environments, label_code, languages, packages
+from services.code import compile_cache, environments, label_code, languages, packages, problems
 from services.code.extract import extract_program, response_from_query
 from services.code.grader import Grader, Sample, Verdict
 from services.code.labels import Suite, label_code_of, parse_label, with_checked_code
@@ -119,6 +119,9 @@ class CodeScorer(Scorer):
                 "`python -m services.code.packages` with the service's interpreter"
             )
         self.environment = self._load_environment(s.env) if s.env else None
+        if s.problems_dir and not os.path.isdir(s.problems_dir):
+            raise ConfigError(f"{env_name(SECTION, 'problems_dir')}: {s.problems_dir} is not a directory")
+        self.problems = problems.Problems(s.problems_dir).suite if s.problems_dir else None
         self.isolation: str | None = None  # chosen in setup
         self.sandbox: host.Sandbox | None = None
         self.grader: Grader | None = None
@@ -266,7 +269,7 @@ class CodeScorer(Scorer):
         return Sample(code, suite, language)
 
     def _suite(self, label: Any) -> Suite:
-        parsed = parse_label(label)
+        parsed = parse_label(label, self.problems)
         if isinstance(parsed, Suite):
             return parsed
         if self.environment is None:

@@ -56,6 +56,10 @@ class CodeSettings:
         "(`LANGUAGE=FACTOR[+SECONDS]`, by any alias, separated by spaces or commas; a language not named keeps them)",
     )
     sample_wall_s: float = setting(60.0, "wall seconds per sample")
+    # Kattis problem packages labels name (services/code/problems.py), each read on first use.
+    problems_dir: str = setting(
+        "", "directory of the Kattis problem packages labels name (`problem`), each read once; empty: none"
+    )
     # Which requests a worker takes on (services/code/admission.py): "limits", only those whose
     # samples all run every test at their full limits before the deadline, beside the work
     # already admitted (the rest: 503 before any work, 413 for one that could never fit), a test

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from common.errors import Unprocessable
 from services.code.checkers import Checker, custom_verdict, parse_checker
 from services.code.compare import output_matches
 from services.code.compile_cache import Builds, CompileCache, Limits, Unremembered
@@ -77,6 +78,16 @@ def test_custom_exit_codes() -> None:
     for failure in ((3, False, "FAIL"), (0, True, ""), (7, False, "no number"), (7, False, "2.0"), (-11, False, "")):
         assert custom_verdict(*failure) is None
     assert parse_checker({"mode": "float", "abs": 1e-3}).abs_tol == 1e-3
+
+
+def test_kattis_validators_exit_codes() -> None:
+    assert parse_checker({"program": "pass", "language": "python", "protocol": "kattis"}).protocol == "kattis"
+    with pytest.raises(Unprocessable, match="'protocol' is one of"):
+        parse_checker({"program": "pass", "language": "python", "protocol": "icpc"})
+    assert custom_verdict(42, False, "", "kattis") == ("passed", 1.0)
+    assert custom_verdict(43, False, "", "kattis") == ("wrong_answer", 0.0)
+    for failure in ((0, False, ""), (1, False, ""), (42, True, "")):
+        assert custom_verdict(*failure, "kattis") is None
 
 
 SUM_ANY = (

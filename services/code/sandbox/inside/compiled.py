@@ -29,6 +29,9 @@ ARTIFACT_DIR = "/tmp/.judge"
 OUTPUT_DIR = "/tmp/out"
 # What a custom checker reads: the test's input, the program's output, the answer.
 CHECK_FILES = ("/tmp/check/input", "/tmp/check/output", "/tmp/check/answer")
+# A Kattis output validator's feedback directory (its judge messages, which this judge does
+# not read): the checker's own.
+FEEDBACK_DIR = "/tmp/check/feedback"
 # The most a build may leave in the cache: bytes and files (Java writes a file per class).
 INSTALL_BYTES = 64 << 20
 INSTALL_FILES = 1024
@@ -115,6 +118,8 @@ def check(job: Job, conn: typing.Any, deadline: float, run_test: typing.Callable
     read-only to the checker), then ``run_test`` runs it and sends its outcome."""
     directory = os.path.dirname(CHECK_FILES[0])
     os.mkdir(directory, 0o755)
+    os.mkdir(FEEDBACK_DIR, 0o700)
+    os.chown(FEEDBACK_DIR, job.uid, job.uid)
     for index, contents in enumerate(job.checks):
         if time.monotonic() >= deadline:
             messages.send(conn, Skipped(index))
