@@ -14,7 +14,7 @@ Imported by ``setup`` only (torch and transformers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,9 @@ from transformers import Mask2FormerForUniversalSegmentation
 
 from services.clip.weights import local_first
 
+# Mask logits (queries x pixels) upsampled at once in the post-processing: 100 queries' masks at
+# a 16-Mpx image's size would be 6.4 GB a copy; in chunks, at most 32 MB a copy on any image.
+MASK_CHUNK = 1 << 23
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
 SIZE_DIVISOR = 32
@@ -128,27 +131,47 @@ class Detector:
         padded: tuple[int, int],
         item: DetectorInput,
     ) -> Detections:
-        masks = F.interpolate(mask_logits, size=padded, mode="bilinear", align_corners=False)
-        masks = masks[:, :, : shape[0], : shape[1]]
-        masks = F.interpolate(masks, size=item.pixels.shape[:2], mode="bilinear", align_corners=False)[0]
+        size = item.pixels.shape[:2]
         scores = logits.softmax(dim=-1)[:, :-1]
         top_scores, top = scores.flatten().topk(min(self.max_detections, scores.numel()), sorted=False)
         labels, queries = top % self.num_classes, top // self.num_classes
-        chosen = masks[queries]
-        binary = chosen > 0
-        inside = binary.flatten(1).float()
-        mask_scores = (chosen.sigmoid().flatten(1) * inside).sum(1) / (inside.sum(1) + 1e-6)
+        mask_scores = torch.empty_like(top_scores)
+        boxes = top_scores.new_empty((len(top), 4))
+        for rows, chosen in self._masks(mask_logits, queries, shape, padded, size):
+            binary = chosen > 0
+            inside = binary.flatten(1).float()
+            mask_scores[rows] = (chosen.sigmoid().flatten(1) * inside).sum(1) / (inside.sum(1) + 1e-6)
+            boxes[rows] = mask_boxes(binary)
         confidences = top_scores * mask_scores
         keep = confidences > item.threshold  # in float32, as the rules compare
-        labels, confidences, binary = labels[keep], confidences[keep], binary[keep]
-        boxes = mask_boxes(binary)
+        labels, confidences, boxes, queries = labels[keep], confidences[keep], boxes[keep], queries[keep]
         labels_np = labels.cpu().numpy()
         confidences_np = confidences.cpu().numpy().astype(np.float32)
-        wanted: dict[int, np.ndarray] = {}
+        wanted_rows: list[int] = []
         for label in item.mask_labels:
             rows = np.flatnonzero(labels_np == label)
             # most confident first, of equal ones the later, as the rules order them
             rows = rows[::-1][np.argsort(-confidences_np[rows[::-1]], kind="stable")][: item.mask_limit]
-            for row in rows.tolist():
-                wanted[row] = binary[row].cpu().numpy()
+            wanted_rows.extend(rows.tolist())
+        wanted: dict[int, np.ndarray] = {}
+        for rows, chosen in self._masks(mask_logits, queries[wanted_rows], shape, padded, size):
+            for row, mask in zip(wanted_rows[rows], (chosen > 0).cpu().numpy()):
+                wanted[row] = mask
         return Detections(labels_np, confidences_np, boxes.cpu().numpy(), wanted)
+
+    def _masks(
+        self,
+        mask_logits: torch.Tensor,
+        queries: torch.Tensor,
+        shape: tuple[int, int],
+        padded: tuple[int, int],
+        size: tuple[int, int],
+    ) -> Iterator[tuple[slice, torch.Tensor]]:
+        """The mask logits of ``queries`` as mmdet upsamples them (to the padded input, cut to the
+        image, to the image's own size), ``MASK_CHUNK`` logits at a time: (rows, masks) pairs."""
+        step = max(1, MASK_CHUNK // max(size[0] * size[1], padded[0] * padded[1]))
+        for start in range(0, len(queries), step):
+            rows = slice(start, start + step)
+            masks = F.interpolate(mask_logits[:, queries[rows]], size=padded, mode="bilinear", align_corners=False)
+            masks = masks[:, :, : shape[0], : shape[1]]
+            yield rows, F.interpolate(masks, size=size, mode="bilinear", align_corners=False)[0]
