@@ -67,16 +67,17 @@ def test_detections_match_mmdets_pipeline(detector: Detector, chunk: int, monkey
 @pytest.mark.parametrize(("width", "height", "swap"), [(70, 90, False), (300, 200, True)])
 def test_the_input_is_mmdets_to_a_level(detector: Detector, width: int, height: int, swap: bool) -> None:
     """Resized (cv2's fixed-point bilinear in mmcv, torch's here: a level apart on some pixels),
-    normalised, the channels swapped as the reward server's RGB arrays are."""
+    padded with grey to a multiple of 32, normalised, the channels swapped as the reward
+    server's RGB arrays are."""
     pixels = scene(width, height, width)
     detector.bgr = swap
     try:
-        ours = detector._input(pixels).numpy()
+        ours, shape = detector._input(pixels)
     finally:
         detector.bgr = False
     expected, img_shape = reference.mmdet_test_input(pixels, (128, 96), swap)
-    assert ours.shape[1:] == img_shape
-    difference = np.abs(ours - expected[:, : img_shape[0], : img_shape[1]])
+    assert shape == img_shape and ours.shape == expected.shape and expected.shape[1:] != img_shape
+    difference = np.abs(ours.numpy() - expected)
     assert difference.max() <= 1.01 / 57.12
     assert np.mean(difference > 1e-4) < 0.02
 

@@ -1,8 +1,9 @@
 """The object detector: a transformers Mask2Former with mmdet 2.x's test pipeline and instance
 post-processing, as GenEval runs ``mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco``.
 
-mmdet's pipeline: the image resized (bilinear) to fit ``min_size`` x ``max_size`` with its
-aspect kept, normalised with ImageNet's statistics, the batch zero-padded to a multiple of 32.
+mmdet 2.28's pipeline for this config: the image resized (bilinear) to fit ``min_size`` x
+``max_size`` with its aspect kept, padded with grey (128) to a multiple of 32, normalised with
+ImageNet's statistics; a batch of several sizes zero-padded (after normalising) to its largest.
 Its post-processing (``MaskFormerFusionHead.instance_postprocess``): the last decoder layer's
 mask logits upsampled to the padded input, cut to the image, upsampled to the image's own
 size; the class probabilities (softmax, the no-object class dropped) of every query x class,
@@ -30,6 +31,7 @@ MASK_CHUNK = 1 << 23
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
 SIZE_DIVISOR = 32
+PAD_LEVEL = 128.0  # the config's Pad(pad_val=128), before Normalize
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,9 @@ class Detector:
         self.mean = torch.tensor(MEAN, device=device).view(3, 1, 1)
         self.std = torch.tensor(STD, device=device).view(3, 1, 1)
 
-    def _input(self, pixels: np.ndarray) -> torch.Tensor:
-        """An image resized as mmcv does (bilinear, rounded back to uint8) and normalised."""
+    def _input(self, pixels: np.ndarray) -> tuple[torch.Tensor, tuple[int, int]]:
+        """An image resized as mmcv does (bilinear, rounded back to uint8), padded with grey to a
+        multiple of 32 and normalised; and its size before the padding."""
         height, width = pixels.shape[:2]
         new_width, new_height = scaled_size(width, height, self.min_size, self.max_size)
         image = torch.from_numpy(pixels).to(self.device).permute(2, 0, 1)[None].float()
@@ -105,22 +108,24 @@ class Detector:
         image = image[0]
         if self.bgr:
             image = image.flip(0)
-        return (image - self.mean) / self.std
+        bottom, right = -new_height % SIZE_DIVISOR, -new_width % SIZE_DIVISOR
+        image = F.pad(image, (0, right, 0, bottom), value=PAD_LEVEL)
+        return (image - self.mean) / self.std, (new_height, new_width)
 
     @torch.inference_mode()
     def __call__(self, batch: Sequence[DetectorInput]) -> list[Detections]:
         inputs = [self._input(item.pixels) for item in batch]
-        height = -(-max(x.shape[1] for x in inputs) // SIZE_DIVISOR) * SIZE_DIVISOR
-        width = -(-max(x.shape[2] for x in inputs) // SIZE_DIVISOR) * SIZE_DIVISOR
+        height = max(x.shape[1] for x, _ in inputs)
+        width = max(x.shape[2] for x, _ in inputs)
         padded = torch.zeros((len(inputs), 3, height, width), device=self.device)
-        for index, x in enumerate(inputs):
+        for index, (x, _) in enumerate(inputs):
             padded[index, :, : x.shape[1], : x.shape[2]] = x
         out = self.model(pixel_values=padded.to(self.dtype))
         results = []
         for index, item in enumerate(batch):
             logits = out.class_queries_logits[index].float()
             masks = out.masks_queries_logits[index : index + 1].float()
-            results.append(self._instances(logits, masks, inputs[index].shape[1:], (height, width), item))
+            results.append(self._instances(logits, masks, inputs[index][1], (height, width), item))
         return results
 
     def _instances(
