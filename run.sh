@@ -15,6 +15,8 @@
 #                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #                                     (and the code verifier's pinned Go)
+#   bash run.sh reference-mmdet       build .venv-mmdet, mmdet 2.x for tests/test_geneval_mmdet.py
+#                                     (slow: mmcv-full compiles from source; about 5 GB)
 #
 # Services, ports and requirements come from common/registry.py. Missing system packages
 # (bubblewrap and the language toolchains for code, which count only in /usr/bin or /bin,
@@ -383,6 +385,10 @@ case $command in
       export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
     fi
     [ -n "${SCORER_TEST_VERL_SANDBOX_FUSION:-}" ] || verl_client "$tests_venv/bin/python"
+    # mmdet 2.x's Mask2Former (tests/test_geneval_mmdet.py), where `run.sh reference-mmdet` built it.
+    if [ -z "${SCORER_TEST_MMDET_PYTHON:-}" ] && [ -x "$ROOT/.venv-mmdet/bin/python" ]; then
+      export SCORER_TEST_MMDET_PYTHON=$ROOT/.venv-mmdet/bin/python
+    fi
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
   all)
@@ -392,6 +398,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
+  reference-mmdet) exec bash testing/mmdet_env.sh ;;
   -h|--help) sed -n '2,/^set /{/^#/p}' "$0" ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)
