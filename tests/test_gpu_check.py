@@ -22,7 +22,7 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "check.json").read_text())
