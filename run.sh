@@ -13,6 +13,8 @@
 #                                     in-process loop, which sets up only the test environment)
 #   bash run.sh system-packages [COMMAND]   only install the system packages COMMAND needs
 #                                     (and the code verifier's pinned Go)
+#   bash run.sh reference-mmdet       build .venv-mmdet, mmdet 2.x for tests/test_geneval_mmdet.py
+#                                     (slow: mmcv-full compiles from source; about 5 GB)
 #
 # Services and ports come from common/registry.py, what each installs from common/install.py.
 # Missing system packages (bubblewrap and the language toolchains for code, which count only
@@ -386,6 +388,10 @@ case $command in
       [ -n "${SCORER_TEST_SKIP_ENGINE:-}" ] || export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
     fi
     [ -n "${SCORER_TEST_VERL_SANDBOX_FUSION:-}" ] || verl_client "$tests_venv/bin/python"
+    # mmdet 2.x's Mask2Former (tests/test_geneval_mmdet.py), where `run.sh reference-mmdet` built it.
+    if [ -z "${SCORER_TEST_MMDET_PYTHON:-}" ] && [ -x "$ROOT/.venv-mmdet/bin/python" ]; then
+      export SCORER_TEST_MMDET_PYTHON=$ROOT/.venv-mmdet/bin/python
+    fi
     exec "$tests_venv/bin/python" -m pytest "$@"
     ;;
   all)
@@ -395,6 +401,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
+  reference-mmdet) exec bash testing/mmdet_env.sh ;;
   -h|--help) usage all ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)

@@ -164,8 +164,9 @@ def compute(samples: list[tuple[dict[str, np.ndarray], dict[str, Any]]], only_st
 def mmdet_test_input(rgb: np.ndarray, img_scale: tuple[int, int], swap: bool = False) -> tuple[np.ndarray, tuple]:
     """mmdet 2.x's test pipeline on an image file's pixels, as mmcv runs it: the BGR image
     (``imread``; ``swap``: handed RGB, as the reward server does) rescaled with cv2's bilinear
-    to fit ``img_scale`` (long, short) with its edges rounded, normalised to RGB, padded to a
-    multiple of 32. Returns (C, H, W) float32 and the resized (height, width)."""
+    to fit ``img_scale`` (long, short) with its edges rounded, padded with 128 to a multiple of
+    32 (mmdet 2.28's config pads before it normalises), normalised to RGB. Returns (C, H, W)
+    float32 and the resized (height, width)."""
     import cv2
 
     bgr = rgb if swap else rgb[..., ::-1]
@@ -173,12 +174,12 @@ def mmdet_test_input(rgb: np.ndarray, img_scale: tuple[int, int], swap: bool = F
     factor = min(max(img_scale) / max(height, width), min(img_scale) / min(height, width))
     size = (int(width * factor + 0.5), int(height * factor + 0.5))
     resized = cv2.resize(np.ascontiguousarray(bgr), size, interpolation=cv2.INTER_LINEAR)
-    img = resized[..., ::-1].astype(np.float32)  # to_rgb
+    pad_h, pad_w = -(-resized.shape[0] // 32) * 32, -(-resized.shape[1] // 32) * 32
+    padded = np.full((pad_h, pad_w, 3), 128, np.uint8)
+    padded[: resized.shape[0], : resized.shape[1]] = resized
+    img = padded[..., ::-1].astype(np.float32)  # to_rgb
     img = (img - np.array([123.675, 116.28, 103.53], np.float32)) / np.array([58.395, 57.12, 57.375], np.float32)
-    pad_h, pad_w = -(-img.shape[0] // 32) * 32, -(-img.shape[1] // 32) * 32
-    padded = np.zeros((pad_h, pad_w, 3), np.float32)
-    padded[: img.shape[0], : img.shape[1]] = img
-    return padded.transpose(2, 0, 1), resized.shape[:2]
+    return img.transpose(2, 0, 1), resized.shape[:2]
 
 
 def mmdet_instances(cls_logits: Any, mask_logits: Any, img_shape: tuple, ori_shape: tuple, max_per_image: int = 100):

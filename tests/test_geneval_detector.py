@@ -5,11 +5,16 @@ loaded as real weights are; then the colour crops."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from services.geneval import detector as detector_module
 from services.geneval.crops import BACKGROUND, crop_pixels, masked_crop
 from services.geneval.detector import Detector, DetectorInput, mask_boxes, scaled_size
 from testing import geneval_reference as reference
@@ -34,8 +39,11 @@ def scene(width: int, height: int, seed: int) -> np.ndarray:
     return np.array(image)
 
 
-def test_detections_match_mmdets_pipeline(detector: Detector) -> None:
-    """An image at the test scale already (no resize): the same detections, to float rounding."""
+@pytest.mark.parametrize("chunk", [detector_module.MASK_CHUNK, 3 * 128 * 96])
+def test_detections_match_mmdets_pipeline(detector: Detector, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image at the test scale already (no resize): the same detections, to float rounding,
+    whether the masks are upsampled at once or three queries at a time."""
+    monkeypatch.setattr(detector_module, "MASK_CHUNK", chunk)
     pixels = scene(128, 96, 5)
     (found,) = detector([DetectorInput(pixels, 0.0, frozenset(), 16)])
     padded, img_shape = reference.mmdet_test_input(pixels, (128, 96))
@@ -59,16 +67,17 @@ def test_detections_match_mmdets_pipeline(detector: Detector) -> None:
 @pytest.mark.parametrize(("width", "height", "swap"), [(70, 90, False), (300, 200, True)])
 def test_the_input_is_mmdets_to_a_level(detector: Detector, width: int, height: int, swap: bool) -> None:
     """Resized (cv2's fixed-point bilinear in mmcv, torch's here: a level apart on some pixels),
-    normalised, the channels swapped as the reward server's RGB arrays are."""
+    padded with grey to a multiple of 32, normalised, the channels swapped as the reward
+    server's RGB arrays are."""
     pixels = scene(width, height, width)
     detector.bgr = swap
     try:
-        ours = detector._input(pixels).numpy()
+        ours, shape = detector._input(pixels)
     finally:
         detector.bgr = False
     expected, img_shape = reference.mmdet_test_input(pixels, (128, 96), swap)
-    assert ours.shape[1:] == img_shape
-    difference = np.abs(ours - expected[:, : img_shape[0], : img_shape[1]])
+    assert shape == img_shape and ours.shape == expected.shape and expected.shape[1:] != img_shape
+    difference = np.abs(ours.numpy() - expected)
     assert difference.max() <= 1.01 / 57.12
     assert np.mean(difference > 1e-4) < 0.02
 
@@ -99,6 +108,38 @@ def test_the_mask_and_threshold_limits(detector: Detector) -> None:
         x1, y1, x2, y2 = found.boxes[row]
         ys, xs = np.nonzero(mask)
         assert (x1, y1, x2, y2) == (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
+
+
+PEAK_MEMORY = """
+import resource, sys
+import numpy as np, torch
+from services.geneval.detector import Detector, DetectorInput
+torch.set_num_threads(1)
+detector = Detector(sys.argv[1], "cpu", torch.float32, 96, 128, 100, bgr=False)
+detector([DetectorInput(np.zeros((96, 128, 3), np.uint8), 0.0, frozenset({16}), 16)])
+pixels = np.random.default_rng(0).integers(0, 255, (1000, 1200, 3), dtype=np.uint8)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+(found,) = detector([DetectorInput(pixels, 0.0, frozenset({16}), 16)])
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024, len(found.labels), len(found.masks))
+"""
+
+
+def test_the_masks_are_upsampled_in_bounded_chunks(tmp_path: Path) -> None:
+    """A 1.2-Mpx image's 100 detections: the post-processing's peak memory stays under one
+    full-size float copy of their masks (480 MB), where upsampling them at once held several."""
+    path = save_random_mask2former(tmp_path / "detector")
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_MEMORY, str(path)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    grown, detections, masks = map(int, done.stdout.split())
+    assert detections == 100 and 0 < masks <= 16
+    assert grown < 100 * 1000 * 1200 * 4 // 2, f"the post-processing grew the process by {grown / 2**20:.0f} MiB"
 
 
 def test_a_crop_keeps_the_mask_on_grey() -> None:

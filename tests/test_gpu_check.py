@@ -22,7 +22,7 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "check.json").read_text())
@@ -36,6 +36,8 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
     assert report["pickscore"]["results"]["service"]["images_per_s"] > 0
     assert report["hpsv3"]["results"]["service"]["images_per_s"] > 0
     assert report["hpsv3"]["results"]["service"]["max_score_diff_vs_batch_1"] < 1e-4
+    geneval = report["geneval"]["images_per_s"]
+    assert geneval["original"] > 0 and geneval["ours"] > 0 and report["geneval"]["args"]["size"] == "tiny"
     for result in report["batching"]["results"].values():
         assert result["median"]["ours_wrong"] == result["median"]["simple_wrong"] == 0
     for result in report["multi"]["sets"].values():

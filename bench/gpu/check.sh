@@ -2,7 +2,7 @@
 # One GPU check, for a bare GPU machine (Python 3.12 with torch, transformers, onnx, onnxruntime,
 # numpy, pillow, prometheus-client, werkzeug, opencv-python-headless; no package index). Run from
 # the repository root, with .whl/ made beforehand by bench/gpu/wheels.sh; all the steps in under
-# 12 min 50 s, all but multi and judge in under 10 minutes:
+# 13 min 50 s, all but geneval, multi and judge in under 10 minutes:
 #
 #   bash bench/gpu/check.sh --out DIR            on the GPU
 #   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 3 min)
@@ -14,7 +14,9 @@
 # CPU against torch in float32/float16/bfloat16); the aesthetic three-way bench at ViT-L/14 size in
 # float16; the OCR three-way bench on the torch engine; the batching bench; the PickScore three-way
 # bench (ViT-B widths, 14-pixel patches, float16); the HPSv3 bench at Qwen2-VL-7B's real size
-# (random weights built on the GPU in bfloat16); the multi bench (OCR + PickScore and OCR +
+# (random weights built on the GPU in bfloat16); the GenEval bench at GenEval's real sizes (Swin-S
+# Mask2Former and a ViT-L/14 colour classifier, random, built on the GPU) against the reward
+# server's design restated; the multi bench (OCR + PickScore and OCR +
 # PickScore + aesthetic in one call against each reward's own service); the judge bench (the judge
 # service in front of transformers serve with a tiny random Qwen2-VL on the GPU, against the same
 # chat completions sent as VeRL-Omni's unified_reward.py sends them; ENGINE_PYTHON, default
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bash bench/gpu/check.sh --out DIR [--cpu-smoke] [--no-wheels] [--steps A,B]" >&2; exit 2 ;;
   esac
 done
-STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 multi judge)
+STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 geneval multi judge)
 IFS=, read -r -a wanted <<<"$STEPS"
 for name in ${wanted[@]+"${wanted[@]}"}; do
   [[ " ${STEP_NAMES[*]} " == *" $name "* ]] || { echo "--steps: no step '$name'; the steps: ${STEP_NAMES[*]}" >&2; exit 2; }
@@ -65,9 +67,10 @@ if [ $SMOKE = 1 ]; then
   AGREEMENT=(--device cpu --count 2 --batch 2)
   BATCHING=(--cases 16:8 --rounds 1 --requests 2 --simple-requests 1)
   HPSV3=(--size tiny --device cpu --precision float32 --requests 4 --prompts 2 --rounds 1 --batch-sizes 4)
+  GENEVAL=(--size tiny --device cpu --requests 2 --images 2 --rounds 1)
   MULTI=(--device cpu --requests 4 --rounds 1 --image-size 256)
   JUDGE=(--device cpu --samples 4 --rounds 1 --image-size 64)
-  LIMITS=(120 120 120 180 120 180 240 240 180)  # guards against a hang only: a shared CI machine can be slow
+  LIMITS=(120 120 120 180 120 180 240 120 240 180)  # guards against a hang only: a shared CI machine can be slow
 else
   DEVICE=cuda
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -80,12 +83,14 @@ else
   BATCHING=(--cases 64:32,256:64 --rounds 3 --requests 4 --simple-requests 1)
   # Qwen2-VL-7B's size: the random checkpoint (16.6 GB) is written once and loaded three times.
   HPSV3=(--size 7b --device cuda --precision bfloat16 --requests 32 --prompts 4 --rounds 2 --batch-sizes 16,32)
+  # GenEval's Swin-S Mask2Former and a ViT-L/14 CLIP, random, built on the GPU, at mmdet's scale.
+  GENEVAL=(--size real --device cuda --precision float16 --image-size 512 --requests 2 --images 8 --rounds 2)
   # The rewards at their real sizes but PickScore's (ViT-B widths, as in the PickScore step);
   # five services on the one GPU, each reward's own and one multi service per set.
   MULTI=(--device cuda --ocr-engine torch --pickscore-size b14 --aesthetic-size l14 --precision float16
          --requests 64 --rounds 2)
   JUDGE=(--device cuda --samples 64 --rounds 3 --image-size 256)
-  LIMITS=(45 75 105 105 60 50 120 120 90)
+  LIMITS=(45 75 105 105 60 50 120 60 120 90)
 fi
 
 log "environment"
@@ -125,8 +130,9 @@ step() {
   echo $((SECONDS - started)) >"$OUT/$name.seconds"
 }
 
-# Time limits per step (seconds), in this order; together 12 min 50 s at most on the GPU, 9 min
-# 20 s without the multi and judge steps (--steps runs a part, for a machine lent 10 minutes at a time).
+# Time limits per step (seconds), in this order; together 13 min 50 s at most on the GPU, 9 min
+# 20 s without the geneval, multi and judge steps (--steps runs a part, for a machine lent 10
+# minutes at a time).
 step pinning "${LIMITS[0]}" "$PYTHON" -m bench.gpu.pinning --device "$DEVICE" --out "$OUT/pinning.json"
 step ocr_agreement "${LIMITS[1]}" "$PYTHON" -m bench.gpu.ocr_agreement "${AGREEMENT[@]}" --out "$OUT/ocr_agreement.json"
 step aesthetic "${LIMITS[2]}" "$PYTHON" -m bench.aesthetic.bench "${AESTHETIC[@]}" --head "$HEAD" --out "$OUT/aesthetic.json"
@@ -134,21 +140,22 @@ step ocr "${LIMITS[3]}" "$PYTHON" -m bench.ocr.run "${OCR[@]}" --out "$OUT/ocr.j
 step batching "${LIMITS[4]}" "$PYTHON" -m bench.batching.run "${BATCHING[@]}" --out "$OUT/batching.json"
 step pickscore "${LIMITS[5]}" "$PYTHON" -m bench.clip.bench "${PICKSCORE[@]}" --out "$OUT/pickscore.json"
 step hpsv3 "${LIMITS[6]}" "$PYTHON" -m bench.hpsv3.bench "${HPSV3[@]}" --out "$OUT/hpsv3.json"
-step multi "${LIMITS[7]}" "$PYTHON" -m bench.multi.run "${MULTI[@]}" --out "$OUT/multi.json"
+step geneval "${LIMITS[7]}" "$PYTHON" -m bench.geneval.bench "${GENEVAL[@]}" --out "$OUT/geneval.json"
+step multi "${LIMITS[8]}" "$PYTHON" -m bench.multi.run "${MULTI[@]}" --out "$OUT/multi.json"
 ENGINE_PYTHON=${ENGINE_PYTHON:-${SCORER_TEST_ENGINE_PYTHON:-$PYTHON}}
 SKIPPED=()
 if [ $SMOKE = 1 ] && ! "$ENGINE_PYTHON" -c 'import fastapi, openai, torchvision, uvicorn' 2>/dev/null; then
   log "judge skipped: $ENGINE_PYTHON has no transformers serving extras or torchvision (set ENGINE_PYTHON)"
   SKIPPED+=(judge)
 else
-  step judge "${LIMITS[8]}" "$PYTHON" -m bench.judge.run --engine-python "$ENGINE_PYTHON" "${JUDGE[@]}" --out "$OUT/judge.json"
+  step judge "${LIMITS[9]}" "$PYTHON" -m bench.judge.run --engine-python "$ENGINE_PYTHON" "${JUDGE[@]}" --out "$OUT/judge.json"
 fi
 
 "$PYTHON" - "$OUT" "${SKIPPED[*]-}" ${FAILED[@]+"${FAILED[@]}"} <<'PY'
 import json, sys
 from pathlib import Path
 out, skipped, failed = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
-steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore", "hpsv3", "multi", "judge"]
+steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore", "hpsv3", "geneval", "multi", "judge"]
 report = {"failed": failed, "skipped": skipped, "seconds": {}}
 for step in steps:
     path = out / f"{step}.json"
