@@ -37,12 +37,6 @@ ERROR_TYPES: dict[str, frozenset[str | None]] = {
     "time_limit_exceeded": frozenset({"timeout"}),
     "run_time_error": frozenset({"runtime_error", "memory_limit"}),
 }
-# Packages whose custom output validator compares what one of our checkers compares.
-CUSTOM_AS = {
-    # Its validator reads one integer per answer and compares the values: our tokens (a
-    # "+5" or "05" it would accept is a wrong answer here; no submission prints one).
-    "problemtools/different": "tokens",
-}
 
 # Every submission we grade otherwise than it is filed, with the cause.
 CPYTHON = (
@@ -87,11 +81,12 @@ class Submission:
 
 
 def checker(problem: dict[str, Any]) -> str | dict[str, Any]:
-    """The package's output validation as a label's ``checker``: Kattis's default validator
-    compares tokens, case-insensitively unless ``case_sensitive``; with a float tolerance,
-    numbers within the absolute or relative one (``float_tolerance``: both)."""
+    """The package's output validation as a label's ``checker``: its own custom validator, run
+    as Kattis runs it; Kattis's default validator compares tokens, case-insensitively unless
+    ``case_sensitive``; with a float tolerance, numbers within the absolute or relative one
+    (``float_tolerance``: both)."""
     if problem["validation"] != "default":
-        return CUSTOM_AS[problem["id"]]
+        return {"program": problem["validator"], "language": "cpp", "protocol": "kattis"}
     flags = problem["validator_flags"].split()
     tolerance = {"abs": 0.0, "rel": 0.0}
     for flag, key in (("float_absolute_tolerance", ("abs",)), ("float_relative_tolerance", ("rel",)),

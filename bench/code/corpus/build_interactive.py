@@ -4,16 +4,16 @@ from a local git mirror of Kattis/problemtools. Reproducible: same commit, same 
     python -m bench.code.corpus.build_interactive --problemtools MIRROR.git
 
 Each problem is an interactive Kattis problem package, read as ``build_verdicts`` reads one
-(tests, settings, submissions by verdict), plus its output validator, which is the
-interactor: its ``validate.cc`` with problemtools' ``validate.h`` put in the place of its
-``#include "validate.h"``, one source a label carries.
+(tests, settings, submissions by verdict), its output validator the interactor (one source a
+label carries: ``validate.cc`` with problemtools' ``validate.h`` in the place of its
+``#include``).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from bench.code.corpus.build import OUT, git, write_jsonl_gz
+from bench.code.corpus.build import OUT, write_jsonl_gz
 from bench.code.corpus.build_verdicts import ARCHIVES, Archive, problem_row
 
 GUESS = Archive(
@@ -23,19 +23,6 @@ GUESS = Archive(
     ("examples/guess",),
     default_time_limit_s=1.0,
 )
-VALIDATOR = "output_validator/guess_validator"
-INCLUDE = '#include "validate.h"\n'
-
-
-def interactor(mirror: str, archive: Archive, package: str) -> str:
-    """The package's output validator as one C++ source."""
-
-    def show(path: str) -> str:
-        return git(mirror, "show", f"{archive.commit}:{package}/{VALIDATOR}/{path}").decode()
-
-    source = show("validate.cc")
-    assert source.count(INCLUDE) == 1, package
-    return source.replace(INCLUDE, show("validate.h") + "\n")
 
 
 def main() -> None:
@@ -45,7 +32,8 @@ def main() -> None:
     rows = []
     for package in GUESS.problems:
         row, left_out = problem_row(args.problemtools, GUESS, package)
-        rows.append({**row, "interactor": interactor(args.problemtools, GUESS, package)})
+        validator = row.pop("validator")
+        rows.append({**row, "interactor": validator})
         for line in left_out:
             print(f"left out {GUESS.repository} {line}")
     path = OUT / "interactive.jsonl.gz"

@@ -6,15 +6,17 @@ mirrors of the contest archives it comes from. Reproducible: same commits, same 
 
 Each problem is a Kattis problem package: ``data/{sample,secret}/*.in`` with ``.ans``,
 ``problem.yaml`` (validator flags, memory limit, licence), the time limit (``.timelimit``),
-and ``submissions/<expected verdict>/*`` in several languages. Only data is taken: the tests,
-the settings and the submissions, never a tool of theirs.
+and ``submissions/<expected verdict>/*`` in several languages. Taken: the tests, the settings,
+the submissions and a custom output validator (which judges its problem), no other tool of theirs.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -107,8 +109,22 @@ def python3(source: str) -> bool:
     return True
 
 
+INCLUDE = re.compile(r'^#include "([^"/]+)"\n', re.M)
+
+
+def validator_source(package: str, files: list[str], show: Callable[[str], str]) -> str:
+    """A custom output validator as one C++ source a label carries: its one ``.cc`` file in
+    ``output_validators/<name>/`` (``output_validator/`` in newer packages), each header of
+    its folder it includes put in the place of its ``#include "..."``."""
+    folders = (f"{package}/output_validators/", f"{package}/output_validator/")
+    [source] = [f for f in files if f.startswith(folders) and f.endswith(".cc")]
+    folder = source.rpartition("/")[0]
+    return INCLUDE.sub(lambda include: show(f"{folder}/{include.group(1)}") + "\n", show(source))
+
+
 def problem_row(mirror: str, archive: Archive, package: str) -> tuple[dict, list[str]]:
-    """One problem's row, and what was left out of it (and why)."""
+    """One problem's row, and what was left out of it (and why): a package with a custom
+    output validator (``validation: custom``, or an interactive problem's) has its ``validator``."""
     commit = archive.commit
     files = git(mirror, "ls-tree", "-r", "--name-only", commit, package).decode().splitlines()
 
@@ -159,6 +175,8 @@ def problem_row(mirror: str, archive: Archive, package: str) -> tuple[dict, list
         "tests": tests,
         "submissions": submissions,
     }
+    if row["validation"].startswith("custom") or settings.get("type") == "interactive":
+        row["validator"] = validator_source(package, files, show)
     return row, left_out
 
 
