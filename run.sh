@@ -388,8 +388,10 @@ case $command in
       [ -n "${SCORER_TEST_SKIP_ENGINE:-}" ] || export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
     fi
     [ -n "${SCORER_TEST_VERL_SANDBOX_FUSION:-}" ] || verl_client "$tests_venv/bin/python"
-    # mmdet 2.x's Mask2Former (tests/test_geneval_mmdet.py), where `run.sh reference-mmdet` built it.
-    if [ -z "${SCORER_TEST_MMDET_PYTHON:-}" ] && [ -x "$ROOT/.venv-mmdet/bin/python" ]; then
+    # mmdet 2.x's Mask2Former (tests/test_geneval_mmdet.py), where `run.sh reference-mmdet` built
+    # it to the end (a build cut short leaves an environment without mmcv's ops).
+    if [ -z "${SCORER_TEST_MMDET_PYTHON:-}" ] && [ -x "$ROOT/.venv-mmdet/bin/python" ] &&
+      "$ROOT/.venv-mmdet/bin/python" -c 'import mmcv.ops, mmdet' 2>/dev/null; then
       export SCORER_TEST_MMDET_PYTHON=$ROOT/.venv-mmdet/bin/python
     fi
     exec "$tests_venv/bin/python" -m pytest "$@"
@@ -401,7 +403,7 @@ case $command in
   system-packages)
     ensure_system_packages "${1:-all}"
     ;;
-  reference-mmdet) exec bash testing/mmdet_env.sh ;;
+  reference-mmdet) exec bash testing/mmdet_env.sh "$@" ;;
   -h|--help) usage all ;;
   -*) log "unknown command $command (see bash run.sh --help)"; exit 2 ;;
   *)

@@ -7,6 +7,11 @@
 #   bash run.sh reference-mmdet
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+case ${1:-} in
+  "") ;;
+  -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
+  *) echo "[mmdet_env.sh] takes no arguments (bash run.sh reference-mmdet --help)" >&2; exit 2 ;;
+esac
 PYTHON=${PYTHON:-python3}
 VENV=.venv-mmdet
 "$PYTHON" -c 'import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))' ||
