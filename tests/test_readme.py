@@ -227,7 +227,8 @@ def check_command(words: list[str], prefixes: dict[str, Path], tmp_path: Path) -
         # Starting a service needs its weights, GPU or engine and a long install: its flags
         # are checked instead, by run.sh's own parser, which reads them all before `--help`.
         done = run([*words, "--help"])
-        assert done.returncode == 0 and "Start the scorer services" in done.stdout, (words, done.stderr)
+        usage = "Builds .venv-mmdet" if words[2:3] == ["reference-mmdet"] else "Start the scorer services"
+        assert done.returncode == 0 and usage in done.stdout, (words, done.stderr)
     elif words[0] == "bash" and words[1].startswith("bench/"):
         check_script(words, env)
     elif words[:3] == ["python3", "-m", "deploy.render_nginx"]:
