@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.code import ENV, grade
 from testing.server import gunicorn_server
-from tests.code.test_code_server import ENV, grade
 
 SLOW = "import time\ntime.sleep(2.5)\nprint(input())"
 

@@ -21,39 +21,16 @@ from common import registry
 from services.code import languages
 from services.code.extract import extract_program
 from services.code.languages import PYTHON
+from testing.code import APLUSB, LANGUAGES_ENV, grade_programs
 from testing.server import Server, gunicorn_server
-from tests.code.test_code_server import SECRET
 
-ENV = {
-    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
-    # Their requests are sized for the suites, not for a 2-core node at full limits (test_code_admission.py).
-    "SCORER_CODE_ADMISSION": "off",
-    "SCORER_CODE_TEST_CPU_S": "2",
-    "SCORER_CODE_TEST_WALL_S": "4",
-    "SCORER_CODE_SAMPLE_WALL_S": "40",
-    "SCORER_CODE_MEMORY_MB": "256",
-    "SCORER_CODE_MAX_OUTPUT_BYTES": str(1 << 20),
-    "SCORER_CODE_COMPILE_CPU_S": "15",
-    "SCORER_CODE_COMPILE_WALL_S": "30",
-    "SCORER_TEST_SECRET": SECRET,
-}
 ROOT = Path(__file__).resolve().parents[2]
-APLUSB = {"inputs": ["1 2\n", "100 -5\n"], "outputs": ["3\n", "95\n"]}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+    with gunicorn_server("code", LANGUAGES_ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
-
-
-def grade(url: str, programs: list[tuple[str, str]], label: dict | None = None, **body: object) -> dict:
-    """One request: each (fence tag, source) a sample graded on ``label`` (A+B by default)."""
-    fenced = [f"Here is my solution.\n```{tag}\n{code}\n```\n" for tag, code in programs]
-    payload = {"outputs": fenced, "prompts": ["p"] * len(fenced), "labels": [label or APLUSB] * len(fenced), **body}
-    response = requests.post(url + "/reward/score", json=payload, timeout=300)
-    assert response.status_code == 200, response.text[:500]
-    return response.json()
 
 
 def info(url: str) -> dict:
@@ -197,7 +174,7 @@ def test_each_case_gets_its_verdict(server, language):
     cases = CASES[language]
     # A fresh comment per run: nothing comes from an earlier run's builds.
     salt = f"\n// {uuid.uuid4().hex}\n" if language != "python" else ""
-    out = grade(server.url, [(TAGS[language], code + salt) for _, _, code in cases])
+    out = grade_programs(server.url, [(TAGS[language], code + salt) for _, _, code in cases])
     got = dict(zip([name for name, _, _ in cases], out["error_types"], strict=True))
     assert got == {name: want for name, want, _ in cases}
     assert out["rewards"] == [1.0 if want is None else 0.0 for _, want, _ in cases]
@@ -207,7 +184,7 @@ def test_code_for_current_toolchains_passes(server):
     """Go's min and max, Rust's let-else and C++20 score 1.0 (Debian 12's Go 1.19 and rustc
     1.63, and C++17 for cpp, refused them)."""
     salt = f"\n// {uuid.uuid4().hex}\n"
-    out = grade(server.url, [(tag, code + salt) for tag, code in CURRENT])
+    out = grade_programs(server.url, [(tag, code + salt) for tag, code in CURRENT])
     assert out["rewards"] == [1.0] * len(CURRENT), out["error_types"]
 
 
@@ -237,12 +214,12 @@ def test_a_group_of_identical_programs_compiles_once(server):
     identical program is a cache hit; the build is not a program's to write."""
     source = CPP_CASES[0][2] + f"\n// {uuid.uuid4().hex}\n"
     before = info(server.url)["compile_cache"]
-    out = grade(server.url, [("cpp", source)] * 8)
+    out = grade_programs(server.url, [("cpp", source)] * 8)
     assert out["rewards"] == [1.0] * 8, out["error_types"]
     after = info(server.url)["compile_cache"]
     assert after["builds"] == before["builds"] + 1
     assert after["hits"] >= before["hits"] + 7
-    again = grade(server.url, [("c++", source)])
+    again = grade_programs(server.url, [("c++", source)])
     assert again["rewards"] == [1.0] and info(server.url)["compile_cache"]["builds"] == after["builds"]
     # A program that tries to change its own build (or reach the cache) cannot.
     tamper = (
@@ -251,7 +228,7 @@ def test_a_group_of_identical_programs_compiles_once(server):
         '||open("/judge-cache",O_RDONLY)>=0||mkdir("/tmp/.judge/new",0777)==0;'
         'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",w?0:a+b);}'
     )
-    tampered = grade(server.url, [("cpp", tamper)])
+    tampered = grade_programs(server.url, [("cpp", tamper)])
     assert tampered["rewards"] == [1.0], tampered["error_types"]
 
 
@@ -260,21 +237,23 @@ def test_a_java_source_the_class_finder_would_rescan_is_judged_at_once(server):
     modifiers no type follows, each scanned to the end from every later opener or line
     before, held a worker's thread (and the GIL) for a quarter of an hour or more."""
     for source in ("/* " * 300_000, "public\n" * 130_000 + "int x;"):
-        out = grade(server.url, [("java", source)])
+        out = grade_programs(server.url, [("java", source)])
         assert out["error_types"] == ["compile_error"]
 
 
 def test_language_from_label_request_or_tag(server):
     """The label's language wins over the request's, which wins over the fence's tag."""
     c_source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream")  # C++ only
-    out = grade(server.url, [("python", c_source)], {**APLUSB, "language": "C++"})
+    out = grade_programs(server.url, [("python", c_source)], {**APLUSB, "language": "C++"})
     assert out["rewards"] == [1.0], out["error_types"]
-    out = grade(server.url, [("", c_source)], language="cxx")
+    out = grade_programs(server.url, [("", c_source)], language="cxx")
     assert out["rewards"] == [1.0], out["error_types"]
-    out = grade(server.url, [("c", c_source)])  # C++ compiled as C
+    out = grade_programs(server.url, [("c", c_source)])  # C++ compiled as C
     assert out["error_types"] == ["compile_error"]
     spaceship = "#include <compare>\n" + c_source.replace("int main(){", "int main(){auto c=(1<=>2);(void)c;")
-    out = grade(server.url, [("cpp20", spaceship), ("cpp", spaceship), ("c++17", spaceship)])  # C++17 by name only
+    out = grade_programs(
+        server.url, [("cpp20", spaceship), ("cpp", spaceship), ("c++17", spaceship)]
+    )  # C++17 by name only
     assert out["error_types"] == [None, None, "compile_error"]
     bad = requests.post(
         server.url + "/reward/score",
@@ -365,7 +344,7 @@ def test_a_slower_runtime_gets_more_time_and_a_loop_still_times_out(server):
     (and C's) load the CPUs meanwhile: the Java program's main thread, not its process's first
     one, waits for a CPU, and that wait is not its own time."""
     limits = info(server.url)["time_limits"]
-    cpu = float(ENV["SCORER_CODE_TEST_CPU_S"])
+    cpu = float(LANGUAGES_ENV["SCORER_CODE_TEST_CPU_S"])
     spin = 1.25 * cpu  # CPU seconds each program burns before it answers
     assert limits["c"]["cpu_s"] == limits["python"]["cpu_s"] == cpu
     assert limits["java"]["cpu_s"] >= spin + 1 and limits["javascript"]["cpu_s"] >= spin + 1
@@ -398,7 +377,7 @@ def test_a_slower_runtime_gets_more_time_and_a_loop_still_times_out(server):
     c_loop = ("c", dict((n, code) for n, _, code in C_CASES)["loop"])
     programs = [("java", java), ("js", javascript), ("c", c), *loops, c_loop, c_loop]
     sent = [(tag, f"{code}\n// {salt}") for tag, code in programs] + [("python", f"{python}\n# {salt}")]
-    out = grade(server.url, sent, label)
+    out = grade_programs(server.url, sent, label)
     assert out["error_types"] == [None, None, "timeout", "timeout", "timeout", "timeout", "timeout", None]
 
 
@@ -407,7 +386,7 @@ def test_the_same_source_in_two_languages_builds_twice_in_one_group(server):
     language builds it once (its own key), none waits for or takes the other's build."""
     source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream") + f"\n// {uuid.uuid4().hex}\n"
     before = info(server.url)["compile_cache"]
-    out = grade(server.url, [("cpp" if i % 2 else "c", source) for i in range(8)])
+    out = grade_programs(server.url, [("cpp" if i % 2 else "c", source) for i in range(8)])
     assert out["error_types"] == ["compile_error", None] * 4
     assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 2
 
@@ -425,8 +404,8 @@ def test_a_program_cannot_read_another_samples_build(server):
         f"int seen={opens};"
         'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",seen?0:a+b);}'
     )
-    assert grade(server.url, [("cpp", victim)])["rewards"] == [1.0]  # its entry is in the cache now
-    out = grade(server.url, [("cpp", spy)])
+    assert grade_programs(server.url, [("cpp", victim)])["rewards"] == [1.0]  # its entry is in the cache now
+    out = grade_programs(server.url, [("cpp", spy)])
     assert out["rewards"] == [1.0], out["error_types"]
 
 
@@ -437,7 +416,7 @@ def test_identical_compile_bombs_in_a_group_build_once(server):
     other until the request's deadline leaves them without a verdict."""
     bomb = dict((name, code) for name, _, code in CPP_CASES)["constexpr_cpu_bomb"] + f"\n// {uuid.uuid4().hex}\n"
     before = info(server.url)["compile_cache"]
-    out = grade(server.url, [("cpp", bomb)] * 3)
+    out = grade_programs(server.url, [("cpp", bomb)] * 3)
     assert out["error_types"] == ["compile_error"] * 3
     assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 1
 
@@ -461,7 +440,9 @@ def test_runtimes_get_threads_up_to_the_task_limit_and_no_process(server):
         "try{Thread.sleep(100000);}catch(Exception e){}});t.setDaemon(true);t.start();}}}"
     )
     salt = f"\n// {uuid.uuid4().hex}\n"
-    out = grade(server.url, [("java", java_threads + salt), ("go", go_threads + salt), ("java", java_bomb + salt)])
+    out = grade_programs(
+        server.url, [("java", java_threads + salt), ("go", go_threads + salt), ("java", java_bomb + salt)]
+    )
     assert out["error_types"][:2] == [None, None] and out["rewards"] == [1.0, 1.0, 0.0], out["error_types"]
     assert out["error_types"][2] in ("runtime_error", "memory_limit")
 
