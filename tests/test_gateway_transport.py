@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from testing.ocr import read_until_closed, score_request
 from testing.server import Server, gunicorn_server
-from tests.test_serving import read_until_closed, score_request
 
 TOKEN = "s3cret"
 HEAD = b"POST / HTTP/1.1\r\nHost: scorer\r\n"

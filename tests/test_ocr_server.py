@@ -26,9 +26,9 @@ from common.client import AsyncScorerClient, ScorerClient
 from common.settings import CoreSettings
 from services.ocr.reward import RuleOptions, targets
 from services.ocr.scorer import OcrSettings
-from testing.images import blank, ocr_prompts, quoted, render_text
+from testing.images import blank, empty_chunks_png, ocr_prompts, quoted, render_text, scan_bomb
+from testing.ocr import bounded, memory_kb, peak_memory_reset, timed_post
 from testing.server import ROOT, gunicorn_server
-from tests.test_images import empty_chunks_png, scan_bomb
 
 PROMPTS = ocr_prompts(12)
 
@@ -323,24 +323,6 @@ def png(width: int, height: int) -> bytes:
     return out.getvalue()
 
 
-def peak_memory_reset(pid: int) -> int:
-    """Reset the process's peak resident memory to its current value (Linux); returns it in kB."""
-    with open(f"/proc/{pid}/clear_refs", "w") as f:
-        f.write("5")
-    return memory_kb(pid, "VmHWM")
-
-
-def memory_kb(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return int(next(line.split()[1] for line in f if line.startswith(field + ":")))
-
-
-def timed_post(url: str, body: bytes) -> tuple[int, dict, float, int]:
-    started = time.perf_counter()
-    response = requests.post(url + "/", data=body, timeout=120)
-    return response.status_code, pickle.loads(response.content), time.perf_counter() - started, len(response.content)
-
-
 def test_thin_png_is_refused_at_once_without_memory(ocr_server) -> None:
     """A 70-byte 200x1 PNG took 11.8 s and 2.2 GB in RapidOCR's resize and letterbox."""
     (pid,) = ocr_server.worker_pids()
@@ -438,19 +420,6 @@ def post_json(url: str, body: bytes) -> tuple[int, dict, float]:
     started = time.perf_counter()
     response = requests.post(url + "/score", data=body, headers={"Content-Type": "application/json"}, timeout=120)
     return response.status_code, response.json(), time.perf_counter() - started
-
-
-def bounded(server, send, max_growth_mb: float = 60):
-    """``send()``'s answer, asserting the worker's peak memory grew by under ``max_growth_mb``
-    and that it is the same worker after, answering /health."""
-    workers = server.worker_pids()
-    before = peak_memory_reset(workers[0])
-    answer = send()
-    grown_mb = (memory_kb(workers[0], "VmHWM") - before) / 1024
-    assert grown_mb < max_growth_mb, f"the worker's peak memory grew by {grown_mb:.0f} MB"
-    assert server.worker_pids() == workers
-    assert requests.get(server.url + "/health", timeout=5).status_code == 200
-    return answer
 
 
 def test_a_memo_index_past_the_stream_costs_no_memory(ocr_server) -> None:

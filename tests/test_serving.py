@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from testing.images import render_text
+from testing.ocr import read_until_closed, score_request
 from testing.server import gunicorn_server
 
 # The three services as ``bash run.sh`` starts them on one node (aesthetic without weights and
@@ -70,17 +70,6 @@ def raw_request(port: int, data: bytes, timeout: float = 30.0) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
         return read_until_closed(sock)
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    answer = b""
-    while chunk := sock.recv(65536):
-        answer += chunk
-    return answer
-
-
-def score_request() -> bytes:
-    return pickle.dumps({"images": [render_text("Hello", size=256)], "prompts": ['a sign that says "Hello"']})
 
 
 SLOW_CLIENTS = {

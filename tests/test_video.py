@@ -21,11 +21,11 @@ from PIL import Image
 from rapidfuzz.distance import Levenshtein
 
 from common import verl_omni
-from testing.images import blank, encode, render_text
+from testing.clip_models import save_model
+from testing.images import blank, encode, render_text, sample_images
 from testing.random_clip import save_random_clip
 from testing.reference import REFERENCE_PYTHON
 from testing.server import gunicorn_server
-from tests.test_clip_rewards import sample_images, save_model
 
 # A frame that starts as a JPEG and is nothing else: decoding it fails (422), so a request that
 # holds it where a frame is not chosen and still scores shows that frame was never decoded.
