@@ -35,12 +35,15 @@ def fuzzed(ocr_server: Server) -> Iterator[Target]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test not marked ``unit`` is an integration test (real gunicorn, sandboxes, nginx).
+    """Every test not marked ``unit`` is an integration test (real gunicorn, sandboxes, nginx);
+    a unit test bounds no wall or CPU time (those are marked ``timing``, in the integration tier).
     The long runs marked ``corpus`` are deselected unless asked for (``-m corpus`` or
     ``SCORER_TEST_CORPUS=1``): the suite's own run reports nothing skipped."""
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.integration)
+        elif item.get_closest_marker("timing") is not None:
+            raise pytest.UsageError(f"{item.nodeid} is marked unit and timing: a unit test bounds no time")
     asked = os.environ.get("SCORER_TEST_CORPUS") == "1" or "corpus" in config.getoption("markexpr", "")
     if not asked:
         long_runs = [item for item in items if item.get_closest_marker("corpus") is not None]
