@@ -169,3 +169,9 @@ def batch_stats(url: str, service: str) -> tuple[float, float]:
         return sum(float(value) for value in re.findall(pattern, text, re.M))
 
     return total("count"), total("sum")
+
+
+def metric_total(url: str, name: str) -> float:
+    """A metric's samples summed over their labels, from /metrics (``scorer_images_decoded_total``)."""
+    text = requests.get(url + "/metrics", timeout=10).text
+    return sum(float(value) for value in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
