@@ -60,6 +60,7 @@ class DynamicBatcher:
         max_queue: int,
         on_batch: Callable[[int, float], None] | None = None,
         name: str = "batcher",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError("need max_batch >= 1 and max_queue >= max_batch")
@@ -69,6 +70,7 @@ class DynamicBatcher:
         self.max_queue = max_queue
         self._on_batch = on_batch
         self.name = name
+        self._clock = clock  # the batch window's and batch times' (a test's own, to move by hand)
         self._queue: list[_Entry] = []  # a heap: earliest deadline first
         self._sequence = itertools.count()
         self._window_start = 0.0
@@ -121,7 +123,7 @@ class DynamicBatcher:
                     f"request's deadline (in {max(0.0, remaining):.0f}s); retry on another node or later"
                 )
             if not self._queue:
-                self._window_start = time.monotonic()
+                self._window_start = self._clock()
             for item, future in zip(items, futures):
                 heapq.heappush(self._queue, _Entry(deadline.expires, next(self._sequence), item, future))
             self._cond.notify()
@@ -135,7 +137,7 @@ class DynamicBatcher:
                 return None
             closes = self._window_start + self.max_wait_s
             while len(self._queue) < self.max_batch and not self._stopped:
-                remaining = closes - time.monotonic()
+                remaining = closes - self._clock()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
@@ -158,7 +160,7 @@ class DynamicBatcher:
             batch = [entry for entry in taken if entry.future.set_running_or_notify_cancel()]
             if not batch:
                 continue
-            started = time.perf_counter()
+            started = self._clock()
             try:
                 results = self._fn([entry.item for entry in batch])
                 if len(results) != len(batch):
@@ -168,7 +170,7 @@ class DynamicBatcher:
                 for entry in batch:
                     entry.future.set_exception(exc)
                 continue
-            self._record(len(batch), time.perf_counter() - started)
+            self._record(len(batch), self._clock() - started)
             for entry, result in zip(batch, results):
                 entry.future.set_result(result)
 

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
+from testing.reference import run_reference
+
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 VOCAB_SIZE = 49408
@@ -117,3 +119,14 @@ def save_random_clip_model(
     if processor:
         save_processor(directory)
     return directory
+
+
+def save_model(service: str, directory: Path) -> Path:
+    """The tiny model of ``service``, with its processor in the model directory."""
+    if service == "hpsv2":
+        run_reference(
+            "clip_reference.py", {"job": "hpsv2-model", "directory": str(directory), "config": TINY_OPEN_CLIP}
+        )
+        return save_processor(directory)
+    # PickScore is a ViT-H/14 (GELU); OpenAI's ViT-L/14 uses quick GELU.
+    return save_random_clip_model(directory, hidden_act="gelu" if service == "pickscore" else "quick_gelu")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -157,3 +158,20 @@ def running_server(
     """Like ``gunicorn_server``, yielding only the base URL."""
     with gunicorn_server(service, env, workers, threads) as server:
         yield server.url
+
+
+def batch_stats(url: str, service: str) -> tuple[float, float]:
+    """(count, sum) of the batch-size histogram in /metrics."""
+    text = requests.get(url + "/metrics", timeout=10).text
+
+    def total(suffix: str) -> float:
+        pattern = rf'^scorer_batch_size_{suffix}\{{[^}}]*service="{service}"[^}}]*\}} (\S+)$'
+        return sum(float(value) for value in re.findall(pattern, text, re.M))
+
+    return total("count"), total("sum")
+
+
+def metric_total(url: str, name: str) -> float:
+    """A metric's samples summed over their labels, from /metrics (``scorer_images_decoded_total``)."""
+    text = requests.get(url + "/metrics", timeout=10).text
+    return sum(float(value) for value in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))

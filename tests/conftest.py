@@ -1,4 +1,4 @@
-"""Shared fixtures: the repo root on sys.path and a real OCR service under gunicorn."""
+"""Shared fixtures: the repo root on sys.path, a real OCR service under gunicorn, and the fuzzers' hold on it."""
 
 from __future__ import annotations
 
@@ -8,24 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testing import server as server_module
+from testing.fuzz import Target
+from testing.ocr import OCR_LIMITS
 from testing.server import Server, gunicorn_server
-
-OCR_LIMITS = {
-    "SCORER_MAX_ITEMS": "32",
-    "SCORER_MAX_PIXELS": str(2048 * 2048),
-    "SCORER_MAX_REQUEST_PIXELS": str(4 * 2048 * 2048),
-    # Under the default (6 Mpx), over the 736x736 the tests' 512x512 images are read at: an image
-    # read at the limit takes a few seconds on a loaded 2-core CPU, which the fuzzer allows.
-    "SCORER_OCR_MAX_INPUT_PIXELS": str(1_500_000),
-    "SCORER_MAX_BODY_BYTES": str(8 * 1024 * 1024),
-    "SCORER_MAX_PROMPT_CHARS": "2000",
-    # Batched detection, as on a GPU (the CPU default is 1 image per call, measured faster there).
-    "SCORER_OCR_DET_BATCH": "8",
-}
 
 
 @pytest.fixture(scope="session")
@@ -35,13 +25,25 @@ def ocr_server(tmp_path_factory) -> Iterator[Server]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def fuzzed(ocr_server: Server) -> Iterator[Target]:
+    """The shared OCR server; after the module, its worker must still be the one it started with."""
+    target = Target(ocr_server, ocr_server.worker_pids())
+    yield target
+    assert ocr_server.worker_pids() == target.workers, ocr_server.logs()
+    assert requests.get(ocr_server.url + "/health", timeout=5).status_code == 200
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test not marked ``unit`` is an integration test (real gunicorn, sandboxes, nginx).
+    """Every test not marked ``unit`` is an integration test (real gunicorn, sandboxes, nginx);
+    a unit test bounds no wall or CPU time (those are marked ``timing``, in the integration tier).
     The long runs marked ``corpus`` are deselected unless asked for (``-m corpus`` or
     ``SCORER_TEST_CORPUS=1``): the suite's own run reports nothing skipped."""
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.integration)
+        elif item.get_closest_marker("timing") is not None:
+            raise pytest.UsageError(f"{item.nodeid} is marked unit and timing: a unit test bounds no time")
     asked = os.environ.get("SCORER_TEST_CORPUS") == "1" or "corpus" in config.getoption("markexpr", "")
     if not asked:
         long_runs = [item for item in items if item.get_closest_marker("corpus") is not None]

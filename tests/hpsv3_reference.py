@@ -8,8 +8,9 @@ torchvision, the default image processor), right padding, the ``<|Reward|>`` tok
 the embeddings resized, ``Qwen2VLForConditionalGeneration`` with the RankNet head loaded with
 ``strict=True``, the messages built with ``min_pixels = max_pixels = 256 x 28 x 28``, the image
 resized by Qwen2-VL's smart resize (bicubic), the processor's padded batch, the head over every
-position and the outputs taken where ``input_ids`` is the reward token. Shared with the service:
-HPSv3's instruction text and the smart-resize arithmetic (``services/hpsv3/inputs.py``).
+position and the outputs taken where ``input_ids`` is the reward token. The smart resize is
+Qwen2-VL's own, as transformers publishes it; shared with the service (``services/hpsv3/inputs.py``):
+HPSv3's instruction text and its reward token, which are data, not arithmetic.
 
 ``{"job": "verl-omni", "file": PATH, ...}`` runs VeRL-Omni's module itself (fetched by hand; it
 is not part of this repository), with a stand-in for its one ``verl`` import, in float32
@@ -33,11 +34,16 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.hpsv3.inputs import INSTRUCTION, PIXELS, REWARD_SUFFIX, REWARD_TOKEN, smart_resize
+from services.hpsv3.inputs import INSTRUCTION, REWARD_SUFFIX, REWARD_TOKEN
+
+# HPSv3's vision input: min_pixels = max_pixels = 256 tokens of 28 x 28 pixels.
+FACTOR = 28
+PIXELS = 256 * FACTOR * FACTOR
 
 
 def hpsv3(checkpoint: str, base: str, images: list[Image.Image], prompts: list[str]) -> tuple[list, list]:
     from transformers import AutoConfig, AutoProcessor, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     processor = AutoProcessor.from_pretrained(base, padding_side="right")
     processor.tokenizer.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]})
@@ -67,7 +73,7 @@ def hpsv3(checkpoint: str, base: str, images: list[Image.Image], prompts: list[s
 
     messages, resized = [], []
     for image, prompt in zip(images, prompts):
-        height, width = smart_resize(image.height, image.width)
+        height, width = smart_resize(image.height, image.width, factor=FACTOR, min_pixels=PIXELS, max_pixels=PIXELS)
         resized.append(image.convert("RGB").resize((width, height), Image.BICUBIC))
         content = [
             {"type": "image", "image": image, "min_pixels": PIXELS, "max_pixels": PIXELS},

@@ -24,6 +24,7 @@ from common.app import create_app
 from common.config import from_env
 from common.errors import PayloadTooLarge, ScorerError, Unprocessable
 from common.protocols import WireProtocol
+from common.runtime import ScorerRuntime
 from common.scorer import Result, Scored, Scorer
 from common.settings import CoreSettings
 
@@ -168,13 +169,23 @@ def test_a_request_waits_for_the_model_then_gets_503() -> None:
         loaded.set()
 
 
-def test_a_request_arriving_while_loading_is_answered_once_loaded() -> None:
-    loaded = threading.Event()
-    client = client_of(LengthScorer(CoreSettings(ready_wait_s=30), loaded=loaded))
+def test_a_request_arriving_while_loading_is_answered_once_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading is held until the request waits for it: the request takes the waiting path."""
+    loaded, waiting = threading.Event(), threading.Event()
+    wait_ready = ScorerRuntime.wait_ready
+
+    def arrives(runtime: ScorerRuntime) -> None:
+        waiting.set()
+        wait_ready(runtime)
+
+    monkeypatch.setattr(ScorerRuntime, "wait_ready", arrives)
+    client = client_of(LengthScorer(CoreSettings(ready_wait_s=600), loaded=loaded))
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(post_pickle, client, {"prompts": ["abc"]})
+        assert waiting.wait(60)
+        assert not pending.done() and client.get("/ready").status_code == 503  # still loading
         loaded.set()
-        assert pending.result(timeout=30) == (200, {"scores": [3.0], "outputs": [3.0], "echo": ["abc"]})
+        assert pending.result(timeout=60) == (200, {"scores": [3.0], "outputs": [3.0], "echo": ["abc"]})
 
 
 def test_a_failed_setup_shows_its_reason_on_ready_and_on_requests() -> None:

@@ -20,9 +20,8 @@ from PIL import Image, PngImagePlugin
 
 from common.client import ScorerClient
 from testing.images import render_text
+from testing.ocr import OCR_LIMITS, bounded, memory_kb, peak_memory_reset, timed_post
 from testing.server import Server, gunicorn_server
-from tests.conftest import OCR_LIMITS
-from tests.test_ocr_server import bounded, memory_kb, peak_memory_reset, timed_post
 
 GOOD = render_text("Hello")  # JPEG, 512x512, scores 1.0
 

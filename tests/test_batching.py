@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from common.budget import WorkBudget, hold_work, tentative_work, trial_work
 from common.deadlines import Deadline, check_deadline, request_deadline
 from common.errors import Overloaded, PayloadTooLarge
 from common.slots import OrderedSlots
+from testing.clock import ManualClock, wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -50,20 +50,24 @@ def test_concurrent_requests_share_batches_and_keep_order() -> None:
     batcher.stop()
 
 
-def test_a_lone_item_waits_at_most_max_wait() -> None:
-    batcher, calls = make(max_wait_ms=30)
-    started = time.monotonic()
-    assert batcher.submit([1], later())[0].result(5) == 10
-    assert time.monotonic() - started < 1.0
+def test_a_lone_item_waits_for_max_wait_and_no_longer() -> None:
+    clock = ManualClock()
+    batcher, calls = make(max_wait_ms=62.5, clock=clock)  # binary fractions: no rounding in the sums
+    future = batcher.submit([1], later())[0]
+    clock.advance(0.03125)
+    clock.read_again()
+    assert not future.done() and calls == []  # the window is still open: more items may come
+    clock.advance(0.03125)
+    assert future.result(30) == 10  # the window has closed: the lone item goes
     assert calls == [[1]]
     batcher.stop()
 
 
 def test_full_queue_refuses_whole_request() -> None:
-    gate = threading.Event()
-    batcher, _ = make(fn=lambda b: (gate.wait(5), [0] * len(b))[1], max_batch=2, max_queue=4, max_wait_ms=1)
+    scoring, gate = threading.Event(), threading.Event()
+    batcher, _ = make(fn=lambda b: (scoring.set(), gate.wait(60), [0] * len(b))[2], max_batch=2, max_queue=4)
     first = batcher.submit([1, 2], later())
-    time.sleep(0.1)  # the first batch is now being "scored", blocked on the gate
+    assert scoring.wait(60)  # the first batch is being scored, blocked on the gate
     batcher.submit([3, 4, 5, 6], later())
     with pytest.raises(Overloaded, match="queue full"):
         batcher.submit([7], later())
@@ -87,10 +91,10 @@ def test_model_error_fails_that_batch_only() -> None:
 
 
 def test_cancelled_items_are_not_scored() -> None:
-    gate = threading.Event()
-    batcher, calls = make(fn=lambda b: (gate.wait(5), b)[1], max_batch=1, max_wait_ms=1)
+    scoring, gate = threading.Event(), threading.Event()
+    batcher, calls = make(fn=lambda b: (scoring.set(), gate.wait(60), b)[2], max_batch=1)
     batcher.submit([1], later())
-    time.sleep(0.1)
+    assert scoring.wait(60)
     waiting = batcher.submit([2], later())[0]
     assert waiting.cancel()
     gate.set()
@@ -100,10 +104,10 @@ def test_cancelled_items_are_not_scored() -> None:
 
 
 def test_items_are_served_earliest_deadline_first() -> None:
-    gate = threading.Event()
-    batcher, calls = make(fn=lambda b: (gate.wait(5), b)[1], max_batch=1, max_wait_ms=1)
+    scoring, gate = threading.Event(), threading.Event()
+    batcher, calls = make(fn=lambda b: (scoring.set(), gate.wait(60), b)[2], max_batch=1)
     batcher.submit([0], later())
-    time.sleep(0.1)  # the first batch holds the model
+    assert scoring.wait(60)  # the first batch holds the model
     futures = [batcher.submit([n], Deadline(seconds))[0] for n, seconds in ((1, 30), (2, 10), (3, 20))]
     gate.set()
     assert [f.result(5) for f in futures] == [1, 2, 3]
@@ -119,35 +123,48 @@ def test_a_request_larger_than_the_queue_is_413_not_a_retryable_503() -> None:
 
 
 def test_a_wait_past_the_deadline_is_refused_at_once() -> None:
-    """Batches of 0.1 s, requests of 1 s: about ten fit, the rest are told at once."""
-    batcher, _ = make(fn=lambda b: (time.sleep(0.1), b)[1], max_batch=1, max_wait_ms=1)
+    """Batches of 10 s, requests of 95 s: 9 fit, the rest are told at once, while the model is
+    still held (a refusal that waited for a batch would never come)."""
+    clock = ManualClock()
+    scoring, gate = threading.Event(), threading.Event()
+
+    def run(batch: list[int]) -> list[int]:
+        if batch == [-1]:
+            scoring.set()
+            gate.wait(60)
+        clock.advance(10.0)
+        return batch
+
+    batcher, _ = make(fn=run, max_batch=1, max_wait_ms=0, clock=clock)
     for warm in (0, 0):  # the first batch is not a measure, the second is
-        batcher.submit([warm], later())[0].result(5)
+        batcher.submit([warm], later())[0].result(30)
+    holding = batcher.submit([-1], later())[0]
+    assert scoring.wait(60)
     accepted, refused = [], []
     for n in range(30):
-        started = time.monotonic()
         try:
-            accepted.append((n, batcher.submit([n], Deadline(1.0))[0]))
+            accepted.append((n, batcher.submit([n], Deadline(95.0))[0]))
         except Overloaded as exc:
             assert "past the request's deadline" in exc.message
-            assert time.monotonic() - started < 0.05
             refused.append(n)
-    assert 5 <= len(accepted) <= 12 and len(refused) == 30 - len(accepted), (len(accepted), refused)
-    assert [future.result(5) for _, future in accepted] == [n for n, _ in accepted]
+    assert not holding.done()
+    assert [n for n, _ in accepted] == list(range(9)) and refused == list(range(9, 30))
+    gate.set()
+    assert [future.result(30) for _, future in accepted] == list(range(9))
     batcher.stop()
 
 
 def test_one_deadline_across_all_stages_of_a_request() -> None:
-    """Two stages of 0.6 s each and a 1 s deadline: the second stage gets what the first left."""
-
-    def stage(name: str) -> BatchedCall:
-        return BatchedCall(DynamicBatcher(lambda b: (time.sleep(0.6), b)[1], 1, 1, 8, name=name), timeout_s=1.0)
-
-    first, second = stage("first"), stage("second")
-    started = time.monotonic()
-    with request_deadline(Deadline(1.0)), pytest.raises(Overloaded):
+    """A request's stages share its deadline: with the second stage's model held, the request
+    gives up when its deadline passes, not a stage's own timeout (an hour) later."""
+    gate = threading.Event()
+    first = BatchedCall(DynamicBatcher(lambda b: b, 1, 1, 8, name="first"), timeout_s=3600.0)
+    second = BatchedCall(DynamicBatcher(lambda b: (gate.wait(3600), b)[1], 1, 1, 8, name="second"), timeout_s=3600.0)
+    deadline = Deadline(0.5)
+    with request_deadline(deadline), pytest.raises(Overloaded, match="no result within the request's"):
         second(first([1]))
-    assert time.monotonic() - started < 1.3
+    assert deadline.remaining() <= 0
+    gate.set()
     first.batcher.stop()
     second.batcher.stop()
 
@@ -165,11 +182,11 @@ def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> 
 
     holder = threading.Thread(target=take, args=(0, 60))
     holder.start()
-    time.sleep(0.05)
+    wait_until(lambda: admitted == [0], "the first holder is in")
     waiters = [threading.Thread(target=take, args=(n, seconds)) for n, seconds in ((1, 30), (2, 10), (3, 20))]
-    for thread in waiters:
+    for count, thread in enumerate(waiters, 1):
         thread.start()
-        time.sleep(0.05)
+        wait_until(lambda count=count: len(slots._waiting) == count, f"{count} waiters in line")
     with pytest.raises(Overloaded, match="deadline passed"), slots.hold(Deadline(0.1)):
         pass
     release.set()
@@ -181,17 +198,18 @@ def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> 
 def test_the_wait_estimate_takes_the_median_batch_not_the_fastest() -> None:
     """One fast batch among slow ones made the fastest-batch estimate admit requests that then
     waited past their deadline: a queue of slow batches is estimated at their median."""
-    durations = iter([0.0, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2])  # the first is the warm-up, then one fast batch
+    clock = ManualClock()
+    durations = iter([0.0, 0.0, 0.0, 0.25, 0.25, 0.25, 0.25])  # the first is the warm-up, then one fast batch
 
     def run(batch):
-        time.sleep(next(durations, 0.2))
+        clock.advance(next(durations))
         return batch
 
-    batcher, _ = make(fn=run, max_batch=1, max_wait_ms=1)
+    batcher, _ = make(fn=run, max_batch=1, max_wait_ms=0, clock=clock)
     for n in range(7):
-        batcher.submit([n], later())[0].result(5)
+        batcher.submit([n], later())[0].result(30)
     with batcher._cond:
-        assert 0.15 < batcher.estimated_wait(time.monotonic() + 60, 1) < 0.3  # the fastest: ~0.0
+        assert batcher.estimated_wait(clock() + 60, 1) == 0.25  # the fastest: 0.0
     batcher.stop()
 
 

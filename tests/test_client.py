@@ -22,6 +22,7 @@ from common import verl_omni
 from common.client import AsyncScorerClient, ScorerClient, settle
 from common.retry import Answer, GaveUp, Retryable, RetryPolicy, ScorerRequestError, call_before
 from testing.images import render_text
+from testing.nginx import nginx
 from testing.server import Server, free_port
 
 OURS = "application/octet-stream"
@@ -224,8 +225,6 @@ def test_connection_refused_is_retried_then_raised() -> None:
 
 
 def test_both_clients_retry_the_balancers_502_when_the_node_is_down(tmp_path) -> None:
-    from tests.test_scaleout import nginx
-
     down = f"127.0.0.1:{free_port()}"  # nothing listens there: nginx answers its HTML 502
     with nginx([down], tmp_path / "lb") as balancer:
         with pytest.raises(ScorerRequestError) as sync_error:

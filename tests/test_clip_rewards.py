@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,10 +27,10 @@ from common.config import ConfigError
 from common.preflight import reason
 from common.settings import CoreSettings
 from services.clip.scorer import ClipRewardScorer, ClipScoreScorer, HPSv2Scorer, PickScoreScorer
-from testing.clip_models import TINY_OPEN_CLIP, save_processor, save_random_clip_model
-from testing.images import encode
+from testing.clip_models import TINY_OPEN_CLIP, save_model, save_processor, save_random_clip_model
+from testing.images import encode, sample_images
 from testing.reference import needs_reference, run_reference
-from testing.server import ROOT, gunicorn_server
+from testing.server import ROOT, batch_stats, gunicorn_server
 
 SCORERS: dict[str, type[ClipRewardScorer]] = {
     "pickscore": PickScoreScorer,
@@ -49,30 +48,8 @@ PROMPTS = [
 ]
 
 
-def sample_images(count: int) -> list[bytes]:
-    """Varied images: noise and gradients, odd sizes (the centre crop's rounding), three formats."""
-    rng = np.random.default_rng(3)
-    images = []
-    for i in range(count):
-        width, height = 150 + 41 * (i % 6), 180 + 29 * (i % 5)
-        noise = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-        ramp = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
-        pixels = (noise * (i % 3) / 3 + ramp * (1 - (i % 3) / 3)).astype(np.uint8)
-        images.append(encode(Image.fromarray(pixels), ("JPEG", "PNG", "WEBP")[i % 3]))
-    return images
-
-
 def reference(job: dict) -> dict:
     return run_reference("clip_reference.py", job)
-
-
-def save_model(service: str, directory: Path) -> Path:
-    """The tiny model of ``service``, with its processor in the model directory."""
-    if service == "hpsv2":
-        reference({"job": "hpsv2-model", "directory": str(directory), "config": TINY_OPEN_CLIP})
-        return save_processor(directory)
-    # PickScore is a ViT-H/14 (GELU); OpenAI's ViT-L/14 uses quick GELU.
-    return save_random_clip_model(directory, hidden_act="gelu" if service == "pickscore" else "quick_gelu")
 
 
 @pytest.fixture(scope="module")
@@ -101,17 +78,6 @@ def post(url: str, payload: dict) -> requests.Response:
 def scores_of(response: requests.Response) -> list[float]:
     assert response.status_code == 200, response.content[:500]
     return pickle.loads(response.content)["scores"]
-
-
-def batch_stats(url: str, service: str) -> tuple[float, float]:
-    """(count, sum) of the batch-size histogram in /metrics."""
-    text = requests.get(url + "/metrics", timeout=10).text
-
-    def total(suffix: str) -> float:
-        pattern = rf'^scorer_batch_size_{suffix}\{{[^}}]*service="{service}"[^}}]*\}} (\S+)$'
-        return sum(float(value) for value in re.findall(pattern, text, re.M))
-
-    return total("count"), total("sum")
 
 
 @needs_reference

@@ -10,7 +10,7 @@ colour types changed, EXIF orientations, ICC profiles, transparency); each decod
 image of its shown size or is a clear 413/422, within its limits' time.
 
 In-process properties run a few hundred cases in the suite, and a slice goes to the running
-OCR service (``tests/test_fuzz.py``'s ``check``). SCORER_FUZZ_EXAMPLES sets every property's
+OCR service (``testing/fuzz.py``'s ``check``). SCORER_FUZZ_EXAMPLES sets every property's
 count for a long run:
     SCORER_FUZZ_EXAMPLES=20000 .venv/bin/python -m pytest tests/test_fuzz_decode.py
 """
@@ -34,7 +34,7 @@ from common.errors import BadRequest, PayloadTooLarge, Unprocessable
 from common.images import decode_images, open_image, shown_size
 from common.settings import CoreSettings
 from common.wire import JsonCap, check_json, decode_body
-from tests.test_fuzz import check, fuzz, fuzzed  # noqa: F401  (fuzzed: the server fixture)
+from testing.fuzz import check, fuzz
 
 # Small limits, so that the fuzzer reaches them: pixels, scans, chunks.
 CORE = CoreSettings(max_pixels=1024 * 1024, max_request_pixels=4 * 1024 * 1024, max_jpeg_scans=40, max_png_chunks=2_000)
@@ -286,12 +286,12 @@ def test_recut_chunks_never_change_the_pixels(case: tuple[bytes, Image.Image]) -
 
 @fuzz(12)
 @given(images=st.lists(mutated_jpegs() | mutated_pngs().map(lambda case: case[0]), min_size=1, max_size=3))
-def test_mutated_images_against_the_service(fuzzed, images: list[bytes]) -> None:  # noqa: F811
+def test_mutated_images_against_the_service(fuzzed, images: list[bytes]) -> None:
     check(fuzzed, pickle.dumps({"images": images, "prompts": ['"a"'] * len(images)}))
 
 
 @fuzz(12)
 @given(value=JSON_VALUES, style=st.integers(0, 5), cut=st.integers(0, 10**6))
-def test_json_documents_against_the_service(fuzzed, value: Any, style: int, cut: int) -> None:  # noqa: F811
+def test_json_documents_against_the_service(fuzzed, value: Any, style: int, cut: int) -> None:
     body = dumped({"images": [], "prompts": [], "metadata": {"x": value}}, style)
     check(fuzzed, body[: cut % (len(body) + 1)] if cut % 3 == 0 else body, "application/json")

@@ -42,8 +42,8 @@ from hypothesis import strategies as st
 
 from common.framing import Refused, RequestFraming
 from common.worker import Framed, FramedRequest, FramedUnreader
+from testing.nginx import nginx
 from testing.server import Server, gunicorn_server
-from tests.test_scaleout import nginx
 
 MAX_BODY = 4096
 CONFIG = Config()

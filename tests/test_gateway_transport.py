@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from testing.ocr import read_until_closed, score_request
 from testing.server import Server, gunicorn_server
-from tests.test_serving import read_until_closed, score_request
+from testing.timing import within
 
 TOKEN = "s3cret"
 HEAD = b"POST / HTTP/1.1\r\nHost: scorer\r\n"
@@ -199,6 +200,7 @@ def files_for_ten_thousand() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.timing
 def test_ten_thousand_idle_connections_do_not_slow_a_real_request(tmp_path, files_for_ten_thousand) -> None:
     """Past 4,096 connections the worker stopped accepting: a real request waited in the backlog
     until idle ones timed out (7-10 s; here their deadline is 30 s)."""
@@ -218,7 +220,7 @@ def test_ten_thousand_idle_connections_do_not_slow_a_real_request(tmp_path, file
             response = requests.post(server.url + "/", data=score_request(), timeout=30)
             elapsed = time.monotonic() - started
             assert response.status_code == 200 and pickle.loads(response.content)["scores"][0] >= 0.9
-            assert elapsed < 6, elapsed  # a real request on 2 busy cores, not a 30 s wait
+            assert elapsed < min(within(6.0), 25), elapsed  # a real request on 2 busy cores, not a 30 s wait
         finally:
             for sock in idle:
                 sock.close()

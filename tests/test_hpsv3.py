@@ -23,11 +23,10 @@ from common.preflight import reason
 from common.settings import CoreSettings
 from services.hpsv3.inputs import IMAGE_TOKEN, REWARD_TOKEN
 from services.hpsv3.scorer import HPSv3Scorer
-from testing.images import encode
+from testing.images import encode, sample_images
 from testing.qwen2vl_models import old_layout, reward_model_state, save_base, save_checkpoint
 from testing.reference import needs_reference, run_reference
-from testing.server import ROOT, gunicorn_server
-from tests.test_clip_rewards import batch_stats, sample_images
+from testing.server import ROOT, batch_stats, gunicorn_server
 
 # VeRL-Omni's verl_omni/utils/reward_score/hpsv3_reward.py, when a copy is at hand (not shipped).
 VERL_OMNI_FILE = os.environ.get("SCORER_TEST_VERL_OMNI_HPSV3")

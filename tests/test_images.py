@@ -24,7 +24,7 @@ from common.images import (
     shown_size,
 )
 from common.settings import CoreSettings
-from testing.images import encode
+from testing.images import empty_chunks_png, encode, png_chunk, scan_bomb
 
 CORE = CoreSettings()
 
@@ -39,25 +39,6 @@ def decoded(data: bytes) -> np.ndarray:
     (image,) = decode_images([data], CORE)
     assert image.mode == "RGB"
     return np.asarray(image).astype(int)
-
-
-def scan_bomb(size: int, repeats: int) -> bytes:
-    """A progressive JPEG whose last refinement scan is repeated: libjpeg decodes each in turn
-    over the whole image (2048x2048 and 2,000 scans: 57 KB, 15 s to decode)."""
-    data = saved(Image.new("RGB", (size, size), "white"), "JPEG", progressive=True, quality=90)
-    last, end = data.rfind(b"\xff\xda"), data.rfind(b"\xff\xd9")
-    return data[:end] + data[last:end] * repeats + data[end:]
-
-
-def chunk(kind: bytes, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-
-def empty_chunks_png(count: int) -> bytes:
-    """A valid 8x8 PNG with ``count`` empty ancillary chunks before its pixels."""
-    data = saved(Image.new("L", (8, 8), 255))
-    header_end = 8 + 25  # signature, IHDR
-    return data[:header_end] + chunk(b"teXt") * count + data[header_end:]
 
 
 def test_a_jpeg_of_many_scans_is_refused_from_its_bytes() -> None:
@@ -202,7 +183,7 @@ def test_png_text_and_private_chunks_are_not_read() -> None:
         Image.new("L", (8, 8), 0), icc_profile=ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
     )
     at = image.index(b"IDAT") - 4
-    bomb = image[:at] + chunk(b"zTXt", b"k\0\0" + deflated) + chunk(b"prIv", b"\0" * 1000) + image[at:]
+    bomb = image[:at] + png_chunk(b"zTXt", b"k\0\0" + deflated) + png_chunk(b"prIv", b"\0" * 1000) + image[at:]
     opened = open_image(bomb)
     assert "k" not in opened.info and not opened.private_chunks and opened.info["icc_profile"]
     assert decoded(bomb).max() == 0
@@ -218,12 +199,12 @@ def test_the_orientation_is_the_exif_tag_alone() -> None:
     exif = b"II*\0" + struct.pack("<IH", 8, tags) + ifd + b"\0\0\0\0" + blob
     image = saved(Image.new("RGB", (64, 32), "white"))
     at, end = image.index(b"IDAT") - 4, image.index(b"IEND") - 4
-    before = image[:at] + chunk(b"eXIf", exif) + image[at:]
+    before = image[:at] + png_chunk(b"eXIf", exif) + image[at:]
     started = time.process_time()
     assert shown_size(open_image(before)) == (32, 64)
     assert time.process_time() - started < 0.05
     assert decoded(before).shape[:2] == (64, 32)
-    after = image[:end] + chunk(b"eXIf", exif) + image[end:]
+    after = image[:end] + png_chunk(b"eXIf", exif) + image[end:]
     assert shown_size(open_image(after)) == (64, 32) and decoded(after).shape[:2] == (32, 64)
 
 
@@ -232,5 +213,5 @@ def test_an_inflated_icc_profile_counts_as_work() -> None:
     ends: counted in the work bytes, once per distinct image."""
     image = saved(Image.new("RGB", (8, 8)))
     at = image.index(b"IDAT") - 4
-    bomb = image[:at] + chunk(b"iCCP", b"p\0\0" + zlib.compress(b"\0" * (2**20 - 100), 9)) + image[at:]
+    bomb = image[:at] + png_chunk(b"iCCP", b"p\0\0" + zlib.compress(b"\0" * (2**20 - 100), 9)) + image[at:]
     assert len(bomb) < 1200 and metadata_bytes(open_image(bomb)) >= 2**20 - 100

@@ -1,6 +1,7 @@
 """The code reads in one direction: no import cycle among the repository's modules, counting
-every import (inside functions and under ``TYPE_CHECKING`` too), and ``common/`` never imports
-a service (the registry names them as strings)."""
+every import (inside functions and under ``TYPE_CHECKING`` too), ``common/`` never imports
+a service (the registry names them as strings), and no module imports a test module (shared
+fixtures live in conftest.py, shared helpers in ``testing/``)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,31 @@ def test_common_imports_no_service() -> None:
         if name.startswith("common")
     }
     assert not {name: targets for name, targets in offenders.items() if targets}
+
+
+def is_test_module(name: str) -> bool:
+    """A module pytest collects (``tests/**/test_*.py``) or loads itself (``conftest.py``)."""
+    last = name.rpartition(".")[2]
+    return name.startswith("tests.") and (last.startswith("test_") or last == "conftest")
+
+
+def test_no_module_imports_a_test_module() -> None:
+    known = modules()
+    offenders = {name: sorted(filter(is_test_module, imports(name, path, known))) for name, path in known.items()}
+    assert not {name: targets for name, targets in offenders.items() if targets}
+
+
+def test_an_import_of_a_test_module_is_found_in_every_form(tmp_path: Path) -> None:
+    known = {"tests.code.test_a": tmp_path / "a.py", "tests.conftest": tmp_path / "c.py", "tests.code": tmp_path}
+    for source in (
+        "from tests.code import test_a",
+        "from tests.code.test_a import ENV",
+        "import tests.code.test_a",
+        "from .test_a import ENV",
+        "def f():\n    from tests.conftest import X",
+    ):
+        (tmp_path / "b.py").write_text(source)
+        assert set(filter(is_test_module, imports("tests.code.test_b", tmp_path / "b.py", known))), source
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -1,4 +1,5 @@
-"""The quick loop stays in-process: a test marked ``unit`` cannot start a gunicorn service."""
+"""The quick loop stays in-process: a test marked ``unit`` cannot start a gunicorn service, and
+bounds no wall or CPU time (those tests are marked ``timing``, docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,12 @@ def test_every_test_is_unit_or_integration(request: pytest.FixtureRequest) -> No
     assert items and all(
         (item.get_closest_marker("unit") is None) != (item.get_closest_marker("integration") is None) for item in items
     )
+
+
+def test_no_unit_test_bounds_time(request: pytest.FixtureRequest) -> None:
+    both = [
+        item.nodeid
+        for item in request.session.items
+        if item.get_closest_marker("unit") is not None and item.get_closest_marker("timing") is not None
+    ]
+    assert not both

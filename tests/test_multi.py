@@ -27,7 +27,7 @@ from bench.load.run import _load
 from bench.ocr.run import one_image_bodies
 from common import verl_omni
 from common.client import ScorerClient
-from common.retry import RetryPolicy
+from common.retry import RetryPolicy, ScorerRequestError
 from testing.images import blank, encode, render_text
 from testing.multi import multi_server, reward_settings
 from testing.server import Server, gunicorn_server
@@ -308,17 +308,33 @@ def test_the_url_form_through_verl_omnis_client(multi: Server) -> None:
     assert asyncio.run(drop_in(server_url=f"{multi.url}/score", weights={"ocr": 0.25})) == pytest.approx(0.25)
 
 
-def test_python_client_asks_for_rewards(multi: Server) -> None:
+def test_python_client_asks_for_rewards(multi: Server, singles: dict[str, Server]) -> None:
+    """The client's weights and optional rewards reach the service: its scores are the weighted
+    sum of what each reward's own service answers, and an optional reward that refuses a sample
+    drops out of it where a required one fails the request."""
     images, prompts = samples(2)
+    payload = {"images": images, "prompts": prompts}
+    own = {name: alone(singles[name], payload) for name in ("ocr", "pickscore")}
     client = ScorerClient(multi.url, weights={"ocr": 0.7, "pickscore": 0.3}, optional=["pickscore"])
     answer = client.score(images, prompts)
-    assert list(answer["details"]) == ["ocr", "pickscore"]
-    expected = [weighted(answer["details"], {"ocr": 0.7, "pickscore": 0.3}, i) for i in range(2)]
-    assert answer["scores"] == pytest.approx(expected)
+    assert list(answer["details"]) == ["ocr", "pickscore"] and answer["dropped"] == []
+    for name, scores in own.items():
+        assert answer["details"][name] == pytest.approx(scores, abs=1e-6), name
+    expected = [0.7 * ocr + 0.3 * pickscore for ocr, pickscore in zip(own["ocr"], own["pickscore"])]
+    assert answer["scores"] == pytest.approx(expected, abs=1e-6)
     as_json = ScorerClient(multi.url, fmt="json", weights={"aesthetic": 1.0}).score(images, prompts)
     assert list(as_json["details"]) == ["aesthetic"]
+    assert as_json["scores"] == pytest.approx(alone(singles["aesthetic"], payload), abs=1e-6)
     on_score = ScorerClient(f"{multi.url}/score", weights={"ocr": 0.7, "pickscore": 0.3}).score(images, prompts)
     assert on_score["scores"] == answer["scores"]
+    # OCR refuses a prompt whose quoted target is empty (422).
+    refused = [prompts[0], 'a shop sign that says ""']
+    dropping = ScorerClient(multi.url, weights={"ocr": 0.5, "pickscore": 0.5}, optional=["ocr"]).score(images, refused)
+    assert dropping["dropped"] == [1] and math.isnan(dropping["details"]["ocr"][1]), dropping
+    assert dropping["scores"][1] == pytest.approx(0.5 * dropping["details"]["pickscore"][1])
+    with pytest.raises(ScorerRequestError) as required:
+        ScorerClient(multi.url, weights={"ocr": 0.5, "pickscore": 0.5}).score(images, refused)
+    assert required.value.status == 422 and "prompts[1]" in required.value.message
 
 
 def test_a_reward_that_cannot_load_keeps_the_service_not_ready(tmp_path: Path) -> None:

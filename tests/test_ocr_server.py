@@ -27,9 +27,11 @@ from common.client import AsyncScorerClient, ScorerClient
 from common.settings import CoreSettings
 from services.ocr.reward import RuleOptions, targets
 from services.ocr.scorer import OcrSettings
-from testing.images import blank, ocr_prompts, quoted, render_text
-from testing.server import ROOT, gunicorn_server
-from tests.test_images import empty_chunks_png, scan_bomb
+from testing.clock import wait_until
+from testing.images import blank, empty_chunks_png, ocr_prompts, quoted, render_text, scan_bomb
+from testing.ocr import bounded, memory_kb, peak_memory_reset, timed_post
+from testing.server import ROOT, gunicorn_server, metric_total
+from testing.timing import within
 
 PROMPTS = ocr_prompts(12)
 
@@ -256,9 +258,12 @@ def test_killed_worker_is_replaced_and_next_requests_succeed(tmp_path) -> None:
             except requests.RequestException as exc:
                 outcome["error"] = exc
 
+        decoded = metric_total(server.url, "scorer_images_decoded_total")
         thread = threading.Thread(target=slow_request)
         thread.start()
-        time.sleep(1.0)  # the 16-image request is now being scored
+        wait_until(  # the 16-image request is in the worker, being scored
+            lambda: metric_total(server.url, "scorer_images_decoded_total") > decoded, "the request's images decoded"
+        )
         os.kill(victim, signal.SIGKILL)
         thread.join(60)
         assert "error" in outcome or outcome.get("status") != 200  # that request was lost...
@@ -281,41 +286,46 @@ def test_a_request_that_can_never_fit_the_queue_is_413(tmp_path) -> None:
         assert ScorerClient(server.url).scores(images[:8], ['"Hello"'] * 8) == [1.0] * 8
 
 
+@pytest.mark.timing
 def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -> None:
     """More one-image requests at once than a 6 s deadline lets the node score: each is answered
     by its deadline (once, across both OCR stages), those it cannot serve with an early 503, and
-    the ones served are served in arrival order."""
-    count, timeout_s = 96, 6.0
+    the ones served are served in arrival order: three waves of 32, sent seconds apart (the order
+    within a wave is the client's and the kernel's, not the test's to know)."""
+    waves, size, timeout_s = 3, 32, 6.0
+    gap = within(1.0)
     with gunicorn_server("ocr", {"SCORER_REQUEST_TIMEOUT_S": str(timeout_s)}, log_dir=tmp_path) as server:
         body = pickle.dumps({"images": [render_text("Hello", size=256)], "prompts": ['"Hello"']})
 
-        async def fire() -> list[tuple[int, float, float]]:
+        async def fire() -> list[tuple[int, int, float, float]]:
             import aiohttp
 
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=count)) as session:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=waves * size)) as session:
 
-                async def one(index: int) -> tuple[int, float, float]:
-                    await asyncio.sleep(index * 0.01)  # a known arrival order, 10 ms apart
+                async def one(wave: int) -> tuple[int, int, float, float]:
+                    await asyncio.sleep(wave * gap)
                     sent = time.monotonic()
                     async with session.post(server.url + "/", data=body) as response:
                         await response.read()
-                        return response.status, sent, time.monotonic() - sent
+                        return wave, response.status, sent, time.monotonic() - sent
 
-                return await asyncio.gather(*(one(index) for index in range(count)))
+                return await asyncio.gather(*(one(wave) for wave in range(waves) for _ in range(size)))
 
         outcomes = asyncio.run(fire())
-    statuses = [status for status, _, _ in outcomes]
+    statuses = [status for _, status, _, _ in outcomes]
     assert set(statuses) == {200, 503}, statuses  # some served, some refused
-    slowest = max(took for _, _, took in outcomes)
-    assert slowest < timeout_s + 1.5, f"an answer took {slowest:.1f}s, past the {timeout_s}s deadline"
-    refusals = [took for status, _, took in outcomes if status == 503]
-    assert min(refusals) < timeout_s / 2, "no request was refused early"
-    # Arrival order: a request served is done before those that arrived after it (the queue
-    # admits later ones again once it has drained, and two decode slots give some jitter).
-    done = sorted((index, sent + took) for index, (status, sent, took) in enumerate(outcomes) if status == 200)
-    pairs = [(a, b) for i, a in enumerate(done) for b in done[i + 1 :]]
-    overtaken = sum(1 for (_, first), (_, later) in pairs if later < first - 0.5)
-    assert overtaken <= len(pairs) // 20, f"{overtaken} of {len(pairs)} served out of arrival order"
+    slowest = max(took for _, _, _, took in outcomes)
+    late = within(1.5)  # an answer's way back, after the deadline the node keeps
+    assert slowest < timeout_s + late, f"an answer took {slowest:.1f}s, past the {timeout_s}s deadline"
+    refusals = [took for _, status, _, took in outcomes if status == 503]
+    # Early: told the wait runs past the deadline, rather than told once it has passed (6 s on).
+    assert min(refusals) < timeout_s - 1.0, "no request was refused early"
+    # A request served is done before those of a later wave (the queue admits later ones again
+    # once it has drained; two decode slots and shared batches give some jitter).
+    done = [(wave, sent + took) for wave, status, sent, took in outcomes if status == 200]
+    jitter = within(0.5)
+    overtaken = [(a, b) for a in done for b in done if b[0] > a[0] and b[1] < a[1] - jitter]
+    assert not overtaken, f"served out of arrival order (wave, done at): {overtaken[:5]}"
 
 
 def png(width: int, height: int) -> bytes:
@@ -324,24 +334,7 @@ def png(width: int, height: int) -> bytes:
     return out.getvalue()
 
 
-def peak_memory_reset(pid: int) -> int:
-    """Reset the process's peak resident memory to its current value (Linux); returns it in kB."""
-    with open(f"/proc/{pid}/clear_refs", "w") as f:
-        f.write("5")
-    return memory_kb(pid, "VmHWM")
-
-
-def memory_kb(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return int(next(line.split()[1] for line in f if line.startswith(field + ":")))
-
-
-def timed_post(url: str, body: bytes) -> tuple[int, dict, float, int]:
-    started = time.perf_counter()
-    response = requests.post(url + "/", data=body, timeout=120)
-    return response.status_code, pickle.loads(response.content), time.perf_counter() - started, len(response.content)
-
-
+@pytest.mark.timing
 def test_thin_png_is_refused_at_once_without_memory(ocr_server) -> None:
     """A 70-byte 200x1 PNG took 11.8 s and 2.2 GB in RapidOCR's resize and letterbox."""
     (pid,) = ocr_server.worker_pids()
@@ -350,7 +343,7 @@ def test_thin_png_is_refused_at_once_without_memory(ocr_server) -> None:
     status, answer, seconds, _ = timed_post(ocr_server.url, body)
     grown_mb = (memory_kb(pid, "VmHWM") - before) / 1024
     assert status == 422 and "SCORER_MAX_ASPECT_RATIO" in answer["error"], answer
-    assert seconds < 1.0 and grown_mb < 50, (seconds, grown_mb)
+    assert seconds < within(1.0) and grown_mb < 50, (seconds, grown_mb)
 
 
 @pytest.mark.parametrize("size", [(1000, 1), (2001, 10), (10, 2001), (1, 60)])
@@ -407,6 +400,7 @@ def memo_dag(depth: int) -> bytes:
     return body
 
 
+@pytest.mark.timing
 def test_memo_dag_as_a_dict_key_is_refused_at_once_and_health_answers(ocr_server) -> None:
     """430 bytes: hashing the key visited 2**40 nodes with the GIL held; /health did not answer
     for 120 s, until gunicorn killed the worker."""
@@ -415,11 +409,12 @@ def test_memo_dag_as_a_dict_key_is_refused_at_once_and_health_answers(ocr_server
     assert len(body) <= 430
     status, answer, seconds, _ = timed_post(ocr_server.url, body)
     assert status == 413 and "values counted as a tree" in answer["error"], answer
-    assert seconds < 1.0
+    assert seconds < within(1.0)
     assert requests.get(ocr_server.url + "/health", timeout=2).status_code == 200
     assert ocr_server.worker_pids() == workers
 
 
+@pytest.mark.timing
 def test_error_bodies_quote_input_bounded_and_without_addresses(ocr_server) -> None:
     """A 1.2 KB DAG as an unknown metadata.ocr key gave a 32 MB error body after 4 s; PIL's
     message quoted ``<_io.BytesIO object at 0x...>``."""
@@ -431,7 +426,7 @@ def test_error_bodies_quote_input_bounded_and_without_addresses(ocr_server) -> N
     for body in (dag_key, long_key, not_an_image):
         status, answer, seconds, size = timed_post(ocr_server.url, body)
         assert status in (400, 413, 422), answer
-        assert size < 1000 and seconds < 1.0, (size, seconds)
+        assert size < 1000 and seconds < within(1.0), (size, seconds)
         assert not re.search(r"0x[0-9a-f]{6,}", answer["error"]), answer
 
 
@@ -439,19 +434,6 @@ def post_json(url: str, body: bytes) -> tuple[int, dict, float]:
     started = time.perf_counter()
     response = requests.post(url + "/score", data=body, headers={"Content-Type": "application/json"}, timeout=120)
     return response.status_code, response.json(), time.perf_counter() - started
-
-
-def bounded(server, send, max_growth_mb: float = 60):
-    """``send()``'s answer, asserting the worker's peak memory grew by under ``max_growth_mb``
-    and that it is the same worker after, answering /health."""
-    workers = server.worker_pids()
-    before = peak_memory_reset(workers[0])
-    answer = send()
-    grown_mb = (memory_kb(workers[0], "VmHWM") - before) / 1024
-    assert grown_mb < max_growth_mb, f"the worker's peak memory grew by {grown_mb:.0f} MB"
-    assert server.worker_pids() == workers
-    assert requests.get(server.url + "/health", timeout=5).status_code == 200
-    return answer
 
 
 def test_a_memo_index_past_the_stream_costs_no_memory(ocr_server) -> None:
@@ -472,6 +454,7 @@ def test_json_of_millions_of_values_is_refused_before_it_is_built(ocr_server) ->
     assert post_json(ocr_server.url, good)[:2] == (200, {"scores": [1.0], "outputs": [1.0]})
 
 
+@pytest.mark.timing
 def test_a_jpeg_of_thousands_of_scans_is_refused_before_it_is_decoded(ocr_server) -> None:
     """85 KB, 1200x1200 (within this server's limits), its last refinement scan repeated 3,000
     times: seconds of decoding, the request's deadline not looked at, before a score of 0
@@ -482,9 +465,10 @@ def test_a_jpeg_of_thousands_of_scans_is_refused_before_it_is_decoded(ocr_server
         ocr_server, lambda: timed_post(ocr_server.url, pickle.dumps({"images": [bomb], "prompts": ['"a"']}))
     )
     assert status == 413 and "the limit is 100 (SCORER_MAX_JPEG_SCANS)" in answer["error"], answer
-    assert seconds < 5, seconds
+    assert seconds < within(5), seconds
 
 
+@pytest.mark.timing
 def test_a_png_of_half_a_million_empty_chunks_is_refused_before_pillow_reads_it(ocr_server) -> None:
     """Pillow spends ~3 microseconds on each chunk, even an empty one: 1 M cost 3.2 s to open."""
     png = empty_chunks_png(500_000)
@@ -492,7 +476,7 @@ def test_a_png_of_half_a_million_empty_chunks_is_refused_before_pillow_reads_it(
         ocr_server, lambda: timed_post(ocr_server.url, pickle.dumps({"images": [png], "prompts": ['"a"']}))
     )
     assert status == 413 and "(SCORER_MAX_PNG_CHUNKS)" in answer["error"], answer
-    assert seconds < 5, seconds
+    assert seconds < within(5), seconds
 
 
 def dense_text_png(size: int = 1200, lines: int = 46) -> bytes:
@@ -557,6 +541,7 @@ def test_a_phone_jpeg_reads_the_way_its_exif_orientation_shows_it(ocr_server, or
     assert ScorerClient(ocr_server.url).scores([out.getvalue()], ['"Hello"']) == [1.0]
 
 
+@pytest.mark.timing
 def test_queued_work_is_bounded_in_bytes(tmp_path) -> None:
     """A 16 KB white 2000x2000 PNG is a 56.5 MB detector input: requests of 25 such images
     pushed the worker from 1 to 12.4 GB. Work bytes are held from the headers before anything is
@@ -578,13 +563,17 @@ def test_queued_work_is_bounded_in_bytes(tmp_path) -> None:
         four = pickle.dumps({"images": whites[1:5], "prompts": ['"a"'] * 4})  # ~240 MB: fits alone
         first: dict[str, Any] = {}
         thread = threading.Thread(target=lambda: first.update(answer=timed_post(server.url, four)))
+        decoded = metric_total(server.url, "scorer_images_decoded_total")
         before = peak_memory_reset(pid)
         thread.start()
-        time.sleep(1.0)  # the first request is being read (seconds of detection)
+        wait_until(  # the first request holds its decoded images (seconds of detection follow)
+            lambda: metric_total(server.url, "scorer_images_decoded_total") >= decoded + 4, "4 images decoded"
+        )
         status, answer, seconds, _ = timed_post(server.url, four)
         thread.join(120)
         grown_mb = (memory_kb(pid, "VmHWM") - before) / 1024
-        assert status == 503 and "(SCORER_MAX_WORK_BYTES)" in answer["error"] and seconds < 1.0, answer
+        assert status == 503 and "(SCORER_MAX_WORK_BYTES)" in answer["error"], answer
+        assert seconds < within(1.0), seconds
         assert first["answer"][:2] == (200, {"scores": [0.0] * 4, "outputs": [0.0] * 4})
         assert grown_mb < budget_mb + one_image_mb, (grown_mb, one_image_mb)
         assert timed_post(server.url, four)[0] == 200  # given back once answered

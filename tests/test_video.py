@@ -22,11 +22,11 @@ from PIL import Image
 from rapidfuzz.distance import Levenshtein
 
 from common import verl_omni
-from testing.images import blank, encode, render_text
+from testing.clip_models import save_model
+from testing.images import blank, encode, render_text, sample_images
 from testing.random_clip import save_random_clip
 from testing.reference import REFERENCE_PYTHON
 from testing.server import gunicorn_server
-from tests.test_clip_rewards import sample_images, save_model
 
 # A frame that starts as a JPEG and is nothing else: decoding it fails (422), so a request that
 # holds it where a frame is not chosen and still scores shows that frame was never decoded.
@@ -73,39 +73,44 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             yield name, server.url
 
 
-def samples_for(name: str) -> tuple[list[bytes], list[str]]:
-    """Three images and their prompts: rendered words for OCR, varied images for the others."""
+def frames_for(name: str) -> tuple[list[list[bytes]], list[str]]:
+    """Three videos' frames (2, 1 and 3), each frame its own image, and the videos' prompts:
+    words and near-misses for OCR, varied images for the others."""
     if name == "ocr":
-        words = ["Velvet", "Harbor 9", "Quartz"]
-        return [render_text(word) for word in words], [f'a sign that says "{word}"' for word in words]
-    return sample_images(3), ["a photo of a cat", "a red bicycle", ""]
+        words = [["Velvet", "Velvot"], ["Harbor 9"], ["Quartz", "Quarts", "Qu"]]
+        return [[render_text(word) for word in video] for video in words], [f'a sign that says "{v[0]}"' for v in words]
+    images = sample_images(6)
+    return [images[0:2], images[2:3], images[3:6]], ["a photo of a cat", "a red bicycle", ""]
 
 
 def test_videos_score_as_their_frames_beside_an_image_request(service: tuple[str, str]) -> None:
-    """An image request and a video request at once (batched together): each video of repeated
-    frames, of different lengths, scores as its frame; a frame not chosen is never decoded."""
+    """An image request of every frame and a video request at once (batched together): each
+    video, of different lengths and of frames that score apart, scores as the mean of its
+    chosen frames; a frame not chosen is never decoded."""
     name, url = service
-    images, prompts = samples_for(name)
-    a, b, c = images
-    video_request = {
-        # frame_interval 2: frames 0 and 2 of the first, 0 of the second, 0, 2, 4 of the third
-        "videos": [[a, NOT_DECODED, a], [b], [c, NOT_DECODED, c, NOT_DECODED, c]],
-        "prompts": prompts,
-        "metadata": {"frame_interval": 2},
+    chosen, prompts = frames_for(name)
+    # frame_interval 2: the chosen frames at 0, 2, 4..., a frame that must not be decoded between
+    videos = [[image for frame in frames for image in (frame, NOT_DECODED)][:-1] for frames in chosen]
+    video_request = {"videos": videos, "prompts": prompts, "metadata": {"frame_interval": 2}}
+    image_request = {
+        "images": [frame for frames in chosen for frame in frames],
+        "prompts": [prompt for frames, prompt in zip(chosen, prompts) for _ in frames],
     }
     with ThreadPoolExecutor(2) as pool:
-        image_answer, video_answer = pool.map(
-            lambda payload: scored(url, payload), [{"images": images, "prompts": prompts}, video_request]
-        )
-    expected = image_answer["scores"]
+        image_answer, video_answer = pool.map(lambda payload: scored(url, payload), [image_request, video_request])
     assert "frame_scores" not in image_answer  # an image request answers as it always has
+    scores = iter(image_answer["scores"])
+    per_video = [[next(scores) for _ in frames] for frames in chosen]
+    for frames in per_video:  # else a video of one frame repeated would pass
+        assert len(set(frames)) == len(frames), per_video
+    assert [len(frames) for frames in video_answer["frame_scores"]] == [2, 1, 3]
+    for got, frames in zip(video_answer["frame_scores"], per_video):
+        assert got == pytest.approx(frames, abs=TOLERANCE)
+    expected = [math.fsum(frames) / len(frames) for frames in per_video]
     assert video_answer["scores"] == pytest.approx(expected, abs=TOLERANCE)
     assert video_answer["outputs"] == video_answer["scores"]
-    assert [len(frames) for frames in video_answer["frame_scores"]] == [2, 1, 3]
-    for frames, score in zip(video_answer["frame_scores"], expected):
-        assert frames == pytest.approx([score] * len(frames), abs=TOLERANCE)
     if name == "ocr":
-        assert min(expected) > 0.8, expected  # the words are read, not a trivial 0 = 0
+        assert min(frames[0] for frames in per_video) > 0.8, per_video  # the words are read, not a trivial 0 = 0
 
 
 def distinct_frames(count: int) -> list[bytes]:

@@ -7,14 +7,12 @@ import os
 import pickle
 import pickletools
 import struct
-import time
 
 import pytest
 
 from common.errors import BadRequest, PayloadTooLarge
 from common.wire import (
     MAX_NESTING,
-    MAX_PICKLE_NODES,
     JsonCap,
     check_json,
     check_pickle,
@@ -121,27 +119,6 @@ def test_the_issue_prefixes_are_refused() -> None:
         check_pickle(b"\x80\x04" + DEEP_TUPLE + b".")
 
 
-def dag(depth: int, key: bool) -> bytes:
-    """Tuples that each hold the previous one twice (through the memo): 2**depth nodes."""
-    body = bytearray(b"\x80\x04" + (b"}" if key else b"") + b"N\x94")  # EMPTY_DICT; None, MEMOIZE
-    for level in range(depth):
-        get = b"j" + struct.pack("<I", level)  # LONG_BINGET
-        body += get + get + b"\x86\x94"  # TUPLE2, MEMOIZE
-    return bytes(body + (b"Ns." if key else b"."))  # SETITEM {dag: None}
-
-
-def test_memo_dag_is_refused_in_milliseconds_as_a_dict_key_or_a_value() -> None:
-    """A 430-byte DAG of depth 40 used as a dict key froze the worker: hashing visits 2**40 nodes."""
-    for key in (True, False):
-        body = dag(40, key)
-        assert len(body) < 500
-        started = time.perf_counter()
-        with pytest.raises(PayloadTooLarge, match=f"{MAX_PICKLE_NODES} values counted as a tree"):
-            check_pickle(body)
-        assert time.perf_counter() - started < 0.05
-    check_pickle(dag(10, key=False))  # 2**11 nodes: fine
-
-
 def test_shared_values_count_each_time_but_plain_sharing_passes() -> None:
     image = b"\xff\xd8" * 1000
     row = list(range(100))
@@ -200,32 +177,6 @@ def test_streams_the_walk_cannot_follow_are_refused_not_handed_on(body: bytes) -
         decode_body(body, "pickle", CAP)
 
 
-def test_marks_nested_past_the_limit_are_refused_at_once() -> None:
-    """Found by fuzzing: 100,000 MARKs before the first LIST kept the walk busy for a second."""
-    started = time.perf_counter()
-    with pytest.raises(BadRequest, match=f"MARKs nested over {MAX_NESTING} deep"):
-        check_pickle(b"\x80\x04" + b"(" * 100_000 + b"N" + b"l" * 100_000 + b".")
-    assert time.perf_counter() - started < 0.05
-
-
-def test_input_quoted_in_errors_is_bounded_and_shows_no_address() -> None:
-    import io
-
-    from common.errors import QUOTE_CHARS, describe_error, quote
-
-    dag: tuple = ()
-    for _ in range(60):  # 2**60 nodes: a full repr would never end
-        dag = (dag, dag)
-    values = (dag, 10**5000, "x" * 10**6, {i: [i] * 1000 for i in range(1000)}, io.BytesIO())
-    started = time.perf_counter()
-    for value in values:
-        text = quote(value)
-        assert len(text) <= QUOTE_CHARS and "0x" not in text, text
-    assert time.perf_counter() - started < 0.1
-    message = describe_error(OSError("cannot identify image file <_io.BytesIO object at 0x7f3a2c1b9e40>" + "y" * 10**4))
-    assert "0x" not in message and len(message) < 300, message
-
-
 @pytest.mark.parametrize("put", [b"r" + struct.pack("<I", 2**28), b"r" + struct.pack("<I", 2**32 - 1), b"p268435456\n"])
 def test_a_memo_index_past_the_stream_is_refused_before_the_unpickler_sizes_its_memo(put: bytes) -> None:
     """``N r <2**28> .``: 9 bytes, and CPython's unpickler zero-filled a 4 GiB memo array."""
@@ -264,22 +215,6 @@ def test_the_json_value_count_bounds_the_values_json_builds(text: str) -> None:
     if built > 1:
         with pytest.raises(PayloadTooLarge, match=rf"the limit is {built - 1} \(X\)"):
             check_json(body, JsonCap(built - 1, "X"))
-
-
-def test_32_mb_of_empty_lists_is_refused_in_linear_time_naming_the_limit() -> None:
-    """32 MB of ``[],`` cost +800 MB and 5.7 s in ``json.loads`` with the GIL held."""
-    body = b'{"images": [' + b"[]," * (32 * 1024 * 1024 // 3) + b"[]]}"
-    started = time.process_time()
-    with pytest.raises(PayloadTooLarge, match=r"limit is 1000000 \(SCORER_MAX_JSON_VALUES\)"):
-        decode_body(body, "json", CAP)
-    assert time.process_time() - started < 2.0  # the count alone; json.loads took 5.7 s
-    for hidden in (b'"\\\\",', b'"",', b'"\\"",'):  # strings and escapes by the million: counted at once
-        started = time.process_time()
-        with pytest.raises(PayloadTooLarge, match="SCORER_MAX_JSON_VALUES"):
-            decode_body(b"[" + hidden * 8_000_000 + b"0]", "json", CAP)
-        assert time.process_time() - started < 2.0
-    strings = json.dumps({"prompts": ["[,{:" * 1000] * 2000}).encode()  # 8 M punctuation marks, in strings
-    assert decode_body(strings, "json", CAP)["prompts"][0] == "[,{:" * 1000
 
 
 def test_json_other_than_utf8_is_refused() -> None:

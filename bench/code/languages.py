@@ -20,8 +20,9 @@ import uuid
 
 import requests
 
+from testing.code import LANGUAGES_ENV
+from testing.code_cases import CASES, TAGS
 from testing.server import gunicorn_server
-from tests.code.test_code_languages import CASES, ENV, TAGS
 
 
 def request(url: str, sources: list[str], tag: str, tests: int) -> float:
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--languages", nargs="*", default=list(CASES))
     args = parser.parse_args()
-    env = {**ENV, "SCORER_CODE_SAMPLE_WALL_S": "120", "SCORER_CODE_TEST_WALL_S": "10"}
+    env = {**LANGUAGES_ENV, "SCORER_CODE_SAMPLE_WALL_S": "120", "SCORER_CODE_TEST_WALL_S": "10"}
     with gunicorn_server("code", env, threads=64) as server:
         for language in args.languages:
             figures = bench(server.url, language, args.group, args.tests, args.rounds)

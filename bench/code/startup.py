@@ -19,7 +19,7 @@ from services.code import compile_cache, languages
 from services.code.grader import Grader
 from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
-from tests.code.test_code_languages import CASES
+from testing.code_cases import CASES
 
 PYTHON_APLUSB = "a, b = map(int, input().split())\nprint(a + b)"
 # The primes up to n (read from stdin), by a byte-per-number sieve.

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from testing.server import Server, gunicorn_server
+from testing.timing import within
 
 ENV = {
     "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
@@ -44,16 +45,18 @@ def post(url: str, samples: int) -> tuple[requests.Response, float]:
     return response, time.monotonic() - started
 
 
+@pytest.mark.timing
 def test_a_request_the_node_cannot_finish_is_refused_before_it_runs(server: Server) -> None:
     """100 correct samples x 4 tests of 0.3 s of CPU (over 60 s on 2 cores, a 60 s deadline): a
     413 at once, not correct samples graded `timeout`; 4 of them fit and all pass."""
     big, seconds = post(server.url, 100)
     assert big.status_code == 413 and "split the request" in big.text, (big.status_code, big.text[:500])
-    assert seconds < 5, f"refused after {seconds:.1f} s"
+    assert seconds < within(5.0), f"refused after {seconds:.1f} s"  # grading would take a minute
     fits, _ = post(server.url, 4)
     assert fits.status_code == 200 and fits.json()["scores"] == [1.0] * 4, fits.text[:500]
 
 
+@pytest.mark.timing
 def test_a_request_beside_admitted_work_is_503_before_it_runs(server: Server) -> None:
     """Two requests that each fit alone but not together: the second is answered 503 at once
     (retried by trainers), and the first still passes every sample."""
@@ -64,7 +67,7 @@ def test_a_request_beside_admitted_work_is_503_before_it_runs(server: Server) ->
     second, seconds = post(server.url, 4)
     thread.join()
     assert second.status_code == 503 and "retry later" in second.text, (second.status_code, second.text[:500])
-    assert seconds < 5, f"refused after {seconds:.1f} s"
+    assert seconds < within(5.0), f"refused after {seconds:.1f} s"  # grading would take a minute
     response = first["response"]
     assert isinstance(response, requests.Response) and response.json()["scores"] == [1.0] * 4, response.text[:500]
 

@@ -1,6 +1,6 @@
 """Call-based samples, whose init becomes the candidate and whose calls the server relays
 itself: the candidate now holds pipes to the server's worker. Each attack is a program graded
-through the running server (``test_code_isolation``'s, with its limits); a GRPO group of 8
+through a running server with the isolation tests' limits (``testing.code.ISOLATION_ENV``); a GRPO group of 8
 over several rounds where it is about other samples.
 """
 
@@ -9,14 +9,20 @@ from __future__ import annotations
 import os
 import textwrap
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from services.code.sandbox.inside.relay import CPU_TICK_S, THREADS_PER_READ
-from testing.server import Server
-from tests.code import test_code_isolation
-from tests.code.test_code_isolation import GROUP, ROUNDS
-from tests.code.test_code_server import grade
+from testing.code import GROUP, ISOLATION_ENV, NETWORK_MEETING, ROUNDS, grade
+from testing.server import Server, gunicorn_server
 
-server = test_code_isolation.server  # the same fixture: a server of its own, with those limits
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of its own with the isolation tests' limits."""
+    with gunicorn_server("code", ISOLATION_ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+        yield srv
 
 
 def called(url: str, codes: list[str], expected: list, inputs: list | None = None) -> dict:
@@ -26,14 +32,14 @@ def called(url: str, codes: list[str], expected: list, inputs: list | None = Non
     return grade(url, codes, {"fn_name": "f", "inputs": inputs, "outputs": expected})
 
 
-# test_code_isolation's stdin program, as a function whose answer is what it printed.
-NETWORK_MEETING = "def f():\n" + textwrap.indent(test_code_isolation.NETWORK_MEETING, "    ")
-NETWORK_MEETING = NETWORK_MEETING.replace("print(", "return (")
+# The isolation tests' stdin program, as a function whose answer is what it printed.
+CALLED_MEETING = "def f():\n" + textwrap.indent(NETWORK_MEETING, "    ")
+CALLED_MEETING = CALLED_MEETING.replace("print(", "return (")
 
 
 def test_call_based_samples_graded_at_once_share_no_network(server: Server) -> None:
     for round_ in range(ROUNDS):
-        out = called(server.url, [NETWORK_MEETING] * GROUP, ["alone"])
+        out = called(server.url, [CALLED_MEETING] * GROUP, ["alone"])
         assert out["rewards"] == [1.0] * GROUP, (round_, out)
 
 

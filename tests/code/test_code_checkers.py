@@ -18,13 +18,13 @@ from services.code.grader import Grader, Sample
 from services.code.labels import Suite
 from services.code.sandbox.host import SandboxFailure
 from services.code.settings import CodeSettings
+from testing.code import LANGUAGES_ENV, grade_programs
 from testing.server import Server, gunicorn_server
-from tests.code.test_code_languages import ENV, grade
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    env = {**ENV, "SCORER_CODE_FLOAT_TOLERANCE": str(TOLERANCE)}
+    env = {**LANGUAGES_ENV, "SCORER_CODE_FLOAT_TOLERANCE": str(TOLERANCE)}
     with gunicorn_server("code", env, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
 
@@ -123,25 +123,25 @@ def test_built_in_checkers_against_the_server(server: Server) -> None:
         ({"inputs": [""], "outputs": ["a b"], "checker": "exact"}, "print('a b ')", 0.0),
     ]
     for label, code, reward in cases:
-        out = grade(server.url, [("python", code)], label)
+        out = grade_programs(server.url, [("python", code)], label)
         assert out["rewards"] == [reward], (label, code, out["error_types"])
 
 
 def test_a_real_answers_an_integer_as_a_double_in_the_float_checker(server: Server) -> None:
     label = {"inputs": ["", ""], "outputs": ["2\n", "2 3\n"], "checker": "float"}
     programs = [("cpp", '#include <cstdio>\nint main(){printf("%.9f\\n", 2.0);}'), ("python", "print(2.0000001)")]
-    out = grade(server.url, programs, label)
+    out = grade_programs(server.url, programs, label)
     assert out["rewards"] == [0.5, 0.5], out  # the second test wants two numbers
-    assert grade(server.url, [("python", "print('2.01')")], label)["rewards"] == [0.0]
+    assert grade_programs(server.url, [("python", "print('2.01')")], label)["rewards"] == [0.0]
 
 
 def test_the_servers_tolerance_compares_two_integers_exactly(server: Server) -> None:
     stdin = {"inputs": [""], "outputs": ["123456789\n"]}
     programs = [("python", "print(123456702)"), ("python", "print(123456789.0000001)"), ("python", "print(123456789)")]
-    assert grade(server.url, programs, stdin)["rewards"] == [0.0, 1.0, 1.0]
+    assert grade_programs(server.url, programs, stdin)["rewards"] == [0.0, 1.0, 1.0]
     calls = {"fn_name": "f", "inputs": [[]], "outputs": [[123456789, 0.3]]}
     programs = [("python", f"def f():\n    return [{value}, 0.1 + 0.2]") for value in ("123456702", "123456789")]
-    assert grade(server.url, programs, calls)["rewards"] == [0.0, 1.0]
+    assert grade_programs(server.url, programs, calls)["rewards"] == [0.0, 1.0]
 
 
 def test_a_testlib_checker_accepts_any_valid_answer(server: Server) -> None:
@@ -157,14 +157,14 @@ def test_a_testlib_checker_accepts_any_valid_answer(server: Server) -> None:
         # The answer file and the checker are nowhere the program can reach.
         ("python", "import os\nn = int(input())\nprint(n - 1 if os.path.exists('/tmp/check') else n, 0)"),
     ]
-    out = grade(server.url, programs, label)
+    out = grade_programs(server.url, programs, label)
     assert out["rewards"] == [1.0, 1.0, 0.0, 0.0, 1.0], out["error_types"]
     assert out["error_types"][2:4] == ["wrong_answer", "wrong_answer"]
 
 
 def test_a_python_checker_gives_partial_points(server: Server) -> None:
     label = {"inputs": [""], "outputs": ["1 2 3 4"], "checker": {"program": PARTIAL_PY, "language": "python"}}
-    out = grade(server.url, [("python", "print(1, 2, 0, 0)"), ("python", "print(1, 2, 3, 4)")], label)
+    out = grade_programs(server.url, [("python", "print(1, 2, 0, 0)"), ("python", "print(1, 2, 3, 4)")], label)
     assert out["rewards"] == [0.5, 1.0], out["error_types"]
 
 
@@ -180,7 +180,7 @@ def test_a_python_checker_gives_partial_points(server: Server) -> None:
 )
 def test_a_failing_checker_leaves_no_verdict(server: Server, checker: str) -> None:
     label = {"inputs": [""], "outputs": ["1"], "checker": {"program": checker, "language": "python"}}
-    out = grade(server.url, [("python", "print(1)")], label)
+    out = grade_programs(server.url, [("python", "print(1)")], label)
     assert out["error_types"] == ["judge_failure"] and out["rewards"][0] != out["rewards"][0]  # NaN
 
 
@@ -195,7 +195,7 @@ def test_a_checkers_points_come_from_the_start_of_its_report(server: Server) -> 
     not let the program's own text, quoted by the checker, take their place."""
     label = {"inputs": [""], "outputs": ["x"], "checker": {"program": ECHOING_PY, "language": "python"}}
     forged = "print(' ' * 8000 + '1')"  # quoted last: its '1' would lead the report's tail
-    out = grade(server.url, [("python", forged), ("python", "print('short')")], label)
+    out = grade_programs(server.url, [("python", forged), ("python", "print('short')")], label)
     assert out["rewards"] == [0.0, 0.0], out["error_types"]
 
 
@@ -205,11 +205,11 @@ def test_outputs_kept_for_a_checker_are_bounded_per_sample(server: Server) -> No
     every test of a long label must not grow that without bound (the server's memory, the
     checker's supervisor killed: no verdict instead of its 0): past a per-sample total its
     tests are ``output_limit``."""
-    kept = min(int(ENV["SCORER_CODE_MAX_OUTPUT_BYTES"]), 4 << 20)
+    kept = min(int(LANGUAGES_ENV["SCORER_CODE_MAX_OUTPUT_BYTES"]), 4 << 20)
     tests = 48
     label = {"inputs": [""] * tests, "outputs": ["1"] * tests, "checker": {"program": ACCEPT_PY, "language": "python"}}
     flood = f"import sys\nsys.stdout.write('\\0' * {kept - 16})"  # JSON writes each NUL as six bytes
-    out = grade(server.url, [("python", flood), ("python", "print(1)")], label)
+    out = grade_programs(server.url, [("python", flood), ("python", "print(1)")], label)
     assert out["error_types"] == ["output_limit", None] and out["rewards"][0] < 1.0, out
 
 
@@ -222,11 +222,11 @@ def test_subtasks_score_a_group_only_when_all_its_tests_pass(server: Server) -> 
     }
     programs = [("python", "print(input())"), ("python", "n = input()\nprint(n if n in '12' else 0)"),
                 ("python", "n = input()\nprint(n if n != '1' else 0)")]  # fmt: skip
-    out = grade(server.url, programs, label)
+    out = grade_programs(server.url, programs, label)
     assert out["rewards"] == [1.0, 0.3, 0.7], out
     all_label = {**label, "scoring": "all"}
     del all_label["subtasks"]
-    assert grade(server.url, programs, all_label)["rewards"] == [1.0, 0.0, 0.0]
+    assert grade_programs(server.url, programs, all_label)["rewards"] == [1.0, 0.0, 0.0]
 
 
 def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:

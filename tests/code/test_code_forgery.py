@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.code import ENV, reward
 from testing.server import Server, gunicorn_server
-from tests.code.test_code_server import ENV, reward
 
 HUMAN_EVAL = [json.loads(line) for line in gzip.open(Path(__file__).with_name("data") / "HumanEval.jsonl.gz", "rt")]
 

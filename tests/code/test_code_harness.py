@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from testing.code import ENV, reward
 from testing.server import Server, gunicorn_server
-from tests.code.test_code_server import ENV, reward
 
 HUMAN_EVAL = [json.loads(line) for line in gzip.open(Path(__file__).with_name("data") / "HumanEval.jsonl.gz", "rt")]
 
@@ -53,14 +53,16 @@ FIND_KEEP = (
 def test_what_is_kept_of_the_output_says_nothing_of_the_answer(server: Server) -> None:
     """The program derives the expected answer's length from ``keep_bytes`` (stdin: twice the
     longest expected output plus 64 KiB; call: four times its JSON plus 64 KiB) and answers
-    YES/NO or True/False from it without reading its input: the same code must not pass both."""
+    YES/NO or True/False from it without reading its input. What is kept is the same whatever
+    the answer, and not of the answer's length: the program answers NO (False) to both labels,
+    so it passes the one that expects it and fails the other."""
     stdin = FIND_KEEP + "print('YES' if (keep() - 65536) // 2 == 3 else 'NO')"
     out = grade_labels(server, [stdin] * 2, [{"inputs": ["1"], "outputs": [answer]} for answer in ("YES", "NO")])
-    assert out["rewards"] != [1.0, 1.0], out
+    assert out["rewards"] == [0.0, 1.0] and out["error_types"] == ["wrong_answer", None], out
     call = FIND_KEEP + "def f(x):\n    return (keep() - 65536) // 4 == 4\n"
     labels = [{"fn_name": "f", "inputs": [[1]], "outputs": [answer]} for answer in (True, False)]
     out = grade_labels(server, [call] * 2, labels)
-    assert out["rewards"] != [1.0, 1.0], out
+    assert out["rewards"] == [0.0, 1.0] and out["error_types"] == ["wrong_answer", None], out
 
 
 def test_an_assert_message_never_calls_the_program(server: Server) -> None:

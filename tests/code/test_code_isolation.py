@@ -20,23 +20,13 @@ import pytest
 import requests
 
 from services.code import cgroups
+from testing.code import ENV, GROUP, ISOLATION_ENV, NETWORK_MEETING, ROUNDS, grade
 from testing.server import Server, gunicorn_server
-from tests.code.test_code_server import ENV, grade
-
-GROUP = 8
-ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    # A label may hold 4.8 MB of expected answers (test_code_call_relay): a dict label counts as its JSON.
-    env = {
-        **ENV,
-        "SCORER_CODE_TEST_WALL_S": "5",
-        "SCORER_CODE_SAMPLE_WALL_S": "20",
-        "SCORER_CODE_MAX_TEXT_CHARS": "8000000",
-    }
-    with gunicorn_server("code", env, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+    with gunicorn_server("code", ISOLATION_ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
 
 
@@ -55,25 +45,6 @@ def rounds(url: str, code: str, expected: str) -> None:
     for round_ in range(ROUNDS):
         out = group(url, [code] * GROUP, expected)
         assert out["rewards"] == [1.0] * GROUP, (round_, out["error_types"])
-
-
-# Each copy holds one name in each namespace for a while: one that finds a name taken shares
-# that namespace with another sample graded at once.
-NETWORK_MEETING = """
-import socket, time
-held = []
-taken = []
-for family, address in ((socket.AF_UNIX, "\\0grpo-meeting-point"), (socket.AF_INET, ("127.0.0.1", 47113))):
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.bind(address)
-        sock.listen(8)
-        held.append(sock)
-    except OSError as exc:
-        taken.append(str(exc))
-time.sleep(0.4)
-print("alone" if not taken else "met another sample: " + "; ".join(taken))
-"""
 
 
 def test_samples_graded_at_once_share_no_network(server: Server) -> None:

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from testing.server import Server, gunicorn_server
+from testing.timing import within
 
 ENV = {
     "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
@@ -47,6 +48,7 @@ def test_a_dict_labels_code_counts_under_the_text_cap(tmp_path: Path) -> None:
     assert as_dict.status_code == 422 and "limit is 20000" in as_dict.text, as_dict.text[:300]
 
 
+@pytest.mark.timing
 def test_label_code_past_its_cap_is_413(server: Server) -> None:
     """1.5 MB of asserts is under the text cap but over the code cap: 413 before compiling it
     (on the core route; OpenRLHF's, which retries what is not a 422, answers 422)."""
@@ -56,7 +58,7 @@ def test_label_code_past_its_cap_is_413(server: Server) -> None:
     started = time.monotonic()
     response = requests.post(server.url + "/score", json=body, timeout=300)
     assert response.status_code == 413 and "MAX_LABEL_CODE_CHARS" in response.text, response.text[:300]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < within(10.0)  # compiling it takes longer
     assert post(server.url, [{"test": code, "entry_point": "f"}]).status_code == 422
 
 

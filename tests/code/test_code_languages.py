@@ -22,156 +22,23 @@ from common import install
 from services.code import languages
 from services.code.extract import extract_program
 from services.code.languages import PYTHON
+from testing.code import APLUSB, LANGUAGES_ENV, grade_programs
+from testing.code_cases import C_CASES, CASES, CPP_CASES, TAGS
 from testing.server import Server, gunicorn_server
-from tests.code.test_code_server import SECRET
 
-ENV = {
-    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
-    # Their requests are sized for the suites, not for a 2-core node at full limits (test_code_admission.py).
-    "SCORER_CODE_ADMISSION": "off",
-    "SCORER_CODE_TEST_CPU_S": "2",
-    "SCORER_CODE_TEST_WALL_S": "4",
-    "SCORER_CODE_SAMPLE_WALL_S": "40",
-    "SCORER_CODE_MEMORY_MB": "256",
-    "SCORER_CODE_MAX_OUTPUT_BYTES": str(1 << 20),
-    "SCORER_CODE_COMPILE_CPU_S": "15",
-    "SCORER_CODE_COMPILE_WALL_S": "30",
-    "SCORER_TEST_SECRET": SECRET,
-}
 ROOT = Path(__file__).resolve().parents[2]
-APLUSB = {"inputs": ["1 2\n", "100 -5\n"], "outputs": ["3\n", "95\n"]}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+    with gunicorn_server("code", LANGUAGES_ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
-
-
-def grade(url: str, programs: list[tuple[str, str]], label: dict | None = None, **body: object) -> dict:
-    """One request: each (fence tag, source) a sample graded on ``label`` (A+B by default)."""
-    fenced = [f"Here is my solution.\n```{tag}\n{code}\n```\n" for tag, code in programs]
-    payload = {"outputs": fenced, "prompts": ["p"] * len(fenced), "labels": [label or APLUSB] * len(fenced), **body}
-    response = requests.post(url + "/reward/score", json=payload, timeout=300)
-    assert response.status_code == 200, response.text[:500]
-    return response.json()
 
 
 def info(url: str) -> dict:
     return requests.get(url + "/info", timeout=10).json()["model"]
 
 
-# (case, expected error type, source) per language.
-C_CASES = [
-    ("ok", None, '#include <stdio.h>\nint main(){long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",a+b);}'),
-    ("wrong", "wrong_answer", '#include <stdio.h>\nint main(){long long a,b;scanf("%lld %lld",&a,&b);'
-     'printf("%lld\\n",a+b+1);}'),
-    ("loop", "timeout", "int main(){volatile unsigned long x=0;for(;;)x++;}"),
-    ("alloc", "memory_limit", "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
-     "int main(){char*volatile p=malloc(1ul<<30);memset(p,1,1ul<<30);printf(\"%d\\n\",p[12345]);}"),
-    ("crash", "runtime_error", "int main(){volatile int*p=0;*p=1;return 0;}"),
-    ("syntax", "compile_error", "int main({"),
-    ("flood", "output_limit", '#include <stdio.h>\nint main(){for(;;)puts("flooding the judge with lines");}'),
-    ("fork", "runtime_error", '#include <stdio.h>\n#include <unistd.h>\nint main(){if(fork()<0)return 3;'
-     'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",a+b);}'),
-    ("include_file", "compile_error", '#include "/etc/passwd"\nint main(){}'),
-    ("include_random", "compile_error", "#include </dev/random>\nint main(){}"),
-]  # fmt: skip
-CPP_CASES = [
-    ("ok", None, "#include <bits/stdc++.h>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}"),
-    ("wrong", "wrong_answer", "#include <iostream>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a-b<<'\\n';}"),
-    ("loop", "timeout", "int main(){volatile unsigned long x=0;for(;;)x++;}"),
-    ("alloc", "memory_limit", "#include <vector>\nint main(){std::vector<char> v(1u<<30,1);return v[5]==9;}"),
-    ("crash", "runtime_error", "#include <cstdlib>\nint main(){std::abort();}"),
-    ("syntax", "compile_error", "int main(){ return }"),
-    ("flood", "output_limit", "#include <cstdio>\nint main(){for(;;)std::puts(\"flood\");}"),
-    ("fork", "runtime_error", "#include <unistd.h>\n#include <iostream>\nint main(){if(fork()<0)return 3;"
-     "long long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}"),
-    ("include_file", "compile_error", '#include "/etc/passwd"\nint main(){}'),
-    ("template_bomb", "compile_error", "template<int N>struct F{enum{v=F<N-1>::v+F<N-2>::v};};"
-     "template<>struct F<0>{enum{v=0};};template<>struct F<1>{enum{v=1};};\n"
-     "int main(){return F<100000>::v;}"),
-    ("constexpr_bomb", "compile_error", "constexpr long long f(long long n){long long s=0;for(long long i=0;i<n;i++)"
-     "s+=i%7;return s;}\nconstexpr long long x=f(1ll<<40);int main(){return x;}"),
-    # Each evaluation stops at gcc's own limit of operations, after ~4 s of cc1plus's CPU (the
-    # driver's child), and each constant gets its own: a minute of CPU, little memory.
-    ("constexpr_cpu_bomb", "compile_error", "constexpr long long g(int k){long long s=0;for(int d=0;d<25;d++)"
-     "for(int i=0;i<200000;i++)s+=(i^k)%7;return s;}\nconstexpr long long "
-     + ",".join(f"x{k}=g({k})" for k in range(16)) + ";int main(){return x0;}"),
-]  # fmt: skip
-JAVA_CASES = [
-    ("ok", None, "import java.util.*;\npublic class Main{public static void main(String[] a){"
-     "Scanner s=new Scanner(System.in);long x=s.nextLong(),y=s.nextLong();System.out.println(x+y);}}"),
-    ("not_main", None, "import java.io.*;\nimport java.util.*;\n"
-     "class Helper{static long add(long a,long b){return a+b;}}\npublic class Solution{"
-     "public static void main(String[] args)throws IOException{BufferedReader r=new BufferedReader("
-     "new InputStreamReader(System.in));StringTokenizer t=new StringTokenizer(r.readLine());"
-     "System.out.println(Helper.add(Long.parseLong(t.nextToken()),Long.parseLong(t.nextToken())));}}"),
-    # A type declared inside the main class before main (ICPC Rocky Mountain 2022's profitabletrip_zf.java).
-    ("nested_first", None, "import java.util.*;\npublic class Trip{\n"
-     "  static class Edge{long v;Edge(long v){this.v=v;}}\n"
-     "  public static void main(String[] a){Scanner s=new Scanner(System.in);\n"
-     "    System.out.println(new Edge(s.nextLong()).v+new Edge(s.nextLong()).v);}\n}"),
-    # Annotations, comments and modifiers before `class`, on its line or on lines of their own.
-    ("annotated", None, "import java.util.*;\n@SuppressWarnings(\"unchecked\") public class Solution {\n"
-     "  public static void main(String[] a){Scanner s=new Scanner(System.in);\n"
-     "    System.out.println(s.nextLong()+s.nextLong());}\n}"),
-    ("annotated_apart", None, "import java.util.*;\n/** Helpers. */ @Deprecated\npublic /* shared */\n"
-     "final class Util { static long add(long a, long b){return a+b;} }\n"
-     "class Runner { @SuppressWarnings({\"rawtypes\", \"unchecked\"}) public static void main(String[] a){\n"
-     "    Scanner s=new Scanner(System.in);System.out.println(Util.add(s.nextLong(),s.nextLong()));}\n}"),
-    ("wrong", "wrong_answer", "public class Main{public static void main(String[] a){System.out.println(42);}}"),
-    ("loop", "timeout", "public class Main{public static void main(String[] a){long x=0;while(true){x++;}}}"),
-    ("alloc", "memory_limit", "public class Main{public static void main(String[] a){byte[] b=new byte[1<<30];b[7]=1;"
-     "System.out.println(b[7]);}}"),
-    ("crash", "runtime_error", "public class Main{public static void main(String[] a){"
-     "throw new IllegalStateException(\"x\");}}"),
-    ("syntax", "compile_error", "public class Main{public static void main(String[] a){int x = ;}}"),
-    ("flood", "output_limit", "public class Main{public static void main(String[] a){"
-     "while(true)System.out.println(\"flood\");}}"),
-    ("long_class_name", "compile_error", "public class " + "L" * 300 + "{public static void main(String[] a){"
-     "System.out.println(3);}}"),  # no file may have its name: not a sandbox failure
-    ("fork", "runtime_error", "public class Main{public static void main(String[] a)throws Exception{"
-     "new ProcessBuilder(\"/bin/true\").start().waitFor();System.out.println(3);}}"),
-]  # fmt: skip
-GO_CASES = [
-    ("ok", None, 'package main\nimport "fmt"\nfunc main(){var a,b int64\nfmt.Scan(&a,&b)\nfmt.Println(a+b)}'),
-    ("wrong", "wrong_answer", 'package main\nimport "fmt"\nfunc main(){fmt.Println(7)}'),
-    ("loop", "timeout", "package main\nfunc main(){x:=0\nfor {x++}}"),
-    ("alloc", "memory_limit", 'package main\nimport "fmt"\nfunc main(){b:=make([]byte,1<<30)\n'
-     'for i:=range b{b[i]=1}\nfmt.Println(b[5])}'),
-    ("crash", "runtime_error", 'package main\nfunc main(){panic("no")}'),
-    ("syntax", "compile_error", "package main\nfunc main(){ x := }"),
-    ("flood", "output_limit", 'package main\nimport "fmt"\nfunc main(){for {fmt.Println("flood")}}'),
-    ("fork", "runtime_error", 'package main\nimport ("fmt";"os";"os/exec")\n'
-     'func main(){if err:=exec.Command("/bin/true").Run();err!=nil{os.Exit(3)}\nfmt.Println(3)}'),
-]  # fmt: skip
-RUST_CASES = [
-    ("ok", None, "use std::io::*;\nfn main(){let mut s=String::new();stdin().read_to_string(&mut s).unwrap();"
-     "let v:Vec<i64>=s.split_whitespace().map(|x|x.parse().unwrap()).collect();println!(\"{}\",v[0]+v[1]);}"),
-    ("wrong", "wrong_answer", "fn main(){println!(\"0\");}"),
-    ("loop", "timeout", "fn main(){let mut x:u64=0;loop{unsafe{std::ptr::write_volatile(&mut x,x+1);}}}"),
-    ("alloc", "memory_limit", "fn main(){let v=vec![1u8;1<<30];println!(\"{}\",v[v.len()/2]);}"),
-    ("crash", "runtime_error", "fn main(){let v:Vec<i32>=Vec::new();println!(\"{}\",v[std::env::args().count()+2]);}"),
-    ("syntax", "compile_error", "fn main(){ let x = ; }"),
-    ("flood", "output_limit", "fn main(){loop{println!(\"flood\");}}"),
-    ("fork", "runtime_error", "fn main(){std::process::Command::new(\"/bin/true\").status().unwrap();"
-     "println!(\"3\");}"),
-    ("include_file", "compile_error", "const S:&str=include_str!(\"/etc/passwd\");fn main(){println!(\"{}\",S);}"),
-]  # fmt: skip
-JS_CASES = [
-    ("ok", None, "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(BigInt);"
-     "console.log((a+b).toString());"),
-    ("wrong", "wrong_answer", "console.log('nope');"),
-    ("loop", "timeout", "let x=0;for(;;){x++;}"),
-    ("alloc", "memory_limit", "const b=Buffer.alloc(1<<30,1);console.log(b[7]);"),
-    ("crash", "runtime_error", "throw new Error('crash');"),
-    ("syntax", "compile_error", "function f( {"),
-    ("flood", "output_limit", "const s='flood\\n'.repeat(1000);for(;;){require('fs').writeSync(1,s);}"),
-    ("fork", "runtime_error", "require('child_process').execSync('/bin/true');console.log(3);"),
-]  # fmt: skip
-# What models write for current toolchains: Go 1.21's min and max, Rust 1.65's let-else, C++20
-# (ranges, <=>, concepts, map::contains) under a plain cpp tag.
 CURRENT = [
     ("go", 'package main\nimport "fmt"\nfunc main(){var a,b int64\nfmt.Scan(&a,&b)\nfmt.Println(min(a,b)+max(a,b))}'),
     ("rust", "use std::io::*;\nfn main(){let mut s=String::new();stdin().read_to_string(&mut s).unwrap();"
@@ -181,8 +48,6 @@ CURRENT = [
      "int main(){std::vector<long long> v(2);for(auto&x:v)std::cin>>x;std::ranges::sort(v);"
      "std::map<int,int> m{{1,1}};if((v[0]<=>v[1])<=0&&m.contains(1))std::cout<<add(v[0],v[1])<<'\\n';}"),
 ]  # fmt: skip
-CASES = {"c": C_CASES, "cpp": CPP_CASES, "java": JAVA_CASES, "go": GO_CASES, "rust": RUST_CASES, "javascript": JS_CASES}
-TAGS = {"c": "c", "cpp": "cpp", "java": "java", "go": "go", "rust": "rust", "javascript": "js"}
 
 
 def installed(language: str) -> bool:
@@ -198,7 +63,7 @@ def test_each_case_gets_its_verdict(server, language):
     cases = CASES[language]
     # A fresh comment per run: nothing comes from an earlier run's builds.
     salt = f"\n// {uuid.uuid4().hex}\n" if language != "python" else ""
-    out = grade(server.url, [(TAGS[language], code + salt) for _, _, code in cases])
+    out = grade_programs(server.url, [(TAGS[language], code + salt) for _, _, code in cases])
     got = dict(zip([name for name, _, _ in cases], out["error_types"], strict=True))
     assert got == {name: want for name, want, _ in cases}
     assert out["rewards"] == [1.0 if want is None else 0.0 for _, want, _ in cases]
@@ -208,7 +73,7 @@ def test_code_for_current_toolchains_passes(server):
     """Go's min and max, Rust's let-else and C++20 score 1.0 (Debian 12's Go 1.19 and rustc
     1.63, and C++17 for cpp, refused them)."""
     salt = f"\n// {uuid.uuid4().hex}\n"
-    out = grade(server.url, [(tag, code + salt) for tag, code in CURRENT])
+    out = grade_programs(server.url, [(tag, code + salt) for tag, code in CURRENT])
     assert out["rewards"] == [1.0] * len(CURRENT), out["error_types"]
 
 
@@ -238,12 +103,12 @@ def test_a_group_of_identical_programs_compiles_once(server):
     identical program is a cache hit; the build is not a program's to write."""
     source = CPP_CASES[0][2] + f"\n// {uuid.uuid4().hex}\n"
     before = info(server.url)["compile_cache"]
-    out = grade(server.url, [("cpp", source)] * 8)
+    out = grade_programs(server.url, [("cpp", source)] * 8)
     assert out["rewards"] == [1.0] * 8, out["error_types"]
     after = info(server.url)["compile_cache"]
     assert after["builds"] == before["builds"] + 1
     assert after["hits"] >= before["hits"] + 7
-    again = grade(server.url, [("c++", source)])
+    again = grade_programs(server.url, [("c++", source)])
     assert again["rewards"] == [1.0] and info(server.url)["compile_cache"]["builds"] == after["builds"]
     # A program that tries to change its own build (or reach the cache) cannot.
     tamper = (
@@ -252,7 +117,7 @@ def test_a_group_of_identical_programs_compiles_once(server):
         '||open("/judge-cache",O_RDONLY)>=0||mkdir("/tmp/.judge/new",0777)==0;'
         'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",w?0:a+b);}'
     )
-    tampered = grade(server.url, [("cpp", tamper)])
+    tampered = grade_programs(server.url, [("cpp", tamper)])
     assert tampered["rewards"] == [1.0], tampered["error_types"]
 
 
@@ -261,21 +126,23 @@ def test_a_java_source_the_class_finder_would_rescan_is_judged_at_once(server):
     modifiers no type follows, each scanned to the end from every later opener or line
     before, held a worker's thread (and the GIL) for a quarter of an hour or more."""
     for source in ("/* " * 300_000, "public\n" * 130_000 + "int x;"):
-        out = grade(server.url, [("java", source)])
+        out = grade_programs(server.url, [("java", source)])
         assert out["error_types"] == ["compile_error"]
 
 
 def test_language_from_label_request_or_tag(server):
     """The label's language wins over the request's, which wins over the fence's tag."""
     c_source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream")  # C++ only
-    out = grade(server.url, [("python", c_source)], {**APLUSB, "language": "C++"})
+    out = grade_programs(server.url, [("python", c_source)], {**APLUSB, "language": "C++"})
     assert out["rewards"] == [1.0], out["error_types"]
-    out = grade(server.url, [("", c_source)], language="cxx")
+    out = grade_programs(server.url, [("", c_source)], language="cxx")
     assert out["rewards"] == [1.0], out["error_types"]
-    out = grade(server.url, [("c", c_source)])  # C++ compiled as C
+    out = grade_programs(server.url, [("c", c_source)])  # C++ compiled as C
     assert out["error_types"] == ["compile_error"]
     spaceship = "#include <compare>\n" + c_source.replace("int main(){", "int main(){auto c=(1<=>2);(void)c;")
-    out = grade(server.url, [("cpp20", spaceship), ("cpp", spaceship), ("c++17", spaceship)])  # C++17 by name only
+    out = grade_programs(
+        server.url, [("cpp20", spaceship), ("cpp", spaceship), ("c++17", spaceship)]
+    )  # C++17 by name only
     assert out["error_types"] == [None, None, "compile_error"]
     bad = requests.post(
         server.url + "/reward/score",
@@ -366,7 +233,7 @@ def test_a_slower_runtime_gets_more_time_and_a_loop_still_times_out(server):
     (and C's) load the CPUs meanwhile: the Java program's main thread, not its process's first
     one, waits for a CPU, and that wait is not its own time."""
     limits = info(server.url)["time_limits"]
-    cpu = float(ENV["SCORER_CODE_TEST_CPU_S"])
+    cpu = float(LANGUAGES_ENV["SCORER_CODE_TEST_CPU_S"])
     spin = 1.25 * cpu  # CPU seconds each program burns before it answers
     assert limits["c"]["cpu_s"] == limits["python"]["cpu_s"] == cpu
     assert limits["java"]["cpu_s"] >= spin + 1 and limits["javascript"]["cpu_s"] >= spin + 1
@@ -399,7 +266,7 @@ def test_a_slower_runtime_gets_more_time_and_a_loop_still_times_out(server):
     c_loop = ("c", dict((n, code) for n, _, code in C_CASES)["loop"])
     programs = [("java", java), ("js", javascript), ("c", c), *loops, c_loop, c_loop]
     sent = [(tag, f"{code}\n// {salt}") for tag, code in programs] + [("python", f"{python}\n# {salt}")]
-    out = grade(server.url, sent, label)
+    out = grade_programs(server.url, sent, label)
     assert out["error_types"] == [None, None, "timeout", "timeout", "timeout", "timeout", "timeout", None]
 
 
@@ -408,7 +275,7 @@ def test_the_same_source_in_two_languages_builds_twice_in_one_group(server):
     language builds it once (its own key), none waits for or takes the other's build."""
     source = CPP_CASES[0][2].replace("bits/stdc++.h", "iostream") + f"\n// {uuid.uuid4().hex}\n"
     before = info(server.url)["compile_cache"]
-    out = grade(server.url, [("cpp" if i % 2 else "c", source) for i in range(8)])
+    out = grade_programs(server.url, [("cpp" if i % 2 else "c", source) for i in range(8)])
     assert out["error_types"] == ["compile_error", None] * 4
     assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 2
 
@@ -426,8 +293,8 @@ def test_a_program_cannot_read_another_samples_build(server):
         f"int seen={opens};"
         'long long a,b;scanf("%lld %lld",&a,&b);printf("%lld\\n",seen?0:a+b);}'
     )
-    assert grade(server.url, [("cpp", victim)])["rewards"] == [1.0]  # its entry is in the cache now
-    out = grade(server.url, [("cpp", spy)])
+    assert grade_programs(server.url, [("cpp", victim)])["rewards"] == [1.0]  # its entry is in the cache now
+    out = grade_programs(server.url, [("cpp", spy)])
     assert out["rewards"] == [1.0], out["error_types"]
 
 
@@ -438,7 +305,7 @@ def test_identical_compile_bombs_in_a_group_build_once(server):
     other until the request's deadline leaves them without a verdict."""
     bomb = dict((name, code) for name, _, code in CPP_CASES)["constexpr_cpu_bomb"] + f"\n// {uuid.uuid4().hex}\n"
     before = info(server.url)["compile_cache"]
-    out = grade(server.url, [("cpp", bomb)] * 3)
+    out = grade_programs(server.url, [("cpp", bomb)] * 3)
     assert out["error_types"] == ["compile_error"] * 3
     assert info(server.url)["compile_cache"]["builds"] == before["builds"] + 1
 
@@ -462,7 +329,9 @@ def test_runtimes_get_threads_up_to_the_task_limit_and_no_process(server):
         "try{Thread.sleep(100000);}catch(Exception e){}});t.setDaemon(true);t.start();}}}"
     )
     salt = f"\n// {uuid.uuid4().hex}\n"
-    out = grade(server.url, [("java", java_threads + salt), ("go", go_threads + salt), ("java", java_bomb + salt)])
+    out = grade_programs(
+        server.url, [("java", java_threads + salt), ("go", go_threads + salt), ("java", java_bomb + salt)]
+    )
     assert out["error_types"][:2] == [None, None] and out["rewards"] == [1.0, 1.0, 0.0], out["error_types"]
     assert out["error_types"][2] in ("runtime_error", "memory_limit")
 

@@ -22,22 +22,10 @@ import requests
 
 from services.code.environments import load
 from services.code.sandbox.inside import LOADER
+from testing.code import ENV, grade, reward
 from testing.server import ROOT as REPOSITORY
 from testing.server import Server, gunicorn_server
 
-SECRET = f"s3cr3t-{uuid.uuid4().hex}"
-ENV = {
-    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
-    # Their requests are sized for the suites, not for a 2-core node at full limits (test_code_admission.py).
-    "SCORER_CODE_ADMISSION": "off",
-    "SCORER_CODE_ENV": "coin_change",
-    "SCORER_CODE_TEST_CPU_S": "1",
-    "SCORER_CODE_TEST_WALL_S": "2",
-    "SCORER_CODE_SAMPLE_WALL_S": "8",
-    "SCORER_CODE_MEMORY_MB": "256",
-    "SCORER_CODE_MAX_OUTPUT_BYTES": str(1 << 20),
-    "SCORER_TEST_SECRET": SECRET,
-}
 REFERENCE = load("coin_change").reference
 
 
@@ -68,17 +56,6 @@ def sandbox_processes(uids: range) -> list[str]:
         if uid in uids:
             found.append(f"{status.parent.name} uid={uid}")
     return found
-
-
-def reward(url: str, body: dict, path: str = "/reward/score", status: int = 200) -> dict:
-    response = requests.post(url + path, json=body, timeout=200)
-    assert response.status_code == status, response.text[:500]
-    return json.loads(response.text)
-
-
-def grade(url: str, codes: list[str], label: dict | str) -> dict:
-    fenced = [f"Here you go:\n```python\n{code}\n```<|im_end|>" for code in codes]
-    return reward(url, {"outputs": fenced, "prompts": ["p"] * len(codes), "labels": [label] * len(codes)})
 
 
 STDIN_CODES = {

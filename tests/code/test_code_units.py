@@ -34,6 +34,7 @@ from services.code.sandbox.inside.confine import SampleCgroup
 from services.code.sandbox.inside.messages import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
+from testing.clock import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -264,12 +265,12 @@ def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:
     assert slots.acquire(small, 0) == 7
     granted: dict[str, int | None] = {}
     waiters = [
-        threading.Thread(target=lambda name=name, owner=owner: granted.update({name: slots.acquire(owner, 5)}))
+        threading.Thread(target=lambda name=name, owner=owner: granted.update({name: slots.acquire(owner, 60)}))
         for name, owner in (("big", big), ("other", other))
     ]
-    for waiter in waiters:
+    for count, waiter in enumerate(waiters, 1):
         waiter.start()
-        time.sleep(0.05)  # in this order
+        wait_until(lambda count=count: len(slots._waiting) == count, f"{count} requests waiting, in this order")
     slots.release(big, 0)  # big waits first and holds one: it may take it back
     slots.release(small, 7)  # then the other request
     for waiter in waiters:

@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from testing.server import Server, gunicorn_server
+from testing.timing import within
 
 MEMORY_MB = 256
 ENV = {
@@ -292,6 +293,7 @@ def test_an_output_flood_is_never_success(server) -> None:
     assert "output limit" in answer["run_result"]["stderr"]
 
 
+@pytest.mark.timing
 def test_loopers_of_one_client_leave_another_clients_run_quick_and_right(server) -> None:
     """Thirty-two looping runs of one client at once; a short A+B of another client (another
     address) meanwhile gets a slot at once, and is right."""
@@ -307,7 +309,7 @@ def test_loopers_of_one_client_leave_another_clients_run_quick_and_right(server)
         for thread in loopers:
             thread.join()
     assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "42\n", answer
-    assert waited < 10, waited  # behind the 32 loopers' turns: 30-70 s on this 2-core machine
+    assert waited < min(within(10.0), 25), waited  # behind the 32 loopers' turns: 30-70 s on this 2-core machine
 
 
 def run_code_from(source: str, url: str, code: str, stdin: str) -> dict:

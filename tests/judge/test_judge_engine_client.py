@@ -114,9 +114,12 @@ def test_a_client_error_is_not_retried(engine: Engine) -> None:
 def test_no_retry_sleeps_past_the_deadline(engine: Engine) -> None:
     engine.statuses = [503] * 10
     sleeps: list[float] = []
+    # Pauses of 30, 60, 120 s (recorded, not slept) against 100 s: the calls' own time, under
+    # 10 s even on a loaded machine, cannot move the third pause inside the deadline or the second out.
+    judge = EngineClient(engine.url, "judge", 4, 10, 30.0, 240.0, sleep=sleeps.append)
     with pytest.raises(EngineUnavailable, match="no time left"):
-        client(engine.url, retries=10, sleeps=sleeps).complete({"model": "m"}, time.monotonic() + 1.2)
-    assert sleeps == [0.5, 1.0]  # the next pause, 2 s, would end past the deadline
+        judge.complete({"model": "m"}, time.monotonic() + 100)
+    assert sleeps == [30.0, 60.0]  # the next pause, 120 s, would end past the deadline
 
 
 def test_an_unreachable_engine_is_retried_then_unavailable() -> None:

@@ -1,0 +1,87 @@
+"""What the code verifier's tests share: the settings of a server sized for them on a 2-core
+node (Python, and the compiled languages'), the requests they send, and the isolation tests'
+GRPO group (8 samples of one prompt, over 3 rounds) with a program that looks for the others."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import requests
+
+SECRET = f"s3cr3t-{uuid.uuid4().hex}"
+ENV = {
+    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
+    # Their requests are sized for the suites, not for a 2-core node at full limits (test_code_admission.py).
+    "SCORER_CODE_ADMISSION": "off",
+    "SCORER_CODE_ENV": "coin_change",
+    "SCORER_CODE_TEST_CPU_S": "1",
+    "SCORER_CODE_TEST_WALL_S": "2",
+    "SCORER_CODE_SAMPLE_WALL_S": "8",
+    "SCORER_CODE_MEMORY_MB": "256",
+    "SCORER_CODE_MAX_OUTPUT_BYTES": str(1 << 20),
+    "SCORER_TEST_SECRET": SECRET,
+}
+# Compiled languages: a compile takes seconds of a loaded CPU, a JVM's start a second.
+LANGUAGES_ENV = {
+    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
+    "SCORER_CODE_ADMISSION": "off",
+    "SCORER_CODE_TEST_CPU_S": "2",
+    "SCORER_CODE_TEST_WALL_S": "4",
+    "SCORER_CODE_SAMPLE_WALL_S": "40",
+    "SCORER_CODE_MEMORY_MB": "256",
+    "SCORER_CODE_MAX_OUTPUT_BYTES": str(1 << 20),
+    "SCORER_CODE_COMPILE_CPU_S": "15",
+    "SCORER_CODE_COMPILE_WALL_S": "30",
+    "SCORER_TEST_SECRET": SECRET,
+}
+# The isolation tests' server: a label may hold 4.8 MB of expected answers (test_code_call_relay),
+# and a dict label counts as its JSON.
+ISOLATION_ENV = {
+    **ENV,
+    "SCORER_CODE_TEST_WALL_S": "5",
+    "SCORER_CODE_SAMPLE_WALL_S": "20",
+    "SCORER_CODE_MAX_TEXT_CHARS": "8000000",
+}
+APLUSB = {"inputs": ["1 2\n", "100 -5\n"], "outputs": ["3\n", "95\n"]}
+GROUP = 8
+ROUNDS = 3
+
+# Each copy holds one name in each namespace for a while: one that finds a name taken shares
+# that namespace with another sample graded at once.
+NETWORK_MEETING = """
+import socket, time
+held = []
+taken = []
+for family, address in ((socket.AF_UNIX, "\\0grpo-meeting-point"), (socket.AF_INET, ("127.0.0.1", 47113))):
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind(address)
+        sock.listen(8)
+        held.append(sock)
+    except OSError as exc:
+        taken.append(str(exc))
+time.sleep(0.4)
+print("alone" if not taken else "met another sample: " + "; ".join(taken))
+"""
+
+
+def reward(url: str, body: dict, path: str = "/reward/score", status: int = 200) -> dict:
+    response = requests.post(url + path, json=body, timeout=200)
+    assert response.status_code == status, response.text[:500]
+    return json.loads(response.text)
+
+
+def grade(url: str, codes: list[str], label: dict | str) -> dict:
+    """Python ``codes`` in an OpenRLHF-shaped request, each graded on ``label``."""
+    fenced = [f"Here you go:\n```python\n{code}\n```<|im_end|>" for code in codes]
+    return reward(url, {"outputs": fenced, "prompts": ["p"] * len(codes), "labels": [label] * len(codes)})
+
+
+def grade_programs(url: str, programs: list[tuple[str, str]], label: dict | None = None, **body: object) -> dict:
+    """One request: each (fence tag, source) a sample graded on ``label`` (A+B by default)."""
+    fenced = [f"Here is my solution.\n```{tag}\n{code}\n```\n" for tag, code in programs]
+    payload = {"outputs": fenced, "prompts": ["p"] * len(fenced), "labels": [label or APLUSB] * len(fenced), **body}
+    response = requests.post(url + "/reward/score", json=payload, timeout=300)
+    assert response.status_code == 200, response.text[:500]
+    return response.json()
