@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.code.corpus.build import OUT, write_jsonl_gz
-from bench.code.corpus.build_verdicts import ARCHIVES, Archive, problem_row
+from bench.code.corpus.build_verdicts import ARCHIVES, Archive, write_rows
 
 GUESS = Archive(
     "problemtools",
@@ -29,17 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problemtools", required=True, help="git dir of Kattis/problemtools")
     args = parser.parse_args()
-    rows = []
-    for package in GUESS.problems:
-        row, left_out = problem_row(args.problemtools, GUESS, package)
-        validator = row.pop("validator")
-        rows.append({**row, "interactor": validator})
-        for line in left_out:
-            print(f"left out {GUESS.repository} {line}")
-    path = OUT / "interactive.jsonl.gz"
-    write_jsonl_gz(path, rows)
-    print(path.name, path.stat().st_size, "bytes;", len(rows), "problems,", sum(len(r["submissions"]) for r in rows),
-          "submissions")  # fmt: skip
+    write_rows("interactive.jsonl.gz", [(args.problemtools, GUESS)], rename={"validator": "interactor"})
 
 
 if __name__ == "__main__":

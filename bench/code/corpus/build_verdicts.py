@@ -185,14 +185,21 @@ def main() -> None:
     for name, archive in ARCHIVES.items():
         parser.add_argument(f"--{name}", required=True, help=f"git dir of {archive.repository}")
     args = parser.parse_args()
+    write_rows("verdicts.jsonl.gz", [(getattr(args, name), archive) for name, archive in ARCHIVES.items()])
+
+
+def write_rows(name: str, sources: list[tuple[str, Archive]], rename: dict[str, str] | None = None) -> None:
+    """Write the rows of every package of ``sources`` (a mirror and its archive) to ``OUT/name``,
+    a row's keys renamed by ``rename`` (at the end of the row), saying what was left out."""
     rows = []
-    for name, archive in ARCHIVES.items():
+    for mirror, archive in sources:
         for package in archive.problems:
-            row, left_out = problem_row(getattr(args, name), archive, package)
-            rows.append(row)
+            row, left_out = problem_row(mirror, archive, package)
+            renamed = {new: row.pop(old) for old, new in (rename or {}).items()}
+            rows.append({**row, **renamed})
             for line in left_out:
                 print(f"left out {archive.repository} {line}")
-    path = OUT / "verdicts.jsonl.gz"
+    path = OUT / name
     write_jsonl_gz(path, rows)
     print(path.name, path.stat().st_size, "bytes;", len(rows), "problems,", sum(len(r["submissions"]) for r in rows),
           "submissions")  # fmt: skip
