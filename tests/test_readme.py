@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from common import registry
+from common import install, registry
 from common.app import create_app
 from common.settings import CoreSettings
 from services.code.grader import STATUSES
@@ -135,7 +135,7 @@ FLAG = re.compile(r"--[a-z][\w.]*")
 PIN = re.compile(r"[A-Za-z0-9][\w.-]*==[\w.]+")
 # The interpreters a command may name: the test environment's, and those ``bash run.sh`` builds.
 PYTHONS = {"python", "python3", ".venv/bin/python"} | {
-    f"{registry.setup_of(name, {}).venv}/bin/python" for name in registry.SERVICES if name != "multi"
+    f"{install.setup_of(name, {}).venv}/bin/python" for name in registry.SERVICES if name != "multi"
 }
 
 
