@@ -5,8 +5,10 @@ can be without them (said per kind in ``check_command``)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
+import json
 import os
 import pickle
 import re
@@ -14,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import types
 from dataclasses import dataclass
@@ -36,6 +39,8 @@ BENCH_PAGES = sorted(ROOT.glob("bench/**/README.md"))
 # A block that runs a bench's or a service's module: its imports (torch, transformers) take
 # seconds to a minute a command, too long for the unit loop.
 RUNS_A_MODULE = re.compile(r"-m (?:bench|services)\.")
+# Those modules' commands, checked together in one interpreter per environment (``helps``).
+BATCHED = ("bench.", "services.")
 # The blocks another test runs as written: the marker before the block, and that test.
 RUN_ELSEWHERE = {"smoke test": "tests/test_smoke.py"}
 # A trainer's command-line argument: a Hydra override, ``[+]key.path=value``.
@@ -114,7 +119,8 @@ def commands(block: Block) -> list[list[str]]:
 
 
 def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, **kwargs)  # type: ignore[call-overload]
+    kwargs.setdefault("timeout", 120)
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
 
 
 def check_trainer_arguments(words: list[str]) -> None:
@@ -169,9 +175,47 @@ def check_module(words: list[str], env: dict[str, str], tmp_path: Path) -> None:
         port = int(re.fullmatch(r"http://localhost:(\d+)", words[3]).group(1))  # type: ignore[union-attr]
         assert port in {s.port for s in registry.SERVICES.values()}, words
     assert words[1] == "-m" and words[2].startswith(("bench.", "common.", "services.")), words
-    done = run([sys.executable, *words[1:], "--help"], env={**os.environ, **env})
-    assert done.returncode == 0, (words, done.stderr[-2000:])
-    assert all(w.split("=")[0] in done.stdout for w in words[3:] if w.startswith("--")), (words, done.stdout)
+    argv, environment = (*words[2:], "--help"), frozenset(env.items())
+    done = helps(environment)[argv] if argv in documented_modules(environment) else run_modules([argv], env)[0]
+    assert done["code"] == 0, (words, done["stderr"][-2000:])
+    assert all(w.split("=")[0] in done["stdout"] for w in words[3:] if w.startswith("--")), (words, done["stdout"])
+
+
+def run_modules(commands: list[tuple[str, ...]], env: dict[str, str]) -> list[dict[str, str | int]]:
+    """``python -m MODULE ARGS`` for each command, in turn in one interpreter of the test
+    environment (testing/module_help.py): each one's exit status, stdout and stderr."""
+    with tempfile.TemporaryDirectory() as folder:
+        results = Path(folder) / "results.json"
+        done = run(
+            [sys.executable, "-m", "testing.module_help", str(results)],
+            input=json.dumps(commands),
+            env={**os.environ, **env},
+            timeout=120 * len(commands),
+        )
+        assert done.returncode == 0 and results.is_file(), done.stderr[-2000:]
+        return json.loads(results.read_text())
+
+
+@functools.cache
+def documented_modules(environment: frozenset[tuple[str, str]]) -> tuple[tuple[str, ...], ...]:
+    """Every bench's and service's ``python -m MODULE ARGS``, ``--help`` appended, the pages show
+    with this environment."""
+    found = set()
+    for block in BLOCKS:
+        for words in commands(block):
+            env, words = split_environment(words)
+            module = words[2] if words[0] in PYTHONS and words[1:2] == ["-m"] and len(words) > 2 else ""
+            if frozenset(env.items()) == environment and module.startswith(BATCHED):
+                found.add((*words[2:], "--help"))
+    return tuple(sorted(found))
+
+
+@functools.cache
+def helps(environment: frozenset[tuple[str, str]]) -> dict[tuple[str, ...], dict[str, str | int]]:
+    """``documented_modules`` run once, in one interpreter: torch and transformers import once,
+    not once a command."""
+    batch = documented_modules(environment)
+    return dict(zip(batch, run_modules(list(batch), dict(environment)), strict=True))
 
 
 def check_python_code(words: list[str], tmp_path: Path) -> None:
@@ -212,17 +256,28 @@ def check_network(words: list[str], tmp_path: Path) -> None:
     assert all((ROOT / words[i + 1]).is_file() for i, w in enumerate(words) if w == "-r"), words
 
 
+def split_environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The environment assignments before a command (``KEY=value command``), and the command."""
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        key, _, value = words[0].partition("=")
+        env[key] = value
+        words = words[1:]
+    return env, words
+
+
 def check_command(words: list[str], prefixes: dict[str, Path], tmp_path: Path) -> None:
     """Run or check one command as its kind allows; a kind with no check here fails, so that a
     new command in the docs gets one."""
-    env = {}
-    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
-        key, _, value = words[0].partition("=")  # an environment assignment before the command
-        env[key] = value
-        words = words[1:]
+    env, words = split_environment(words)
     if words[:2] == ["bash", "run.sh"] and words[2:3] == ["test"]:
         # The suite's own command: CI runs it (a run inside the suite would run the suite).
         assert "bash run.sh test" in (ROOT / ".ci" / "run").read_text()
+    elif words == ["bash", "run.sh", "reference-mmdet"]:
+        # It builds .venv-mmdet (mmcv-full compiles for many minutes, torch 2.1 is about 5 GB) and
+        # takes no --help: run.sh has the command, and the script it runs is bash.
+        script = re.search(r"^ *reference-mmdet\) exec bash (\S+) ;;$", (ROOT / "run.sh").read_text(), re.MULTILINE)
+        assert script and run(["bash", "-n", script.group(1)]).returncode == 0, words
     elif words[:2] == ["bash", "run.sh"]:
         # Starting a service needs its weights, GPU or engine and a long install: its flags
         # are checked instead, by run.sh's own parser, which reads them all before `--help`.
@@ -297,6 +352,35 @@ def test_every_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None
 @pytest.mark.integration
 def test_every_block_running_a_module_runs_as_written(block: Block, tmp_path: Path) -> None:
     check_block(block, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["python", "-m", "bench.batching.run", "--simple-requests", "1", "--no-such-flag"],
+        ["python", "-m", "bench.batching.run", "--simple-requests", "many"],
+        ["python", "-m", "bench.no_such_bench", "--rounds", "1"],
+    ],
+    ids=["flag", "value", "module"],
+)
+@pytest.mark.integration
+def test_a_module_command_fails_on_what_its_module_does_not_take(words: list[str], tmp_path: Path) -> None:
+    with pytest.raises(AssertionError):
+        check_module(words, {}, tmp_path)
+
+
+@pytest.mark.integration
+def test_modules_run_together_answer_as_each_run_alone() -> None:
+    """One interpreter for many commands: each one's status and output are its own, as a
+    fresh ``python -m`` gives them, whatever ran before it."""
+    good = ("bench.batching.run", "--simple-requests", "1", "--help")
+    batch = [good, ("bench.batching.run", "--simple-requests", "many", "--help"), ("bench.no_such_bench",), good]
+    results = run_modules(batch, {})
+    assert [r["code"] for r in results] == [0, 2, 1, 0]
+    alone = run([sys.executable, "-m", *good])
+    assert results[0]["stdout"] == results[3]["stdout"] == alone.stdout and alone.returncode == 0
+    assert "invalid int value: 'many'" in results[1]["stderr"] and not results[1]["stdout"]
+    assert "No module named bench.no_such_bench" in results[2]["stderr"]
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if "nginx" in b.text], ids=str)

@@ -8,6 +8,7 @@
 #   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 3 min)
 #   ... --no-wheels                                  the interpreter's own packages, .whl/ or not
 #   ... --steps multi                                only the steps named (comma-separated)
+#   CHECK_TIME_FACTOR=3 bash bench/gpu/check.sh ... --cpu-smoke   the smoke run's limits x 3
 #
 # Steps: the wheels installed with pip --no-index --target; the OCR service under gunicorn with
 # its workers pinned to the GPUs (/info of each); the OCR engines' agreement (ONNX Runtime on the
@@ -70,7 +71,14 @@ if [ $SMOKE = 1 ]; then
   GENEVAL=(--size tiny --device cpu --requests 2 --images 2 --rounds 1)
   MULTI=(--device cpu --requests 4 --rounds 1 --image-size 256)
   JUDGE=(--device cpu --samples 4 --rounds 1 --image-size 64)
-  LIMITS=(120 120 120 180 120 180 240 120 240 180)  # guards against a hang only: a shared CI machine can be slow
+  # Guards against a hang only: CHECK_TIME_FACTOR scales them for a slow shared machine.
+  LIMITS=(120 120 120 180 120 180 240 120 240 180)
+  FACTOR=${CHECK_TIME_FACTOR:-1}
+  [[ $FACTOR =~ ^[0-9]*\.?[0-9]+$ && ! $FACTOR =~ ^[0.]+$ ]] || {
+    echo "CHECK_TIME_FACTOR: a positive number, not '$FACTOR'" >&2
+    exit 2
+  }
+  for i in "${!LIMITS[@]}"; do LIMITS[i]=$(awk -v s="${LIMITS[i]}" -v f="$FACTOR" 'BEGIN { printf "%.1f", s * f < 1 ? 1 : s * f }'); done
 else
   DEVICE=cuda
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
