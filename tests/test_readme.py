@@ -28,7 +28,7 @@ from PIL import Image
 from common import install, registry
 from common.app import create_app
 from common.settings import CoreSettings
-from services.code.grader import STATUSES
+from services.code.grading.judging import STATUSES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

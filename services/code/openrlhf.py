@@ -19,7 +19,7 @@ from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessabl
 from common.protocols import WireProtocol
 from common.scorer import Query, Result
 from common.wire import JsonCap, decode_body, encode_body
-from services.code.grader import STATUSES
+from services.code.grading.judging import STATUSES
 from services.code.scorer import SECTION, CodeScorer, Graded
 
 

@@ -27,7 +27,8 @@ from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 from services.code import compile_cache, environments, label_code, languages, packages, problems
 from services.code.extract import extract_program, response_from_query
-from services.code.grader import Grader, Sample, Verdict
+from services.code.grader import Grader, Sample
+from services.code.grading.judging import Verdict
 from services.code.labels import Suite, label_code_of, parse_label, with_checked_code
 from services.code.preflight import preflight
 from services.code.sandbox import host

@@ -318,7 +318,7 @@ def test_refuses_a_weaker_sandbox_unless_named(monkeypatch) -> None:
 
 
 def test_nan_and_zero(monkeypatch) -> None:
-    from services.code.grader import Verdict
+    from services.code.grading.judging import Verdict
 
     # The reward rule, whatever isolation this host offers (a fresh machine may lack bubblewrap).
     monkeypatch.setenv("SCORER_CODE_SANDBOX", "none")

@@ -7,7 +7,7 @@ import pytest
 
 from common.errors import Unprocessable
 from services.code.compile_cache import Unremembered
-from services.code.grader import Trial
+from services.code.grading.trials import Trial
 from services.code.sandbox.inside.messages import StdinOutcome
 from services.code.sandbox_fusion import api
 from services.code.settings import CodeSettings

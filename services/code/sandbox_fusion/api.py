@@ -19,7 +19,8 @@ from typing import Any
 from common.errors import Unprocessable, quote
 from common.scorer import Scored
 from services.code.compile_cache import Unremembered
-from services.code.grader import Grader, RunLimits, Trial
+from services.code.grader import Grader
+from services.code.grading.trials import RunLimits, Trial
 from services.code.languages import LANGUAGES, PYTHON
 from services.code.sandbox.inside.files import components
 from services.code.sandbox.inside.messages import StdinOutcome

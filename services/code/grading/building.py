@@ -1,0 +1,39 @@
+"""A program's build (a graded program in a compiled language, a label's checker): once per
+source, held in the compile cache while its runs use it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from services.code.grading.runner import Runner
+from services.code.labels import Suite
+from services.code.languages import Program
+
+
+@contextlib.contextmanager
+def built(
+    runner: Runner, program: Program, deadline: float, request: object, uid: int | None = None
+) -> Iterator[str | None]:
+    """``program``'s build held in the compile cache (built if it is not there, in the slot
+    ``uid`` when the caller holds one, else in one of its own): yields its compile error, or None."""
+    builds = runner.builds
+    assert builds is not None
+
+    def build_in(slot: int) -> str | None:
+        job = builds.build_job(program, runner.job(Suite("stdin", [""], [""]), "", deadline), runner.cgroups())
+        runs = runner.sandbox.run(job, slot)
+        try:
+            return builds.compile_error(next(runs, None))
+        finally:
+            runs.close()
+
+    def build() -> str | None:
+        if uid is not None:
+            return build_in(uid)
+        with runner.slot(request, deadline) as slot:
+            return build_in(slot)
+
+    with builds.cache.held(program.key, build, deadline - time.monotonic()) as error:
+        yield error

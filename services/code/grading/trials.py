@@ -1,0 +1,126 @@
+"""Unjudged runs: SandboxFusion's ``/run_code`` (one program on one stdin, within a client's
+limits, admitted beside the graded samples) and the trial runs of the startup checks and the
+benches."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from services.code.admission import Admission, Cost
+from services.code.grading.building import built
+from services.code.grading.runner import Runner
+from services.code.labels import Suite
+from services.code.languages import LANGUAGES, PYTHON
+from services.code.sandbox.host import SandboxFailure
+from services.code.sandbox.inside.messages import Fetched, Job, StdinOutcome
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """What a client asks of one run (``run_once``); the server's own limits cap each.
+    ``files`` are placed under its ``/tmp`` (path -> base64), ``fetch`` read back after it."""
+
+    cpu_s: float
+    wall_s: float
+    memory_mb: int
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    fetch: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One unjudged run (``run_once``): the build's compile error and how long getting the
+    build took (a cached one: its wait), for a compiled language; the run, when it built."""
+
+    compile_error: str | None
+    compile_s: float | None
+    run: StdinOutcome | None
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # fetched: path -> base64
+
+
+def trial(
+    runner: Runner, timeout_s: float, code: str, language: str = PYTHON, inputs: Sequence[str] = ("",)
+) -> list[StdinOutcome]:
+    """What a run of ``code`` in ``language`` (built first when it is compiled) on each of
+    ``inputs`` reported, unjudged, within ``timeout_s``: for the startup checks and the benches."""
+    deadline = time.monotonic() + timeout_s
+    request = object()
+    job = runner.job(Suite("stdin", list(inputs), [""] * len(inputs)), code, deadline, language)
+    job = dataclasses.replace(job, keep_bytes=runner.settings.max_output_bytes)
+    if language == PYTHON:
+        return _trial_runs(runner, job, request, deadline)
+    assert runner.builds is not None
+    program = runner.builds.program(LANGUAGES[language], code, runner.settings.memory_mb)
+    with built(runner, program, deadline, request) as error:
+        if error is not None:
+            raise SandboxFailure(f"a trial program does not build: {error[:300]}")
+        return _trial_runs(runner, runner.builds.run_job(program, job, runner.cgroups()), request, deadline)
+
+
+def run_once(
+    runner: Runner,
+    admission: Admission,
+    code: str,
+    language: str,
+    stdin: str,
+    limits: RunLimits,
+    deadline: float,
+    request: object,
+) -> Trial:
+    """One run of ``code`` on ``stdin`` (built first, through the compile cache, when
+    compiled), unjudged, within ``limits`` (never more than the server's), by ``deadline``,
+    in a slot lent to ``request``: SandboxFusion's ``/run_code``. Raises ``SandboxFailure``."""
+    s = runner.settings
+    memory_mb = min(limits.memory_mb, s.memory_mb)
+    less = (s.memory_mb - memory_mb) << 20
+    job = runner.job(Suite("stdin", [stdin], [""]), code, deadline, language)
+    job = dataclasses.replace(
+        job, cpu_s=min(job.cpu_s, limits.cpu_s), wall_s=min(job.wall_s, limits.wall_s),
+        keep_bytes=s.max_output_bytes, memory_bytes=job.memory_bytes - less,
+        judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
+        files=limits.files, fetch=list(limits.fetch), fetch_bytes=s.run_code_file_bytes,
+    )  # fmt: skip
+    build_s = 0.0 if language == PYTHON else s.compile_cpu_s
+    with _admitted(runner, admission, Cost(job.cpu_s + build_s, job.wall_s + build_s), deadline):
+        if language == PYTHON:
+            return _run_once(runner, job, request, deadline, None)
+        assert runner.builds is not None
+        program = runner.builds.program(LANGUAGES[language], code, memory_mb)
+        started = time.monotonic()
+        with built(runner, program, deadline, request) as error:
+            built_s = time.monotonic() - started
+            if error is not None:
+                return Trial(error, built_s, None)
+            job = runner.builds.run_job(program, job, runner.cgroups())
+            return _run_once(runner, job, request, deadline, built_s)
+
+
+@contextlib.contextmanager
+def _admitted(runner: Runner, admission: Admission, cost: Cost, deadline: float) -> Iterator[None]:
+    """A ``/run_code`` run admitted beside the graded samples at its limits (413 / 503, which
+    its route answers as SandboxFusion's retried 504, when it does not fit)."""
+    if runner.settings.admission == "off":
+        yield
+        return
+    with admission.admit([cost], deadline):
+        yield
+
+
+def _run_once(runner: Runner, job: Job, request: object, deadline: float, built_s: float | None) -> Trial:
+    messages = runner.run_all(job, request, deadline)
+    fetched = next((m.files for m in messages if isinstance(m, Fetched)), {})
+    runs = [m for m in messages if not isinstance(m, Fetched)]
+    if len(runs) != 1 or not isinstance(runs[0], StdinOutcome):
+        raise SandboxFailure(f"a run answered {runs}")
+    return Trial(None, built_s, runs[0], fetched)
+
+
+def _trial_runs(runner: Runner, job: Job, request: object, deadline: float) -> list[StdinOutcome]:
+    runs = runner.run_all(job, request, deadline)
+    if not all(isinstance(run, StdinOutcome) for run in runs):
+        raise SandboxFailure(f"a trial run answered {runs}")
+    return runs  # type: ignore[return-value]
