@@ -1,4 +1,4 @@
-# Over 400 lines: the code verifier's in-process units beside the grader, whose split waits (issue 27 item 4).
+# Over 400 lines: the code verifier's in-process units (labels, comparison, admission, slots), small and fast.
 """Unit tests of the code verifier's pure parts: extraction, label formats, comparison, the
 grading rules (re-run, masking) with a fake sandbox, and the refusals at startup."""
 
