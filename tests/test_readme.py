@@ -1,3 +1,4 @@
+# Over 400 lines: one checker per kind of documented command, each with the pages it reads.
 """What the README, docs/, deploy/README.md and the services' and benches' READMEs show works as
 they say: the example scorer and registry entry, and every shell block, each run as written or,
 where running it needs a GPU node, weights, the network or a long install, checked as far as it
