@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import requests
@@ -13,14 +15,42 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testing import server as server_module
-from testing.fuzz import Target
-from testing.ocr import OCR_LIMITS
 from testing.server import Server, gunicorn_server
+
+if TYPE_CHECKING:
+    from testing.fuzz import Target
+
+# How every unit test in tests/ is marked: ``pytestmark = pytest.mark.unit`` or ``@pytest.mark.unit``.
+UNIT_MARK = re.compile(rb"\bmark\.unit\b")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--collect-every-module",
+        action="store_true",
+        help="with -m unit, import the test modules that mark no test unit too (pytest_ignore_collect)",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m unit``, a test module whose source never names the ``unit`` mark holds no test
+    that runs: it is not imported, which spares the quick loop the integration tier's imports
+    (tests/test_unit_collection.py checks that the same unit tests are collected either way)."""
+    if (
+        config.getoption("markexpr", "").strip() != "unit"
+        or config.getoption("collect_every_module")
+        or not collection_path.name.startswith("test_")
+        or collection_path.suffix != ".py"
+    ):
+        return None
+    return True if UNIT_MARK.search(collection_path.read_bytes()) is None else None
 
 
 @pytest.fixture(scope="session")
 def ocr_server(tmp_path_factory) -> Iterator[Server]:
     """One OCR worker with small limits, shared by the OCR tests that do not kill it."""
+    from testing.ocr import OCR_LIMITS  # imported by the OCR server's tests only
+
     with gunicorn_server("ocr", OCR_LIMITS, threads=128, log_dir=tmp_path_factory.mktemp("logs")) as server:
         yield server
 
@@ -28,6 +58,8 @@ def ocr_server(tmp_path_factory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def fuzzed(ocr_server: Server) -> Iterator[Target]:
     """The shared OCR server; after the module, its worker must still be the one it started with."""
+    from testing.fuzz import Target  # hypothesis: imported by the fuzzers only
+
     target = Target(ocr_server, ocr_server.worker_pids())
     yield target
     assert ocr_server.worker_pids() == target.workers, ocr_server.logs()

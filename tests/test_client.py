@@ -146,7 +146,8 @@ class RecordingHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def recorder(request: pytest.FixtureRequest) -> Iterator[Recorder]:
     server = Recorder(request.param)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits out serve_forever's poll interval: 0.5 s a test at its default.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     yield server
     server.shutdown()

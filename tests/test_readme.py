@@ -37,9 +37,10 @@ SERVICES = ROOT / "docs" / "services.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
 SERVICE_PAGES = sorted(ROOT.glob("services/*/README.md"))
 BENCH_PAGES = sorted(ROOT.glob("bench/**/README.md"))
-# A block that runs a bench's or a service's module: its imports (torch, transformers) take
-# seconds to a minute a command, too long for the unit loop.
-RUNS_A_MODULE = re.compile(r"-m (?:bench|services)\.")
+# A block that runs a bench's or a service's module, pytest (which collects the suite) or the
+# hub's ``hf``: its imports (torch, transformers, huggingface_hub) take seconds to a minute a
+# command, too long for the unit loop.
+RUNS_A_MODULE = re.compile(r"-m (?:(?:bench|services)\.|pytest\b)|^hf ", re.MULTILINE)
 # Those modules' commands, checked together in one interpreter per environment (``helps``).
 BATCHED = ("bench.", "services.")
 # The blocks another test runs as written: the marker before the block, and that test.

@@ -58,7 +58,8 @@ class Engine:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # shutdown() waits out serve_forever's poll interval: 0.5 s a test at its default.
+        threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True).start()
 
 
 @pytest.fixture
