@@ -36,10 +36,10 @@ class ManualClock:
             assert self._changed.wait_for(lambda: self.readings >= target, timeout=60), "the clock was not read"
 
 
-def wait_until(condition: Callable[[], bool], what: str, guard_s: float = 60.0) -> None:
-    """Polls ``condition`` until it holds: how a test waits for another thread to reach a state
-    it cannot signal. ``guard_s`` stops a hang; it is never a measure."""
+def wait_until(condition: Callable[[], bool], what: str, guard_s: float = 60.0, pause_s: float = 0.001) -> None:
+    """Polls ``condition`` every ``pause_s`` until it holds: how a test waits for another thread
+    or process to reach a state it cannot signal. ``guard_s`` stops a hang; it is never a measure."""
     end = time.monotonic() + guard_s
     while not condition():
         assert time.monotonic() < end, f"never happened: {what}"
-        time.sleep(0.001)
+        time.sleep(pause_s)

@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,6 +26,7 @@ from common.protocols import WireProtocol
 from common.runtime import ScorerRuntime
 from common.scorer import Result, Scored, Scorer
 from common.settings import CoreSettings
+from testing.clock import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -102,12 +102,9 @@ def client_of(scorer: Scorer, protocols: Sequence[type[WireProtocol]] = ()) -> F
     return app.test_client()
 
 
-def wait_until_ready(client: FlaskClient, seconds: float = 60.0) -> None:
+def wait_until_ready(client: FlaskClient) -> None:
     """Until ``/ready`` says the model is loaded: its setup thread runs when the machine lets it."""
-    deadline = time.monotonic() + seconds
-    while client.get("/ready").status_code != 200:
-        assert time.monotonic() < deadline, "the model never loaded"
-        time.sleep(0.01)
+    wait_until(lambda: client.get("/ready").status_code == 200, "the model loaded", pause_s=0.01)
 
 
 def post_pickle(client: FlaskClient, payload: Any, path: str = "/", **kwargs: Any) -> tuple[int, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from testing.clock import wait_until
 from testing.server import Server, gunicorn_server
 from testing.timing import within
 
@@ -91,12 +92,10 @@ def test_a_run_code_call_beside_admitted_work_is_sandbox_fusions_retried_504(ser
     assert ran.status_code == 200 and ran.json()["run_result"]["stdout"] == "5\n", ran.text[:500]
 
 
-def wait_until_admitted(url: str, samples: int, timeout_s: float = 60.0) -> None:
+def wait_until_admitted(url: str, samples: int) -> None:
     """Until the server holds ``samples`` admitted samples (``/info``), whatever the machine's load."""
-    until = time.monotonic() + timeout_s
-    while time.monotonic() < until:
-        admitted = requests.get(url + "/info", timeout=30).json()["model"]["admission"]
-        if admitted["samples"] >= samples:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{samples} samples were never admitted")
+
+    def admitted() -> bool:
+        return requests.get(url + "/info", timeout=30).json()["model"]["admission"]["samples"] >= samples
+
+    wait_until(admitted, f"{samples} samples admitted", pause_s=0.05)
