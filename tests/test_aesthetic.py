@@ -26,23 +26,9 @@ from common.preflight import reason
 from common.settings import CoreSettings
 from services.aesthetic.scorer import AestheticScorer
 from services.aesthetic.settings import DEFAULT_HEAD
-from testing.images import encode
+from testing.images import encode, sample_images
 from testing.random_clip import save_random_clip
 from testing.server import ROOT, gunicorn_server, running_server
-
-
-def sample_images(count: int) -> list[bytes]:
-    """Varied images (noise, gradients, shapes; several sizes and formats)."""
-    rng = np.random.default_rng(7)
-    images = []
-    for i in range(count):
-        width, height = 160 + 37 * (i % 5), 200 + 23 * (i % 7)
-        noise = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-        ramp = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
-        pixels = (noise * (i % 3) / 4 + ramp * (1 - (i % 3) / 4)).astype(np.uint8)
-        fmt = ("JPEG", "PNG", "WEBP")[i % 3]
-        images.append(encode(Image.fromarray(pixels), fmt))
-    return images
 
 
 def reference_head() -> nn.Sequential:
