@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import math
 import os
 import pickle
 import re
@@ -290,26 +291,40 @@ def test_a_request_that_can_never_fit_the_queue_is_413(tmp_path) -> None:
 def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -> None:
     """More one-image requests at once than a 6 s deadline lets the node score: each is answered
     by its deadline (once, across both OCR stages), those it cannot serve with an early 503, and
-    the ones served are served in arrival order: three waves of 32, sent seconds apart (the order
-    within a wave is the client's and the kernel's, not the test's to know)."""
-    waves, size, timeout_s = 3, 32, 6.0
+    the ones served are served in arrival order: three waves sent seconds apart (the order within
+    a wave is the client's and the kernel's, not the test's to know). The waves are sized from
+    the node's measured rate, three times what it can serve in the test's window, so a fast
+    machine is overloaded as surely as a slow one."""
+    waves, timeout_s = 3, 6.0
     gap = within(1.0)
     with gunicorn_server("ocr", {"SCORER_REQUEST_TIMEOUT_S": str(timeout_s)}, log_dir=tmp_path) as server:
         body = pickle.dumps({"images": [render_text("Hello", size=256)], "prompts": ['"Hello"']})
+
+        async def post(session, wave: int) -> tuple[int, int, float, float]:
+            await asyncio.sleep(wave * gap)
+            sent = time.monotonic()
+            async with session.post(server.url + "/", data=body) as response:
+                await response.read()
+                return wave, response.status, sent, time.monotonic() - sent
+
+        async def rate_per_s(burst: int = 16) -> float:
+            import aiohttp
+
+            async with aiohttp.ClientSession() as session:
+                await post(session, 0)  # warm: the first request loads what the later ones reuse
+                started = time.monotonic()
+                outcomes = await asyncio.gather(*(post(session, 0) for _ in range(burst)))
+            assert all(status == 200 for _, status, _, _ in outcomes), outcomes
+            return burst / (time.monotonic() - started)
+
+        window_s = timeout_s + (waves - 1) * gap
+        size = min(400, max(32, math.ceil(3 * asyncio.run(rate_per_s()) * window_s / waves)))
 
         async def fire() -> list[tuple[int, int, float, float]]:
             import aiohttp
 
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=waves * size)) as session:
-
-                async def one(wave: int) -> tuple[int, int, float, float]:
-                    await asyncio.sleep(wave * gap)
-                    sent = time.monotonic()
-                    async with session.post(server.url + "/", data=body) as response:
-                        await response.read()
-                        return wave, response.status, sent, time.monotonic() - sent
-
-                return await asyncio.gather(*(one(wave) for wave in range(waves) for _ in range(size)))
+                return await asyncio.gather(*(post(session, wave) for wave in range(waves) for _ in range(size)))
 
         outcomes = asyncio.run(fire())
     statuses = [status for _, status, _, _ in outcomes]
