@@ -32,16 +32,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def unit_loop(config: pytest.Config) -> bool:
+    """``-m unit`` alone: the quick in-process loop, spared what only the integration tier needs."""
+    return config.getoption("markexpr", "").strip() == "unit" and not config.getoption("collect_every_module")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The unit loop runs no fuzzer: Hypothesis's plugin, which imports all of Hypothesis (about
+    3 s of CPU) for its end-of-session summary, is left out of it."""
+    if unit_loop(config):
+        config.pluginmanager.set_blocked("hypothesispytest")
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """With ``-m unit``, a test module whose source never names the ``unit`` mark holds no test
     that runs: it is not imported, which spares the quick loop the integration tier's imports
     (tests/test_unit_collection.py checks that the same unit tests are collected either way)."""
-    if (
-        config.getoption("markexpr", "").strip() != "unit"
-        or config.getoption("collect_every_module")
-        or not collection_path.name.startswith("test_")
-        or collection_path.suffix != ".py"
-    ):
+    if not unit_loop(config) or not collection_path.name.startswith("test_") or collection_path.suffix != ".py":
         return None
     return True if UNIT_MARK.search(collection_path.read_bytes()) is None else None
 

@@ -340,7 +340,7 @@ def check_block(block: Block, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "block", [b for b in BLOCKS if "nginx" not in b.text and not RUNS_A_MODULE.search(b.text)], ids=str
 )
-@pytest.mark.unit
+@pytest.mark.integration  # runs run.sh, scripts and interpreters: not the in-process loop
 def test_every_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
     check_block(block, tmp_path)
 
