@@ -1,14 +1,19 @@
-"""docs/settings.md's tables, made from the settings' declarations (``common.config.setting``):
-every setting of the core and of each service, its variable, flag, default and help.
+"""The settings tables of the docs, made from the settings' declarations
+(``common.config.setting``): every setting of the core and of each service, its variable, flag,
+default and help.
 
-``python -m common.settings_docs docs/settings.md`` rewrites the part of the page between its
-markers (in an environment with every service's packages: the batching defaults are the scorer
-classes'); without a path it prints the tables.
+A page holds the tables between markers: ``<!-- settings:start -->`` ... ``<!-- settings:end -->``
+for every table (docs/settings.md), ``<!-- settings:NAME:start -->`` ... ``<!-- settings:NAME:end -->``
+for service NAME's own (its README). ``python -m common.settings_docs`` rewrites what is between
+the markers of every page that holds them (in an environment with every service's packages: the
+batching defaults are the scorer classes'); ``--print`` prints every table instead.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +22,9 @@ from common import registry
 from common.config import Setting, declared, env_name
 from common.settings import CoreSettings
 
-START = "<!-- settings:start -->"
-END = "<!-- settings:end -->"
+ROOT = Path(__file__).resolve().parents[1]
+# A marked block: group 1 is ":NAME" for one service's table, empty for every table.
+BLOCK = re.compile(r"<!-- settings(:[a-z0-9]+|):start -->.*?<!-- settings\1:end -->", re.DOTALL)
 HEADER = "| variable | flag | default | meaning |\n|---|---|---|---|"
 
 
@@ -32,13 +38,52 @@ def tables() -> str:
     return "\n\n".join(sections)
 
 
+def service_table(name: str) -> str:
+    """Service ``name``'s own settings, then the core settings whose default is its own (the
+    batching of a service that batches)."""
+    own = registry.settings_class(name)
+    if own is None:
+        raise ValueError(f"the service {name!r} declares no settings of its own")
+    table = _table(own, name)
+    if registry.load_scorer_class(name).batched:
+        table += "\n" + "\n".join(_core_rows_of(name))
+    return table
+
+
+def pages() -> list[Path]:
+    """The pages that hold settings tables: those of ``docs/`` and each service's README."""
+    candidates = [*sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "services").glob("*/README.md"))]
+    return [page for page in candidates if BLOCK.search(page.read_text())]
+
+
 def render(page: str) -> str:
-    """``page`` with the tables between its markers replaced by the current ones."""
-    before, start, rest = page.partition(START)
-    _, end, after = rest.partition(END)
-    if not start or not end:
-        raise ValueError(f"the page has no {START} ... {END} pair")
-    return f"{before}{START}\n{tables()}\n{END}{after}"
+    """``page`` with the tables between each pair of markers replaced by the current ones."""
+
+    def fill(block: re.Match[str]) -> str:
+        service = block.group(1)
+        body = service_table(service[1:]) if service else tables()
+        return f"<!-- settings{service}:start -->\n{body}\n<!-- settings{service}:end -->"
+
+    rendered, count = BLOCK.subn(fill, page)
+    if not count:
+        raise ValueError("the page has no <!-- settings:start --> ... <!-- settings:end --> pair")
+    return rendered
+
+
+def _core_rows_of(name: str) -> list[str]:
+    scorer = registry.load_scorer_class(name)
+    rows = []
+    for field in dataclasses.fields(CoreSettings):
+        declaration = declared(field)
+        if declaration is not None and declaration.scorer_default:
+            default = f"`{_value(getattr(scorer, declaration.scorer_default))}`"
+            help_ = f"{declaration.help} (a core setting; this is {name}'s default)"
+            rows.append(f"| `{env_name('', field.name)}` | {_flag(field, declaration)} | {default} | {help_} |")
+    return rows
+
+
+def _flag(field: dataclasses.Field, declaration: Setting) -> str:
+    return f"`--{field.name.replace('_', '-')}`" if declaration.flag else ""
 
 
 def _table(cls: type, section: str) -> str:
@@ -51,8 +96,9 @@ def _table(cls: type, section: str) -> str:
         if declaration.renamed_from:
             former = env_name(section, declaration.renamed_from)
             variable += f" (formerly `{former}`, still read until the next release)"
-        flag = f"`--{field.name.replace('_', '-')}`" if declaration.flag else ""
-        rows.append(f"| {variable} | {flag} | {_default(field, declaration)} | {declaration.help} |")
+        rows.append(
+            f"| {variable} | {_flag(field, declaration)} | {_default(field, declaration)} | {declaration.help} |"
+        )
     return "\n".join(rows)
 
 
@@ -80,11 +126,23 @@ def _value(value: Any) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    parser = argparse.ArgumentParser(
+        prog="python -m common.settings_docs",
+        description="Rewrite the docs' settings tables from the settings' declarations.",
+    )
+    parser.add_argument(
+        "pages",
+        nargs="*",
+        type=Path,
+        help="the pages to rewrite (default: every page of docs/ and services/*/README.md with markers)",
+    )
+    parser.add_argument("--print", action="store_true", help="print every table instead")
+    args = parser.parse_args(argv)
+    if args.print:
         print(tables())
         return 0
-    page = Path(argv[0])
-    page.write_text(render(page.read_text()))
+    for page in args.pages or pages():
+        page.write_text(render(page.read_text()))
     return 0
 
 

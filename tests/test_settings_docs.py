@@ -1,4 +1,5 @@
-"""docs/settings.md's tables are the ones the settings' declarations make, defaults included."""
+"""The docs' settings tables (docs/settings.md's, each service's beside its documentation) are the
+ones the settings' declarations make, defaults included."""
 
 from __future__ import annotations
 
@@ -10,17 +11,34 @@ import pytest
 from common import registry
 from common.config import declared
 from common.settings import CoreSettings
-from common.settings_docs import END, START, render
+from common.settings_docs import pages, render
 
 pytestmark = pytest.mark.unit
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "settings.md"
 
 
-def test_the_settings_page_is_what_the_declarations_make() -> None:
-    """After changing a setting: ``.venv/bin/python -m common.settings_docs docs/settings.md``."""
-    page = PAGE.read_text()
+@pytest.mark.parametrize("path", pages(), ids=lambda path: str(path.relative_to(ROOT)))
+def test_each_page_s_tables_are_what_the_declarations_make(path: Path) -> None:
+    """After changing a setting: ``.venv/bin/python -m common.settings_docs``."""
+    page = path.read_text()
     assert render(page) == page
+
+
+def test_each_service_s_own_table_is_beside_its_documentation() -> None:
+    """Every service with settings of its own has its table on one page besides docs/settings.md:
+    its README, or docs/services.md for those without one; the pages found hold every marker."""
+    found = {path.relative_to(ROOT).as_posix(): path.read_text() for path in pages()}
+    assert {"docs/settings.md", "docs/services.md"} <= found.keys()
+    assert {name for name in found if name.startswith("services/")} == {
+        path.relative_to(ROOT).as_posix() for path in ROOT.glob("services/*/README.md")
+    }
+    for name in registry.SERVICES:
+        if registry.settings_class(name) is not None:
+            marker = f"<!-- settings:{name}:start -->"
+            holders = [page for page, text in found.items() if marker in text]
+            assert len(holders) == 1, (name, holders)
 
 
 def test_every_setting_is_declared_with_its_help() -> None:
@@ -62,4 +80,23 @@ def test_flags_and_per_service_defaults() -> None:
 def test_a_page_without_markers_is_refused() -> None:
     with pytest.raises(ValueError, match="settings:start"):
         render("# Settings\n")
-    assert render(f"intro\n{START}\nold\n{END}\nafter\n").startswith(f"intro\n{START}\n## Every service")
+    every = render("intro\n<!-- settings:start -->\nstale row\n<!-- settings:end -->\nafter\n")
+    assert every.startswith("intro\n<!-- settings:start -->\n## Every service") and "stale row" not in every
+
+
+def test_a_service_marker_holds_its_own_settings_and_its_batching_defaults() -> None:
+    """HPSv3's table: its own rows, then the core's batching rows at HPSv3's defaults; another
+    block of the same page is left alone."""
+    page = (
+        "a\n<!-- settings:hpsv3:start -->\nstale row\n<!-- settings:hpsv3:end -->\n"
+        "b\n<!-- settings:multi:start -->\n<!-- settings:multi:end -->\n"
+    )
+    rendered = render(page)
+    hpsv3 = rendered.split("<!-- settings:hpsv3:start -->\n")[1].split("\n<!-- settings:hpsv3:end -->")[0]
+    variables = [line.split(" | ")[0].strip("| `") for line in hpsv3.splitlines()[2:]]
+    assert variables[0] == "SCORER_HPSV3_MODEL" and variables[-2:] == ["SCORER_MAX_BATCH", "SCORER_MAX_WAIT_MS"]
+    assert "| `SCORER_MAX_BATCH` |  | `16` |" in hpsv3 and "SCORER_PORT" not in hpsv3
+    assert "`SCORER_MULTI_REWARDS`" in rendered.split("<!-- settings:multi:start -->")[1]
+    assert "stale row" not in rendered
+    with pytest.raises(ValueError, match="unknown service 'brightness'"):
+        render("<!-- settings:brightness:start -->\n<!-- settings:brightness:end -->\n")

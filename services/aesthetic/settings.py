@@ -31,13 +31,16 @@ class AestheticSettings:
     """``SCORER_AESTHETIC_<FIELD>``; ``run.sh aesthetic --clip`` / ``--head`` set the first two."""
 
     clip: str = setting(
-        "openai/clip-vit-large-patch14", "the CLIP: a local directory (`save_pretrained` layout) or a hub id", flag=True
+        "openai/clip-vit-large-patch14",
+        "the CLIP: a local directory (`save_pretrained` layout) or a hub id (read from the hub cache first, "
+        "downloaded at start otherwise)",
+        flag=True,
     )
     head: str = setting(
         str(DEFAULT_HEAD),
-        "the released `sac+logos+ava1-l14-linearMSE.pth` state dict",
+        "the released `sac+logos+ava1-l14-linearMSE.pth` state dict (keys `layers.0/2/4/6/7`)",
         flag=True,
-        shown_default="the shipped `services/aesthetic/weights/` copy",
+        shown_default="the shipped, checksum-verified `services/aesthetic/weights/` copy",
     )
     # Used on GPU only; the CPU always runs float32.
     precision: Literal["float16", "bfloat16", "float32"] = setting(
