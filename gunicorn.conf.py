@@ -27,6 +27,7 @@ from common.settings import CoreSettings
 
 try:
     settings = from_env(CoreSettings)
+    registry.read_settings(settings.service)  # the service's own too, before a worker reads them
 except ConfigError as exc:  # the variable and what it expects, not a traceback
     sys.exit(f"scorer: {exc}")
 service = registry.get(settings.service)

@@ -9,6 +9,7 @@ reads of both ``common.shell``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from collections.abc import Mapping
@@ -205,6 +206,21 @@ def settings_class(name: str) -> type | None:
     """The class of service ``name``'s own settings (``Service.settings``); None when it has none."""
     path = get(name).settings
     return load_class(path) if path else None
+
+
+def read_settings(name: str) -> None:
+    """Read service ``name``'s own settings as its scorer will (``multi``: each listed reward's
+    too), so that a bad value stops the service before a worker starts: ``ConfigError``, one
+    line naming the variable. A ``multi`` listing no valid reward is left to its scorer."""
+    from common.config import from_env  # the catalogue itself stays readable without it
+
+    names = [get(name).name]
+    if names == ["multi"]:
+        with contextlib.suppress(ValueError):
+            names += multi_rewards()
+    for each in names:
+        if own := settings_class(each):
+            from_env(own, each)
 
 
 def multi_rewards(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:

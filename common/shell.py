@@ -6,7 +6,6 @@ traceback). Standard library only, as
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shlex
@@ -25,7 +24,7 @@ from common.install import (
     SYSTEM_PACKAGE_NAMES,
     setup_of,
 )
-from common.registry import SERVICES, get, multi_rewards, settings_class
+from common.registry import SERVICES, get, read_settings, settings_class
 from common.settings import CoreSettings
 
 
@@ -120,14 +119,9 @@ def check(command: str) -> None:
     ``SCORER_*`` variable no service reads is warned of on stderr (``unknown_variables``)."""
     for name in unknown_variables(os.environ):
         print(f"warning: {name} is no setting of any service (docs/settings.md lists them): ignored", file=sys.stderr)
-    names = [] if command == "all" else [get(command).name]
-    if command == "multi":
-        with contextlib.suppress(ValueError):  # no rewards listed: the set-up says so
-            names += multi_rewards()
     from_env(CoreSettings)
-    for name in names:
-        if own := settings_class(name):
-            from_env(own, name)
+    if command != "all":
+        read_settings(command)
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 
 from testing.server import ROOT, gunicorn_server
@@ -37,15 +38,31 @@ def test_the_judge_s_engine_key_is_never_shown(tmp_path: Path) -> None:
     assert own["api_key"] == "***" and own["engine"] == "http://127.0.0.1:9" and own["concurrency"] == 64
 
 
-def test_a_bad_value_stops_gunicorn_with_one_line_naming_it() -> None:
-    env = {**os.environ, "SCORER_SERVICE": "ocr", "SCORER_MAX_ITEMS": "many"}
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"SCORER_SERVICE": "ocr", "SCORER_MAX_ITEMS": "many"}, "SCORER_MAX_ITEMS='many': expected int"),
+        (
+            {"SCORER_SERVICE": "code", "SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_SCORING": "most"},
+            "SCORER_CODE_SCORING='most': must be one of fraction, all",
+        ),
+        (
+            {"SCORER_SERVICE": "multi", "SCORER_MULTI_REWARDS": "ocr", "SCORER_OCR_MAX_TARGETS": "lots"},
+            "SCORER_OCR_MAX_TARGETS='lots': expected int",
+        ),
+    ],
+    ids=["core", "service", "multi-reward"],
+)
+def test_a_bad_value_stops_gunicorn_with_one_line_naming_it(variables: dict[str, str], message: str) -> None:
+    """Started without run.sh, gunicorn reads the core's settings and the service's own (each
+    listed reward's for multi) before a worker starts: one line, no worker's traceback."""
     result = subprocess.run(
         [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **variables},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode != 0
-    assert result.stderr.strip() == "scorer: SCORER_MAX_ITEMS='many': expected int", result.stderr
+    assert result.stderr.strip() == f"scorer: {message}", result.stderr
