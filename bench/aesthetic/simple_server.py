@@ -15,10 +15,11 @@ from PIL import Image
 from transformers import AutoImageProcessor, CLIPModel
 
 from bench.common import pickle_image_app
-from services.aesthetic.model import DTYPES, AestheticHead, image_features
+from common.precision import torch_dtype
+from services.aesthetic.model import AestheticHead, image_features
 
 device = os.environ.get("DEVICE", "cpu")
-dtype = DTYPES[os.environ.get("PRECISION", "float16")] if device.startswith("cuda") else torch.float32
+dtype = torch_dtype(os.environ.get("PRECISION", "float16"), device)
 clip = CLIPModel.from_pretrained(os.environ["CLIP_DIR"], dtype=dtype).to(device).eval()
 processor = AutoImageProcessor.from_pretrained(os.environ["CLIP_DIR"])
 head = AestheticHead()

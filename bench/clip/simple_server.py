@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 
-import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from bench.common import pickle_image_app
-from services.clip.towers import DTYPES, image_features, normalised, text_features
+from common.precision import torch_dtype
+from services.clip.towers import image_features, normalised, text_features
 
 device = os.environ.get("DEVICE", "cpu")
-dtype = DTYPES[os.environ.get("PRECISION", "float16")] if device.startswith("cuda") else torch.float32
+dtype = torch_dtype(os.environ.get("PRECISION", "float16"), device)
 model = CLIPModel.from_pretrained(os.environ["MODEL_DIR"], dtype=dtype).to(device).eval()
 image_processor = CLIPImageProcessorPil.from_pretrained(os.environ["MODEL_DIR"])
 tokenizer = CLIPTokenizer.from_pretrained(os.environ["MODEL_DIR"])

@@ -16,8 +16,9 @@ from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
 
 from common.images import once_per_image
+from common.precision import torch_dtype
 from services.clip.preprocess import input_bytes
-from services.clip.towers import DTYPES, image_features, normalised
+from services.clip.towers import image_features, normalised
 from services.clip.weights import local_first
 
 
@@ -47,7 +48,7 @@ class AestheticModel:
     def __init__(self, clip: str, head: str, device: str, precision: str, micro_batch: int) -> None:
         """Load everything; ``OSError`` when CLIP can't be found, ``HeadError`` for the head."""
         self.device = device
-        self.dtype = DTYPES[precision] if device.startswith("cuda") else torch.float32
+        self.dtype = torch_dtype(precision, device)
         self.micro_batch = micro_batch
         self.clip, self.processor = self._load_clip(clip)
         self.head = self._load_head(head, self.clip.config.projection_dim)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from common.config import ConfigError, env_name, from_env, setting
+from common.precision import Precision
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "aesthetic"
@@ -43,7 +43,7 @@ class AestheticSettings:
         shown_default="the shipped, checksum-verified `services/aesthetic/weights/` copy",
     )
     # Used on GPU only; the CPU always runs float32.
-    precision: Literal["float16", "bfloat16", "float32"] = setting(
+    precision: Precision = setting(
         "float16", "`float16`, `bfloat16` or `float32` for CLIP on GPU; the CPU always uses float32"
     )
     # Images per forward pass: bounds GPU memory whatever the batch size. Unset: 32 on GPU, 8 on

@@ -18,9 +18,10 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from common.images import once_per_image
+from common.precision import torch_dtype
 from services.clip.open_clip_checkpoint import load_open_clip_checkpoint, read_config
 from services.clip.preprocess import FloatTransform, input_bytes, open_clip_text
-from services.clip.towers import DTYPES, image_features, normalised, text_features
+from services.clip.towers import image_features, normalised, text_features
 from services.clip.weights import local_first
 
 
@@ -62,7 +63,7 @@ class ClipRewardModel:
         ``CheckpointError`` for an open_clip file that does not fit."""
         self.recipe = recipe
         self.device = device
-        self.dtype = DTYPES[precision] if device.startswith("cuda") else torch.float32
+        self.dtype = torch_dtype(precision, device)
         self.micro_batch = micro_batch
         clip = self._load_model(model)
         self.clip = clip.to(self.device, self.dtype).eval()

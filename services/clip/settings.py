@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.config import ConfigError, env_name, from_env, setting
+from common.precision import Precision
 from services.clip.weights import missing_weights, offline_problem
 
 VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
@@ -42,9 +43,7 @@ class ClipRewardSettings:
         shown_default="the model directory when it holds them, else the model's usual processor",
     )
     # Used on GPU only; the CPU always runs float32.
-    precision: Literal["float16", "bfloat16", "float32"] = setting(
-        "float16", "`float16`, `bfloat16` or `float32` on GPU; the CPU always uses float32"
-    )
+    precision: Precision = setting("float16", "`float16`, `bfloat16` or `float32` on GPU; the CPU always uses float32")
     # Samples per forward pass of each tower. Unset: 32 on GPU, 8 on CPU.
     micro_batch: int | None = setting(
         None, "samples per forward pass of each tower", shown_default="32 on GPU, 8 on CPU"

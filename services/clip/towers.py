@@ -8,8 +8,6 @@ from typing import Any
 import torch
 from transformers import CLIPModel
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
 
 def _pooled(out: Any) -> torch.Tensor:
     """``get_*_features`` return a tensor before transformers 5, the output's ``pooler_output`` since."""

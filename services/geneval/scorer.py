@@ -28,6 +28,7 @@ from common.devices import require_torch_device
 from common.errors import Unprocessable
 from common.images import shown_size
 from common.media import MediaRequest
+from common.precision import torch_dtype
 from common.scorer import ImageScorer, Scored
 from common.settings import CoreSettings
 from services.geneval.crops import CROP_BYTES, crop_pixels, masked_crop
@@ -106,13 +107,12 @@ class GenEvalScorer(ImageScorer):
         problem = missing(self.settings, allow_download=True)
         if problem:
             raise ConfigError(problem)
-        from services.clip.towers import DTYPES
         from services.geneval.colors import ColorClassifier
         from services.geneval.detector import Detector
 
         require_torch_device(device)
         s = self.settings
-        dtype = DTYPES[s.precision] if device.startswith("cuda") else DTYPES["float32"]
+        dtype = torch_dtype(s.precision, device)
         try:
             detector = Detector(
                 s.detector, device, dtype, s.min_size, s.max_size, s.max_detections, s.channels == "bgr"

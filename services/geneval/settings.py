@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from common.config import ConfigError, env_name, from_env, setting
+from common.precision import Precision
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "geneval"
@@ -33,9 +34,7 @@ class GenEvalSettings:
         flag=True,
     )
     # The models' precision on GPU; the CPU runs float32. Post-processing is float32 everywhere.
-    precision: Literal["float16", "bfloat16", "float32"] = setting(
-        "float16", "`float16`, `bfloat16` or `float32` on GPU (the CPU runs float32)"
-    )
+    precision: Precision = setting("float16", "`float16`, `bfloat16` or `float32` on GPU (the CPU runs float32)")
     # GenEval's evaluator options: a detection counts above ``threshold`` (``counting_threshold``
     # for the counting tag), at most ``max_objects`` per class; the position rule's margin.
     threshold: float = setting(0.3, "a detection counts above this")

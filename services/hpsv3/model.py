@@ -21,8 +21,6 @@ from transformers import Qwen2VLConfig, Qwen2VLModel
 
 from services.hpsv3.inputs import Item
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
 
 class CheckpointError(ValueError):
     """The checkpoint does not fit the model (keys or shapes)."""

@@ -25,6 +25,7 @@ from common.devices import require_torch_device
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_per_image, shown_size
 from common.media import MediaRequest
+from common.precision import torch_dtype
 from common.scorer import ImageScorer, Scored
 from common.settings import CoreSettings
 from services.clip.weights import local_first
@@ -88,11 +89,11 @@ class HPSv3Scorer(ImageScorer):
             raise ConfigError(problem)
         from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLImageProcessorPil
 
-        from services.hpsv3.model import DTYPES, CheckpointError, HPSv3, load_reward_model
+        from services.hpsv3.model import CheckpointError, HPSv3, load_reward_model
 
         require_torch_device(device)
         settings = self.settings
-        dtype = DTYPES[settings.precision] if device.startswith("cuda") else DTYPES["float32"]
+        dtype = torch_dtype(settings.precision, device)
         base = settings.base
         try:
             config = local_first(lambda offline: Qwen2VLConfig.from_pretrained(base, local_files_only=offline))

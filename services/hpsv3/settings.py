@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from common.config import ConfigError, env_name, from_env, setting
+from common.precision import Precision
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "hpsv3"
@@ -32,7 +32,7 @@ class HPSv3Settings:
     )
     # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
     # runs float32 throughout.
-    precision: Literal["bfloat16", "float16", "float32"] = setting(
+    precision: Precision = setting(
         "bfloat16",
         "the backbone's precision on a GPU (HPSv3's own `bfloat16`); the head is float32; the CPU runs float32",
     )
