@@ -25,7 +25,7 @@ from typing import Any
 
 from common.errors import Unprocessable
 from services.code.checkers import REJECTIONS, Checker, custom_verdict, parse_checker
-from services.code.languages import OUT_OF_MEMORY, Program
+from services.code.languages import Program, run_failure
 from services.code.sandbox.inside.compiled import ARTIFACT_DIR
 from services.code.sandbox.inside.interact import EXECUTABLE_FD
 from services.code.sandbox.inside.messages import InteractorFiles, InteractOutcome, Job
@@ -105,17 +105,8 @@ def verdict(run: InteractOutcome, protocol: str = "testlib") -> tuple[str, float
         return "wrong_answer", 0.0
     if run.interactor_first and decided is None:
         return None
-    failure = _program_failure(run)
+    failure = run_failure(run.timed_out, run.over_memory, run.exit, run.stderr)
     if failure is not None:
         return failure, 0.0
     return decided
 
-
-def _program_failure(run: InteractOutcome) -> str | None:
-    if run.timed_out:
-        return "timeout"
-    if run.over_memory:
-        return "memory_limit"
-    if run.exit != 0:
-        return "memory_limit" if any(sign in run.stderr for sign in OUT_OF_MEMORY) else "runtime_error"
-    return None

@@ -173,6 +173,24 @@ def time_scales(spec: str) -> dict[str, TimeScale]:
 # space limit makes an allocation fail; with them, the kernel's OOM kill says it.
 OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "out of memory", "memory allocation of ")
 
+
+def run_failure(
+    timed_out: bool, over_memory: bool, exit: int, stderr: str, output_exceeded: bool = False
+) -> str | None:
+    """The status of a program's run that did not end well, in the judge's order (its time, its
+    output, its memory: the sandbox's limit or the runtime's own report, then its exit); None
+    for a run that exited 0 within its limits."""
+    if timed_out:
+        return "timeout"
+    if output_exceeded:
+        return "output_limit"
+    if over_memory:
+        return "memory_limit"
+    if exit != 0:
+        return "memory_limit" if any(sign in stderr for sign in OUT_OF_MEMORY) else "runtime_error"
+    return None
+
+
 # A custom checker's language to the entry it is built with.
 CHECKER_LANGUAGES = {**dict.fromkeys(CPP_STANDARDS, "checker_cpp"), PYTHON: "checker_python"}
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from services.code import compare, kattis_default
 from services.code.checkers import KATTIS_DEFAULT
 from services.code.labels import Suite
-from services.code.languages import OUT_OF_MEMORY
+from services.code.languages import run_failure
 from services.code.sandbox.inside.messages import (
     CallOutcome,
     InteractOutcome,
@@ -65,14 +65,9 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
         reported = {}
     if isinstance(reported, dict) and "compile_error" in reported:
         return "compile_error"
-    if run.timed_out:
-        return "timeout"
-    if run.output_exceeded:
-        return "output_limit"
-    if run.over_memory:
-        return "memory_limit"
-    if run.exit != 0:
-        return "memory_limit" if any(sign in run.stderr for sign in OUT_OF_MEMORY) else "runtime_error"
+    failure = run_failure(run.timed_out, run.over_memory, run.exit, run.stderr, run.output_exceeded)
+    if failure is not None:
+        return failure
     if run.stdout_truncated:
         return "wrong_answer"
     checker, want = suite.checker, suite.expected[run.index]
