@@ -13,24 +13,14 @@ import requests
 
 from services.code.interactive import verdict
 from services.code.sandbox.inside.messages import InteractOutcome
+from testing.code import LANGUAGES_ENV
 from testing.interactive import CPP_SEARCH, GUESS, JAVA_SEARCH, LABEL, PY_SEARCH
 from testing.server import Server, gunicorn_server
-
-ENV = {
-    "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
-    "SCORER_CODE_ADMISSION": "off",
-    "SCORER_CODE_TEST_CPU_S": "2",
-    "SCORER_CODE_TEST_WALL_S": "4",
-    "SCORER_CODE_SAMPLE_WALL_S": "40",
-    "SCORER_CODE_MEMORY_MB": "256",
-    "SCORER_CODE_COMPILE_CPU_S": "15",
-    "SCORER_CODE_COMPILE_WALL_S": "30",
-}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+    with gunicorn_server("code", LANGUAGES_ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
 
 
@@ -191,7 +181,7 @@ def test_admission_counts_the_interactors_cpu_and_build(tmp_path) -> None:
     its interactor as much again. On 2 cores by a 110 s deadline, 8 such samples would fit
     without the interactor's share (84 s of CPU a core), not with it (168 s): never alone, a
     422 on OpenRLHF's route; 4 fit either way."""
-    env = {**ENV, "SCORER_CODE_ADMISSION": "limits"}
+    env = {**LANGUAGES_ENV, "SCORER_CODE_ADMISSION": "limits"}
     with gunicorn_server("code", env, threads=8, log_dir=tmp_path) as srv:
         for count, status in ((8, 422), (4, 200)):
             fenced = ["```cpp\nint main(){}\n```"] * count
