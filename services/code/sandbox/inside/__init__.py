@@ -8,6 +8,8 @@
   the candidate's call server;
 - ``tester``: the body of the assert tests' process, which runs the label's code under a uid
   of its own;
+- ``socket_child``: a child the supervisor forks to serve it over a socket pair (the keeper of
+  an interactive sample's answers, the assert tests' candidate source);
 - ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
 - ``files``: a ``/run_code`` run's files, placed before it and fetched after it;
 - ``interact``: an interactive test's program and interactor, run at once and joined by pipes;
@@ -25,7 +27,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODULES = ("messages", "confine", "program", "tester", "compiled", "files", "relay", "interact", "supervisor", "zygote")
+MODULES = (
+    "messages",
+    "confine",
+    "socket_child",
+    "program",
+    "tester",
+    "compiled",
+    "files",
+    "relay",
+    "interact",
+    "supervisor",
+    "zygote",
+)
 
 
 # What ``python -I -S -c`` runs in the sandbox: the bundle, read from its stdin (then

@@ -34,6 +34,7 @@ import typing
 from services.code.sandbox.inside import compiled, confine, messages, program
 from services.code.sandbox.inside.messages import RESULT_FD, STDERR_TAIL, InteractorFiles, InteractOutcome, Job, Skipped
 from services.code.sandbox.inside.relay import CPU_TICK_S
+from services.code.sandbox.inside.socket_child import SocketChild
 
 # The interactor's descriptors: the test's input, its answer, its own build, a Kattis
 # validator's feedback directory.
@@ -63,26 +64,12 @@ def _feedback_dir(job: Job) -> int:
     return os.open(FEEDBACK_DIR, os.O_PATH | os.O_DIRECTORY)
 
 
-class Keeper:
+class Keeper(SocketChild):
     """Holds an interactive sample's inputs and answers (root, not dumpable) and hands the
     supervisor each test's as two sealed memfds."""
 
     def __init__(self, conn: socket.socket) -> None:
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.pid = os.fork()
-        if self.pid == 0:
-            code = 1
-            try:
-                self.sock.close()
-                confine.prctl(confine.PR_SET_DUMPABLE, 0)
-                files = messages.recv(conn)
-                if not isinstance(files, InteractorFiles):
-                    raise ValueError(f"a {type(files).__name__} where InteractorFiles was expected")
-                _keep(files, theirs)
-                code = 0
-            finally:
-                os._exit(code)
-        theirs.close()
+        super().__init__(lambda sock: _receive_and_keep(conn, sock))
 
     def files(self, index: int) -> tuple[int, int]:
         """Test ``index``'s input and answer, as memfds."""
@@ -94,16 +81,18 @@ class Keeper:
             raise OSError("the interactor's files are gone")
         return fds[0], fds[1]
 
-    def close(self) -> None:
-        """End the keeper (it reads the end of its socket) and reap it."""
-        self.sock.close()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-
     def cpu_s(self) -> float:
         with contextlib.suppress(OSError):
             return confine.cpu_seconds(self.pid)
         return 0.0
+
+
+def _receive_and_keep(conn: socket.socket, sock: socket.socket) -> None:
+    confine.prctl(confine.PR_SET_DUMPABLE, 0)
+    files = messages.recv(conn)
+    if not isinstance(files, InteractorFiles):
+        raise ValueError(f"a {type(files).__name__} where InteractorFiles was expected")
+    _keep(files, sock)
 
 
 def _keep(files: InteractorFiles, sock: socket.socket) -> None:

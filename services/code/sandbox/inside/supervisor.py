@@ -36,6 +36,7 @@ from services.code.sandbox.inside.messages import (
     StdinOutcome,
 )  # fmt: skip
 from services.code.sandbox.inside.relay import CPU_TICK_S
+from services.code.sandbox.inside.socket_child import SocketChild
 
 # What is kept of the result pipe's lines that are not results (a compile error, garbage).
 RESULT_KEEP = 1 << 16
@@ -56,7 +57,7 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     return pid, {read_end: role for role, (read_end, _) in pipes.items()}
 
 
-class CandidateSource:
+class CandidateSource(SocketChild):
     """Assert tests: forks the sample's candidates from a process that holds no outcome.
 
     A candidate is a copy of the process that forks it: forked by the supervisor after a
@@ -67,17 +68,7 @@ class CandidateSource:
     supervisor's ends of its pipes."""
 
     def __init__(self, job: Job, workdir: str) -> None:
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.pid = os.fork()
-        if self.pid == 0:
-            code = 1
-            try:
-                self.sock.close()
-                _serve_candidates(job, workdir, theirs)
-                code = 0
-            finally:
-                os._exit(code)
-        theirs.close()
+        super().__init__(lambda sock: _serve_candidates(job, workdir, sock))
 
     def start(self) -> tuple[int, list[int]]:
         """A new candidate: its pid and the ends of its calls, answers, stdout and stderr pipes."""
@@ -88,12 +79,6 @@ class CandidateSource:
                 os.close(fd)
             raise OSError("the candidates' source is gone")
         return struct.unpack("i", data)[0], fds
-
-    def close(self) -> None:
-        """End the source (it reads the end of its socket) and reap it."""
-        self.sock.close()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
 
 
 # What the source sends per candidate: its pid, then the supervisor's ends of its pipes.
