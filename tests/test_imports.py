@@ -125,3 +125,24 @@ def test_an_import_of_a_test_module_is_found_in_every_form(tmp_path: Path) -> No
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_sandbox_bundle_ships_every_module_inside_and_they_import_nothing_else() -> None:
+    """``services/code/sandbox/inside/`` is shipped into the sandbox as the modules ``MODULES``
+    names: a module left out fails only when a sandbox imports it. Inside, a module imports the
+    standard library and its siblings alone (the sandbox's root holds no checkout)."""
+    from services.code.sandbox.inside import MODULES
+
+    inside = ROOT / "services" / "code" / "sandbox" / "inside"
+    assert sorted(MODULES) == sorted(path.stem for path in inside.glob("*.py") if path.stem != "__init__")
+    known = modules()
+    outside = {
+        name: sorted(t for t in imports(name, path, known) if not t.startswith("services.code.sandbox.inside"))
+        for name, path in known.items()
+        if name.startswith("services.code.sandbox.inside")
+    }
+    assert not {
+        name: targets
+        for name, targets in outside.items()
+        if set(targets) - {"services", "services.code", "services.code.sandbox"}
+    }
