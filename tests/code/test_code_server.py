@@ -25,6 +25,7 @@ from services.code.sandbox.inside import LOADER
 from testing.code import ENV, grade, reward
 from testing.server import ROOT as REPOSITORY
 from testing.server import Server, gunicorn_server
+from testing.timing import within
 
 REFERENCE = load("coin_change").reference
 
@@ -230,6 +231,7 @@ HOSTILE = {
 EXPECTED = {"socket": "connected", "read secret": "found", "write outside": "wrote"}
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_programs_score_zero_and_leave_nothing(server: Server, name: str) -> None:
     listener = listen()
@@ -240,7 +242,7 @@ def test_hostile_programs_score_zero_and_leave_nothing(server: Server, name: str
     started = time.monotonic()
     out = grade(server.url, [code], {"inputs": [""], "outputs": [EXPECTED.get(name, "ok")]})
     assert out["rewards"] == [0.0], out
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < within(30.0)
     with pytest.raises(TimeoutError):
         listener.accept()
     listener.close()
@@ -287,6 +289,7 @@ def test_thousand_concurrent_one_sample_requests(server: Server) -> None:
     assert asyncio.run(main()) == [1.0] * 1000
 
 
+@pytest.mark.timing
 def test_deadline_waits_without_a_slot_and_masks_what_never_ran(tmp_path) -> None:
     env = {**ENV, "SCORER_CODE_MAX_PARALLEL": "1", "SCORER_CODE_REQUEST_TIMEOUT_S": "3"}
     env["SCORER_CODE_TEST_WALL_S"] = "10"
@@ -295,7 +298,7 @@ def test_deadline_waits_without_a_slot_and_masks_what_never_ran(tmp_path) -> Non
     with gunicorn_server("code", env, log_dir=tmp_path) as srv:
         started = time.monotonic()
         out = reward(srv.url, sleepers)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < within(10.0)  # the 3 s deadline, not the 60 s sleep
         # One ran until the deadline (judged: 0); the other never got the one slot (NaN).
         assert sorted(out["error_types"]) == ["sandbox_error", "timeout"]
         masked = out["error_types"].index("sandbox_error")
@@ -562,6 +565,7 @@ def test_killing_the_zygote_twice_loses_at_most_the_runs_in_flight(tmp_path) -> 
         assert srv.log_path.read_text().count("zygote is gone; restarting") == 2  # once per death
 
 
+@pytest.mark.timing
 def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
     """96 sleeping samples starved a request of 8 correct ones (NaN at 150 s) and a
     one-sample request waited 145 s. Slots go to the waiting requests in turn and one is kept
@@ -589,8 +593,9 @@ def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
     for name in ("eight", "one"):
         took, out = answers[name]
         assert out["rewards"] == [1.0] * len(out["rewards"]), (name, out)
-        # The big request's first samples hold their slots 6 s, until 5 s after these were sent.
-        assert took - sent < 4, (name, took - sent)
+        # The big request's first samples hold their slots 6 s, until 5 s after these were sent:
+        # waiting for them is the failure, however slow the machine.
+        assert took - sent < min(within(4.0), 5.0), (name, took - sent)
 
 
 def test_programs_cannot_make_namespaces(server: Server) -> None:

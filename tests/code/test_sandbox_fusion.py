@@ -275,11 +275,12 @@ def test_a_client_cannot_ask_for_more_memory_than_the_node_gives(server) -> None
     assert answer["run_result"]["return_code"] != 0
 
 
+@pytest.mark.timing
 def test_a_client_cannot_ask_for_more_time_than_the_node_gives(server) -> None:
     started = time.monotonic()
     answer = run_code(server.url, PY_LOOP, run_timeout=3600)
     assert answer["run_result"]["status"] == "TimeLimitExceeded", answer
-    assert time.monotonic() - started < 60  # the node's 2 s of CPU, not the hour asked for
+    assert time.monotonic() - started < within(60.0)  # the node's 2 s of CPU, not the hour asked for
 
 
 def test_a_shorter_timeout_asked_for_is_kept(server) -> None:
