@@ -22,6 +22,7 @@ import requests
 
 from services.code.environments import load
 from services.code.sandbox.inside import LOADER
+from testing.clock import wait_until
 from testing.code import ENV, grade, reward
 from testing.server import ROOT as REPOSITORY
 from testing.server import Server, gunicorn_server
@@ -249,10 +250,7 @@ def test_hostile_programs_score_zero_and_leave_nothing(server: Server, name: str
     assert not any(os.path.exists(path) for path in targets)
     assert requests.get(server.url + "/health", timeout=5).status_code == 200
     assert grade(server.url, [REFERENCE], {})["rewards"] == [1.0]
-    deadline = time.monotonic() + 5
-    while sandbox_processes(sandbox_uids(server)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert sandbox_processes(sandbox_uids(server)) == []
+    wait_until(lambda: sandbox_processes(sandbox_uids(server)) == [], "the sandboxes' processes gone", pause_s=0.1)
 
 
 def test_exit_before_the_asserts_and_forged_eq_fail(server: Server) -> None:
@@ -397,9 +395,7 @@ def test_refuses_to_start_when_a_sandbox_uid_cannot_import_the_standard_library(
     srv = Server("code", env, 1, None, tmp_path / "code.log")
     try:
         srv.wait_ready(timeout=60, require_ready=False)
-        deadline = time.monotonic() + 60
-        while "failed to start" not in srv.logs() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_until(lambda: "failed to start" in srv.logs(), "the sandbox's start refused", pause_s=0.1)
         assert "cannot import: " in srv.logs() and "hashlib" in srv.logs(), srv.logs()
         assert requests.get(srv.url + "/ready", timeout=5).status_code != 200
     finally:
