@@ -422,7 +422,7 @@ def test_memo_dag_as_a_dict_key_is_refused_at_once_and_health_answers(ocr_server
     status, answer, seconds, _ = timed_post(ocr_server.url, body)
     assert status == 413 and "values counted as a tree" in answer["error"], answer
     assert seconds < within(1.0)
-    assert requests.get(ocr_server.url + "/health", timeout=2).status_code == 200
+    assert requests.get(ocr_server.url + "/health", timeout=within(2.0)).status_code == 200
     assert ocr_server.worker_pids() == workers
 
 
