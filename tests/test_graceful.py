@@ -57,17 +57,15 @@ def post_in_background(url: str, bodies: list[bytes], outcomes: dict[int, object
 def test_sighup_replaces_the_worker_under_load_and_drops_nothing(tmp_path) -> None:
     with gunicorn_server("ocr", log_dir=tmp_path) as server:
         (old,) = server.worker_pids()
-        with RequestStream(server.url, threads=4, max_requests=300, max_seconds=120) as stream:
-            stream.wait_answered_since(0, 8, timeout=60)
+        with RequestStream(server.url, threads=4) as stream:
+            stream.wait_answered_since(0, 8)
             server.process.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 60
-            while server.worker_pids() in ([], [old]) or old in server.worker_pids():
-                assert time.monotonic() < deadline, f"old worker still there:\n{server.logs()}"
-                time.sleep(0.2)
+            wait_until(
+                lambda: server.worker_pids() not in ([], [old]) and old not in server.worker_pids(), "a new worker"
+            )
             replaced = time.monotonic()
-            stream.wait_answered_since(replaced, 8, timeout=60)
+            stream.wait_answered_since(replaced, 8)
         assert old not in server.worker_pids()
-        assert stream.answered_since(replaced) >= 8, "the new worker should serve"
         assert not stream.failures(), stream.failures()[:10]
 
 
