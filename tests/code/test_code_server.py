@@ -46,6 +46,13 @@ def sandbox_uids(srv: Server) -> range:
     return range(first, last + 1 + (last + 1 - first))
 
 
+def busy_slots(srv: Server) -> int:
+    """Slots of ``srv`` with a process running in them (as its candidate's or its tests' uid)."""
+    uids = sandbox_uids(srv)
+    slots = len(uids) // 2
+    return len({(int(entry.split("uid=")[1]) - uids.start) % slots for entry in sandbox_processes(uids)})
+
+
 def sandbox_processes(uids: range) -> list[str]:
     """Processes of these sandbox uids still on the host."""
     found = []
@@ -579,7 +586,8 @@ def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
 
     big = threading.Thread(target=send, args=("big", [sleeper] * 96, slow))
     big.start()
-    time.sleep(1.0)
+    slots = len(sandbox_uids(server)) // 2
+    wait_until(lambda: busy_slots(server) >= slots - 1, "the big request's samples in every slot but one")
     small = [threading.Thread(target=send, args=(name, [correct] * n, add)) for name, n in (("eight", 8), ("one", 1))]
     sent = time.monotonic() - started
     for thread in small:
@@ -589,7 +597,7 @@ def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
     for name in ("eight", "one"):
         took, out = answers[name]
         assert out["rewards"] == [1.0] * len(out["rewards"]), (name, out)
-        # The big request's first samples hold their slots 6 s, until 5 s after these were sent:
+        # The big request's first samples hold their slots 6 s, until 6 s after these were sent:
         # waiting for them is the failure, however slow the machine.
         assert took - sent < min(within(4.0), 5.0), (name, took - sent)
 
