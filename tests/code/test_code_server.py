@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -23,7 +22,7 @@ import requests
 from services.code.environments import load
 from services.code.sandbox.inside import LOADER
 from testing.clock import wait_until
-from testing.code import ENV, grade, reward
+from testing.code import ENV, busy_slots, grade, reward, sandbox_processes, sandbox_uids
 from testing.server import ROOT as REPOSITORY
 from testing.server import Server, gunicorn_server
 from testing.timing import within
@@ -35,36 +34,6 @@ REFERENCE = load("coin_change").reference
 def server(tmp_path_factory) -> Iterator[Server]:
     with gunicorn_server("code", ENV, threads=64, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv
-
-
-def sandbox_uids(srv: Server) -> range:
-    """The uids of ``srv``'s slots (a candidate's and a tests' uid each), from its startup line:
-    other servers on the host have others."""
-    found = re.search(r"uids (\d+)-(\d+)", srv.log_path.read_text())
-    assert found, srv.logs()
-    first, last = int(found[1]), int(found[2])
-    return range(first, last + 1 + (last + 1 - first))
-
-
-def busy_slots(srv: Server) -> int:
-    """Slots of ``srv`` with a process running in them (as its candidate's or its tests' uid)."""
-    uids = sandbox_uids(srv)
-    slots = len(uids) // 2
-    return len({(int(entry.split("uid=")[1]) - uids.start) % slots for entry in sandbox_processes(uids)})
-
-
-def sandbox_processes(uids: range) -> list[str]:
-    """Processes of these sandbox uids still on the host."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-        except OSError:
-            continue
-        uid = int(next(line for line in text.splitlines() if line.startswith("Uid:")).split()[1])
-        if uid in uids:
-            found.append(f"{status.parent.name} uid={uid}")
-    return found
 
 
 STDIN_CODES = {

@@ -19,6 +19,8 @@ from types import ModuleType
 import pytest
 import requests
 
+from testing.clock import wait_until
+from testing.code import busy_slots, sandbox_uids
 from testing.server import Server, gunicorn_server
 from testing.timing import within
 
@@ -302,7 +304,8 @@ def test_loopers_of_one_client_leave_another_clients_run_quick_and_right(server)
     for thread in loopers:
         thread.start()
     try:
-        time.sleep(1.5)
+        slots = len(sandbox_uids(server)) // 2
+        wait_until(lambda: busy_slots(server) >= slots - 1, "the loopers in every slot but one")
         started = time.monotonic()
         answer = run_code_from("127.0.0.2", server.url, PY_APLUSB, "40 2\n")
         waited = time.monotonic() - started
