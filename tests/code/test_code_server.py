@@ -526,7 +526,7 @@ def test_killing_the_zygote_twice_loses_at_most_the_runs_in_flight(tmp_path) -> 
         answer: dict = {}
         request = threading.Thread(target=lambda: answer.update(reward(srv.url, body)))
         request.start()
-        time.sleep(0.6)
+        wait_until(lambda: busy_slots(srv) > 0, "runs in flight")
         os.kill(_zygote(srv.process.pid), 9)
         time.sleep(1.3)
         assert request.is_alive(), "the request ended before the second kill: the test proves nothing"
