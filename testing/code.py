@@ -1,13 +1,18 @@
 """What the code verifier's tests share: the settings of a server sized for them on a 2-core
 node (Python, and the compiled languages'), the requests they send, and the isolation tests'
-GRPO group (8 samples of one prompt, over 3 rounds) with a program that looks for the others."""
+GRPO group (8 samples of one prompt, over 3 rounds) with a program that looks for the others;
+which of a server's sandbox slots have processes in them."""
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
+from pathlib import Path
 
 import requests
+
+from testing.server import Server
 
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
 ENV = {
@@ -85,3 +90,33 @@ def grade_programs(url: str, programs: list[tuple[str, str]], label: dict | None
     response = requests.post(url + "/reward/score", json=payload, timeout=300)
     assert response.status_code == 200, response.text[:500]
     return response.json()
+
+
+def sandbox_uids(srv: Server) -> range:
+    """The uids of ``srv``'s slots (a candidate's and a tests' uid each), from its startup line:
+    other servers on the host have others."""
+    found = re.search(r"uids (\d+)-(\d+)", srv.log_path.read_text())
+    assert found, srv.logs()
+    first, last = int(found[1]), int(found[2])
+    return range(first, last + 1 + (last + 1 - first))
+
+
+def busy_slots(srv: Server) -> int:
+    """Slots of ``srv`` with a process running in them (as its candidate's or its tests' uid)."""
+    uids = sandbox_uids(srv)
+    slots = len(uids) // 2
+    return len({(int(entry.split("uid=")[1]) - uids.start) % slots for entry in sandbox_processes(uids)})
+
+
+def sandbox_processes(uids: range) -> list[str]:
+    """Processes of these sandbox uids still on the host."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        uid = int(next(line for line in text.splitlines() if line.startswith("Uid:")).split()[1])
+        if uid in uids:
+            found.append(f"{status.parent.name} uid={uid}")
+    return found

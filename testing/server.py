@@ -115,6 +115,16 @@ class Server:
         out = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True).stdout
         return [int(pid) for pid in out.split()]
 
+    def sockets(self) -> int:
+        """Sockets the workers hold: their listeners and the connections they have accepted."""
+        held = 0
+        for pid in self.worker_pids():
+            fds = f"/proc/{pid}/fd"
+            for fd in os.listdir(fds):
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    held += os.readlink(f"{fds}/{fd}").startswith("socket:")
+        return held
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -31,6 +31,9 @@ from PIL import Image
 
 from testing.fuzz import Target, check, fuzz
 
+# Each request is answered within a time bound (testing.fuzz.check): scaled, and marked so.
+pytestmark = pytest.mark.timing
+
 FUZZ = fuzz(40)
 
 

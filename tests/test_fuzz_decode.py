@@ -35,11 +35,12 @@ from common.images import decode_images, open_image, shown_size
 from common.settings import CoreSettings
 from common.wire import JsonCap, check_json, decode_body
 from testing.fuzz import check, fuzz
+from testing.timing import within
 
 # Small limits, so that the fuzzer reaches them: pixels, scans, chunks.
 CORE = CoreSettings(max_pixels=1024 * 1024, max_request_pixels=4 * 1024 * 1024, max_jpeg_scans=40, max_png_chunks=2_000)
 # A case that takes longer than this in-process (one decode at the limits above) is a finding.
-CASE_WITHIN_S = 3.0
+CASE_WITHIN_S = within(3.0)
 
 # --- JSON ----------------------------------------------------------------------------------
 
@@ -251,6 +252,7 @@ def decode_one(data: bytes) -> Image.Image | None:
     return image
 
 
+@pytest.mark.timing
 @fuzz(60)
 @given(data=mutated_jpegs())
 def test_jpeg_segments_and_scans_decode_as_shown_or_are_refused(data: bytes) -> None:
@@ -259,6 +261,7 @@ def test_jpeg_segments_and_scans_decode_as_shown_or_are_refused(data: bytes) -> 
         assert data.count(b"\xff\xda") <= CORE.max_jpeg_scans
 
 
+@pytest.mark.timing
 @fuzz(60)
 @given(case=mutated_pngs())
 def test_png_chunks_decode_as_shown_or_are_refused(case: tuple[bytes, bool]) -> None:
@@ -268,6 +271,7 @@ def test_png_chunks_decode_as_shown_or_are_refused(case: tuple[bytes, bool]) -> 
         assert image is not None, "a valid PNG (chunks re-cut or added) was refused"
 
 
+@pytest.mark.timing
 @fuzz(40)
 @given(case=pngs())
 def test_recut_chunks_never_change_the_pixels(case: tuple[bytes, Image.Image]) -> None:
@@ -284,12 +288,14 @@ def test_recut_chunks_never_change_the_pixels(case: tuple[bytes, Image.Image]) -
 # --- A slice against the running service ---------------------------------------------------
 
 
+@pytest.mark.timing
 @fuzz(12)
 @given(images=st.lists(mutated_jpegs() | mutated_pngs().map(lambda case: case[0]), min_size=1, max_size=3))
 def test_mutated_images_against_the_service(fuzzed, images: list[bytes]) -> None:
     check(fuzzed, pickle.dumps({"images": images, "prompts": ['"a"'] * len(images)}))
 
 
+@pytest.mark.timing
 @fuzz(12)
 @given(value=JSON_VALUES, style=st.integers(0, 5), cut=st.integers(0, 10**6))
 def test_json_documents_against_the_service(fuzzed, value: Any, style: int, cut: int) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from testing.clock import wait_until
 from testing.ocr import read_until_closed, score_request
 from testing.server import Server, gunicorn_server
 from testing.timing import within
@@ -214,9 +215,9 @@ def test_ten_thousand_idle_connections_do_not_slow_a_real_request(tmp_path, file
                 if n % 2:
                     sock.sendall(b"POST / HTTP/1.1\r\n")
                 idle.append(sock)
-            time.sleep(1)
+            wait_until(lambda: server.sockets() > 10_000, "the worker holding the idle connections", pause_s=0.05)
             started = time.monotonic()
-            assert health_pid(server, timeout=10) == pid
+            assert health_pid(server, timeout=60) == pid
             response = requests.post(server.url + "/", data=score_request(), timeout=30)
             elapsed = time.monotonic() - started
             assert response.status_code == 200 and pickle.loads(response.content)["scores"][0] >= 0.9

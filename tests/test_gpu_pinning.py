@@ -13,6 +13,7 @@ import time
 
 import requests
 
+from testing.clock import wait_until
 from testing.server import Server, gunicorn_server
 
 
@@ -33,9 +34,7 @@ def gpus_seen(server: Server, timeout: float = 60.0) -> dict[int, str]:
 def test_workers_are_pinned_one_per_gpu_and_replacements_reuse_it(tmp_path) -> None:
     env = {"CUDA_VISIBLE_DEVICES": "3,5", "SCORER_WORKERS": ""}
     with gunicorn_server("ocr", env, require_ready=False, log_dir=tmp_path) as server:
-        deadline = time.monotonic() + 30
-        while len(server.worker_pids()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: len(server.worker_pids()) >= 2, "two workers")
         pids = server.worker_pids()
         assert len(pids) == 2  # one per visible GPU, without SCORER_WORKERS
         seen = gpus_seen(server)
@@ -45,10 +44,7 @@ def test_workers_are_pinned_one_per_gpu_and_replacements_reuse_it(tmp_path) -> N
 
         victim = next(pid for pid, gpu in seen.items() if gpu == "5")
         os.kill(victim, signal.SIGKILL)
-        while (
-            set(server.worker_pids()) == set(pids) or len(server.worker_pids()) < 2
-        ) and time.monotonic() < deadline + 30:
-            time.sleep(0.2)
+        wait_until(lambda: set(server.worker_pids()) != set(pids) and len(server.worker_pids()) == 2, "a replacement")
         after = gpus_seen(server)
         assert victim not in after
         assert sorted(after.values()) == ["3", "5"]

@@ -4,6 +4,7 @@ neither drops a request the service accepted; the grace period bounds how long a
 from __future__ import annotations
 
 import http.client
+import math
 import pickle
 import signal
 import socket
@@ -57,26 +58,26 @@ def post_in_background(url: str, bodies: list[bytes], outcomes: dict[int, object
 def test_sighup_replaces_the_worker_under_load_and_drops_nothing(tmp_path) -> None:
     with gunicorn_server("ocr", log_dir=tmp_path) as server:
         (old,) = server.worker_pids()
-        with RequestStream(server.url, threads=4, max_requests=300, max_seconds=120) as stream:
-            stream.wait_answered_since(0, 8, timeout=60)
+        with RequestStream(server.url, threads=4) as stream:
+            stream.wait_answered_since(0, 8)
             server.process.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 60
-            while server.worker_pids() in ([], [old]) or old in server.worker_pids():
-                assert time.monotonic() < deadline, f"old worker still there:\n{server.logs()}"
-                time.sleep(0.2)
+            wait_until(
+                lambda: server.worker_pids() not in ([], [old]) and old not in server.worker_pids(), "a new worker"
+            )
             replaced = time.monotonic()
-            stream.wait_answered_since(replaced, 8, timeout=60)
+            stream.wait_answered_since(replaced, 8)
         assert old not in server.worker_pids()
-        assert stream.answered_since(replaced) >= 8, "the new worker should serve"
         assert not stream.failures(), stream.failures()[:10]
 
 
+@pytest.mark.timing
 def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(tmp_path) -> None:
     batch = cases()[:6]  # three words asked for themselves, three for another word
     bodies = [case.body for case in batch]
     with gunicorn_server("ocr", {"SCORER_GRACEFUL_TIMEOUT": "60"}, log_dir=tmp_path) as server:
+        bodies += work_for(server.url, 5)  # in flight after the listener closed, however fast the machine
         outcomes: dict[int, object] = {}
-        threads = post_in_background(server.url, bodies, outcomes)  # six images: seconds of work
+        threads = post_in_background(server.url, bodies, outcomes)
         server.process.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         wait_until(lambda: refused(server.url), "the listener closed")
@@ -93,21 +94,39 @@ def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(tmp_path) -
         status, scores = outcomes[index]
         assert status == 200, outcomes[index]
         assert (scores[0] >= 0.9) == case.matches, (index, scores)
-    assert took < 50, "the master should exit once the in-flight requests are answered, not at the deadline"
+    assert all(outcomes[index][0] == 200 for index in range(len(batch), len(bodies))), outcomes
+    # The failure waits out the 60 s grace period.
+    assert took < min(within(25.0), 55.0), "the master should exit once the in-flight requests are answered"
+
+
+def distinct_images(word: str, count: int) -> bytes:
+    """A request of ``count`` distinct images (each distinct image is read once)."""
+    images = [render_text(f"{word} {n}", size=256) for n in range(count)]
+    return pickle.dumps({"images": images, "prompts": [f'"{word}"'] * count})
+
+
+def work_for(url: str, seconds: float) -> list[bytes]:
+    """Requests of 32 distinct images (within the request limits) that keep the server busy
+    ``seconds`` at the rate it shows now: the second of two 8-image requests (the first warms)."""
+    for word in ("Warm", "Rate"):
+        started = time.monotonic()
+        assert requests.post(url + "/", data=distinct_images(word, 8), timeout=120).status_code == 200
+        per_image_s = (time.monotonic() - started) / 8
+    return [distinct_images(f"Busy{n}", 32) for n in range(math.ceil(seconds / per_image_s / 32))]
 
 
 @pytest.mark.timing
 def test_grace_period_bounds_a_stop(tmp_path) -> None:
-    # Several seconds of work: 32 distinct images (each distinct image is read once).
-    images = [render_text(f"Hello {n}", size=256) for n in range(32)]
-    slow = pickle.dumps({"images": images, "prompts": ['"Hello"'] * 32})
     with gunicorn_server("ocr", {"SCORER_GRACEFUL_TIMEOUT": "2"}, log_dir=tmp_path) as server:
+        slow = work_for(server.url, 5 * 2)  # still in flight when the grace period ends
         outcomes: dict[int, object] = {}
-        (thread,) = post_in_background(server.url, [slow], outcomes)
+        threads = post_in_background(server.url, slow, outcomes)
         server.process.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         server.process.wait(30)
         took = time.monotonic() - stopped
-        thread.join(30)
+        for thread in threads:
+            thread.join(30)
     assert took < 2 + within(2.0), f"stop took {took:.1f}s with a 2 s grace period"
-    assert isinstance(outcomes[0], OSError), outcomes[0]  # cut off, not left hanging
+    cut_off = [isinstance(outcome, OSError) for outcome in outcomes.values()]
+    assert cut_off == [True] * len(slow), outcomes  # cut off, not left hanging

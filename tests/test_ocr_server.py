@@ -190,8 +190,7 @@ def test_hostile_pickle_is_refused_and_runs_nothing(ocr_server, tmp_path) -> Non
     status, answer = post_pickle(ocr_server.url, {"images": [CreatesFile(str(target))], "prompts": ["a"]})
     assert status == 400
     assert "only plain data" in answer["error"]
-    time.sleep(0.2)
-    assert not target.exists()
+    assert not target.exists()  # unpickling, had it run, ran before the answer
 
 
 def test_health_ready_info_and_unknown_routes(ocr_server) -> None:
@@ -269,9 +268,7 @@ def test_killed_worker_is_replaced_and_next_requests_succeed(tmp_path) -> None:
         thread.join(60)
         assert "error" in outcome or outcome.get("status") != 200  # that request was lost...
         # ...but gunicorn starts a new worker, which loads the model and serves again.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and server.worker_pids() in ([], [victim]):
-            time.sleep(0.2)
+        wait_until(lambda: server.worker_pids() not in ([], [victim]), "a replacement worker")
         (replacement,) = server.worker_pids()
         assert replacement != victim
         client = ScorerClient(server.url, retries=5)
@@ -425,7 +422,7 @@ def test_memo_dag_as_a_dict_key_is_refused_at_once_and_health_answers(ocr_server
     status, answer, seconds, _ = timed_post(ocr_server.url, body)
     assert status == 413 and "values counted as a tree" in answer["error"], answer
     assert seconds < within(1.0)
-    assert requests.get(ocr_server.url + "/health", timeout=2).status_code == 200
+    assert requests.get(ocr_server.url + "/health", timeout=within(2.0)).status_code == 200
     assert ocr_server.worker_pids() == workers
 
 

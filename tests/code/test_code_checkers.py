@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from common.errors import Unprocessable
+from services.code import compile_cache
 from services.code.checkers import Checker, custom_verdict, parse_checker
 from services.code.compare import output_matches
 from services.code.compile_cache import Builds, CompileCache, Limits, Unremembered
@@ -18,6 +18,7 @@ from services.code.grader import Grader, Sample
 from services.code.labels import Suite
 from services.code.sandbox.host import SandboxFailure
 from services.code.settings import CodeSettings
+from testing.clock import wait_until
 from testing.code import LANGUAGES_ENV, grade_programs
 from testing.server import Server, gunicorn_server
 
@@ -229,9 +230,32 @@ def test_subtasks_score_a_group_only_when_all_its_tests_pass(server: Server) -> 
     assert grade_programs(server.url, programs, all_label)["rewards"] == [1.0, 0.0, 0.0]
 
 
-def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
+class _CountedWaits(threading.Event):
+    """An event that counts the threads that began to wait on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+        self._counting = threading.Lock()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._counting:
+            self.waits += 1
+        return super().wait(timeout)
+
+
+def test_the_compile_cache_is_bounded_and_builds_once(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Least recently used entries go first, never one a run holds; one build per key however
     many wait for it; a compile error is remembered; a failed build is not."""
+    flights: list[compile_cache._Flight] = []
+
+    class CountedFlight(compile_cache._Flight):
+        def __init__(self) -> None:
+            super().__init__()
+            self.done = _CountedWaits()
+            flights.append(self)
+
+    monkeypatch.setattr(compile_cache, "_Flight", CountedFlight)
     cache = CompileCache(max_bytes=2500, isolation="none")
     built: list[str] = []
 
@@ -290,7 +314,7 @@ def test_the_compile_cache_is_bounded_and_builds_once(tmp_path) -> None:
         waiting = [threading.Thread(target=waiter, args=(lambda: build("h")() or None,)) for _ in range(3)]
         for thread in waiting:
             thread.start()
-        time.sleep(0.2)
+        wait_until(lambda: flights[-1].done.waits == 3, "the three samples waiting for the build")
         finish.set()
         for thread in (builder, *waiting):
             thread.join()

@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from services.code import cgroups
+from testing.clock import wait_until
 from testing.code import ENV, GROUP, ISOLATION_ENV, NETWORK_MEETING, ROUNDS, grade
 from testing.server import Server, gunicorn_server
 
@@ -353,11 +354,10 @@ def _worker_dirs(pid: int) -> list[Path]:
     ]
 
 
-def _gone(paths: list[Path], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while any(path.exists() for path in paths) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not any(path.exists() for path in paths)
+def _gone(paths: list[Path]) -> None:
+    wait_until(
+        lambda: not any(path.exists() for path in paths), f"{[str(path) for path in paths]} removed", pause_s=0.1
+    )
 
 
 def test_a_stopped_or_killed_worker_leaves_no_cgroup_behind(tmp_path) -> None:
@@ -373,10 +373,10 @@ def test_a_stopped_or_killed_worker_leaves_no_cgroup_behind(tmp_path) -> None:
         made = [path for path in _worker_dirs(killed) if path.exists()]
         assert made and any(path.iterdir() for path in made)  # its samples' cgroups, prepared
         os.kill(killed, signal.SIGKILL)
-        assert _gone(made, 60), [str(path) for path in made]  # removed by the next worker's start
+        _gone(made)  # removed by the next worker's start
         srv.wait_ready()
         (worker,) = srv.worker_pids()
         assert grade(srv.url, ["def f(x):\n    return x"] * 4, label)["rewards"] == [1.0] * 4
         made = [path for path in _worker_dirs(worker) if path.exists()]
         assert made
-    assert _gone(made, 10), [str(path) for path in made]
+    _gone(made)

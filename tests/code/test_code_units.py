@@ -34,7 +34,7 @@ from services.code.sandbox.inside.confine import SampleCgroup
 from services.code.sandbox.inside.messages import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
-from testing.clock import wait_until
+from testing.clock import ManualClock, wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -241,8 +241,9 @@ def test_a_test_the_request_deadline_cuts_short_is_no_verdict_when_admitted(admi
 def test_admission_refuses_what_the_node_cannot_finish_by_the_deadline() -> None:
     """2 cores, 2 slots: CPU seconds over the cores and slot seconds over the slots (Graham's
     bound) must fit before the earliest deadline among the admitted requests."""
-    admission = Admission(cores=2, slots=2, setting="limits")
-    now = time.monotonic()
+    clock = ManualClock()
+    admission = Admission(cores=2, slots=2, setting="limits", clock=clock)
+    now = clock.now
     # 3 x 10 s of CPU on 2 cores: 15 s > 10 s, alone
     with pytest.raises(PayloadTooLarge), admission.admit([Cost(10, 10)] * 3, now + 10):
         pass
@@ -254,6 +255,9 @@ def test_admission_refuses_what_the_node_cannot_finish_by_the_deadline() -> None
         first.done(1)  # its samples ended: their cost is given back
         with admission.admit([Cost(4, 6)] * 2, now + 100):
             assert admission.stats()["samples"] == 2
+    clock.advance(1.5)  # the 9 s that fitted by now + 10 no longer do
+    with pytest.raises(PayloadTooLarge), admission.admit([Cost(4, 6)] * 2, now + 10):
+        pass
     assert admission.stats() == {"requests": 0, "samples": 0, "cpu_s": 0, "slot_s": 0}
 
 

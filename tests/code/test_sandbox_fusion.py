@@ -19,6 +19,8 @@ from types import ModuleType
 import pytest
 import requests
 
+from testing.clock import wait_until
+from testing.code import busy_slots, sandbox_uids
 from testing.server import Server, gunicorn_server
 from testing.timing import within
 
@@ -275,11 +277,12 @@ def test_a_client_cannot_ask_for_more_memory_than_the_node_gives(server) -> None
     assert answer["run_result"]["return_code"] != 0
 
 
+@pytest.mark.timing
 def test_a_client_cannot_ask_for_more_time_than_the_node_gives(server) -> None:
     started = time.monotonic()
     answer = run_code(server.url, PY_LOOP, run_timeout=3600)
     assert answer["run_result"]["status"] == "TimeLimitExceeded", answer
-    assert time.monotonic() - started < 60  # the node's 2 s of CPU, not the hour asked for
+    assert time.monotonic() - started < within(60.0)  # the node's 2 s of CPU, not the hour asked for
 
 
 def test_a_shorter_timeout_asked_for_is_kept(server) -> None:
@@ -301,7 +304,8 @@ def test_loopers_of_one_client_leave_another_clients_run_quick_and_right(server)
     for thread in loopers:
         thread.start()
     try:
-        time.sleep(1.5)
+        slots = len(sandbox_uids(server)) // 2
+        wait_until(lambda: busy_slots(server) >= slots - 1, "the loopers in every slot but one")
         started = time.monotonic()
         answer = run_code_from("127.0.0.2", server.url, PY_APLUSB, "40 2\n")
         waited = time.monotonic() - started

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from services.judge.engine import EngineClient, EngineUnavailable
+from testing.clock import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -80,10 +81,9 @@ def test_at_most_concurrency_calls_are_in_flight(engine: Engine) -> None:
     engine.release.clear()
     judge = client(engine.url, concurrency=2)
     futures = [judge.submit({"model": "m"}, time.monotonic() + 60) for _ in range(6)]
-    end = time.monotonic() + 30
-    while engine.in_flight < 2 and time.monotonic() < end:
-        time.sleep(0.01)
-    time.sleep(0.3)  # room for a third call to arrive, were there no cap
+    wait_until(lambda: engine.in_flight == 2, "two calls held by the engine")
+    # Held there, two calls keep the others queued in the client: none started, none can arrive.
+    assert [future.running() for future in futures] == [True, True, False, False, False, False]
     assert engine.in_flight == 2
     engine.release.set()
     assert [future.result(timeout=30).text for future in futures] == ["Final Score: 4"] * 6
