@@ -109,4 +109,3 @@ def verdict(run: InteractOutcome, protocol: str = "testlib") -> tuple[str, float
     if failure is not None:
         return failure, 0.0
     return decided
-
