@@ -13,7 +13,9 @@ import torch
 from services.geneval.convert import ConversionError, convert, main, swin_merge_order
 from services.geneval.detector import Detector
 
-pytestmark = pytest.mark.unit
+# Integration tier: importing transformers' model stack (torch._dynamo, sympy) costs the quick
+# loop about 8 s of CPU on its own.
+pytestmark = pytest.mark.integration
 
 EMBED, DEPTHS, HEADS, WINDOW = 12, (1, 1, 2, 1), (1, 1, 2, 2), 7
 FEAT, FFN, QUERIES, CLASSES, ENCODER_LAYERS, DECODER_LAYERS, ATTENTION_HEADS = 32, 64, 20, 80, 1, 2, 2

@@ -16,7 +16,9 @@ from services.geneval.detector import Detector, DetectorInput, mask_boxes, scale
 from testing import geneval_reference as reference
 from testing.geneval_models import save_random_mask2former
 
-pytestmark = pytest.mark.unit
+# Integration tier: importing transformers' model stack (torch._dynamo, sympy) costs the quick
+# loop about 8 s of CPU on its own.
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,9 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 
 from services.hpsv3.inputs import smart_resize
 
-pytestmark = pytest.mark.unit
+# Integration tier: importing transformers' model stack (torch._dynamo, sympy) costs the quick
+# loop about 8 s of CPU on its own.
+pytestmark = pytest.mark.integration
 
 PIXELS = 256 * 28 * 28
 
