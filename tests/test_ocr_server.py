@@ -311,8 +311,10 @@ def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -
                 await post(session, 0)  # warm: the first request loads what the later ones reuse
                 started = time.monotonic()
                 outcomes = await asyncio.gather(*(post(session, 0) for _ in range(burst)))
-            assert all(status == 200 for _, status, _, _ in outcomes), outcomes
-            return burst / (time.monotonic() - started)
+            # On a loaded node the burst alone may overrun the deadline: its 503s are no work done.
+            served = sum(status == 200 for _, status, _, _ in outcomes)
+            assert served and set(status for _, status, _, _ in outcomes) <= {200, 503}, outcomes
+            return served / (time.monotonic() - started)
 
         window_s = timeout_s + (waves - 1) * gap
         size = min(400, max(32, math.ceil(3 * asyncio.run(rate_per_s()) * window_s / waves)))
