@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Over 400 lines: one entry point whose commands share the set-up (system packages, environments, nginx).
 # Start the scorer services, or run the tests. Each command does its own set-up.
 #
 #   bash run.sh                       start every service that runs on offline defaults
@@ -283,7 +284,7 @@ preflight() {
 
 # usage COMMAND: this file's header, then the flags COMMAND takes (all: every service's).
 usage() {
-  sed -n '2,/^set /{/^#/p}' "$0"
+  sed -n '2,/^set /{/^# Over 400 lines:/d;/^#/p}' "$0"
   "$PYTHON" -m common.shell usage "$1"
 }
 

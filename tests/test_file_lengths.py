@@ -1,5 +1,5 @@
-"""Modules stay short enough to read as one job: a file over ``LIMIT`` lines says why in a
-comment among its first lines (``MARK`` and the reason), so that its length is a decision."""
+"""Modules and scripts stay short enough to read as one job: a file over ``LIMIT`` lines says why
+in a comment among its first lines (``MARK`` and the reason), so that its length is a decision."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def unexplained(paths: list[Path]) -> list[str]:
 
 
 def test_a_file_over_400_lines_says_why_in_its_first_lines() -> None:
-    paths = [ROOT / "gunicorn.conf.py", *(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))]
+    packaged = (path for package in PACKAGES for kind in ("*.py", "*.sh") for path in (ROOT / package).rglob(kind))
+    paths = [ROOT / "gunicorn.conf.py", *ROOT.glob("*.sh"), *packaged]
     assert not unexplained(paths)
 
 
