@@ -19,7 +19,8 @@ from werkzeug.exceptions import HTTPException
 
 from common import __version__, metrics, registry
 from common.auth import bearer_token_matches
-from common.config import deprecations, describe, from_env
+from common.clients import client_of, request_client, trusted_networks
+from common.config import ConfigError, deprecations, describe, env_name, from_env
 from common.deadlines import Deadline, request_deadline
 from common.devices import GPU_ENV
 from common.errors import PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
@@ -71,6 +72,10 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
     for message in deprecated:
         log.warning(message)
     own = {section: describe(from_env(cls, section)) for section, cls in sections[1:]}
+    try:
+        trusted = trusted_networks(core.trusted_proxies)
+    except ValueError as exc:
+        raise ConfigError(f"{env_name('', 'trusted_proxies')}: {exc}") from None
     runtime = ScorerRuntime(scorer)
     limits = RequestLimits(core)
 
@@ -93,6 +98,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         g.started = time.perf_counter()
         g.scope = contextlib.ExitStack()
         g.scope.enter_context(request_deadline(Deadline(core.request_timeout_s, request.environ.get(ARRIVED_KEY))))
+        g.scope.enter_context(request_client(client_of(request.environ, trusted)))
         token = core.auth_token
         if token and request.method == "POST" and not bearer_token_matches(request.headers.get("Authorization"), token):
             raise Unauthorized("missing or wrong bearer token")

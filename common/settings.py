@@ -90,6 +90,12 @@ class CoreSettings:
         "case-insensitive; checked when the head has arrived, before the body is read)",
         secret=True,
     )
+    # Behind nginx (deploy/) the peer is the proxy: the address it forwards names the client.
+    trusted_proxies: str = setting(
+        "",
+        "addresses or networks of proxies whose `X-Forwarded-For` names the client (its last address); from any other "
+        "peer the header is ignored and the peer is the client",
+    )
     device: str = setting("auto", "`auto` (the worker's GPU, else CPU), `cpu`, `cuda`")
     # gunicorn (gunicorn.conf.py).
     port: int | None = setting(None, "the port to listen on", flag=True, shown_default="the service's own")

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flask import request
-
+from common.clients import current_client
 from common.errors import NotReady, Overloaded, ScorerError, Unprocessable
 from common.protocols import WireProtocol
 from common.scorer import Query, Result
@@ -43,7 +42,7 @@ class RunCodeProtocol(WireProtocol):
         return payload
 
     def items(self, payload: dict[str, Any], query: Query = ()) -> list[Any]:
-        return [api.parse(payload, self.scorer.settings, request.remote_addr or "")]
+        return [api.parse(payload, self.scorer.settings, current_client())]
 
     def answer(self, results: Sequence[Result]) -> dict[str, Any]:
         [ran] = results
