@@ -50,7 +50,7 @@ gpus = visible_gpus() if service.uses_gpu and settings.device != "cpu" else []
 bind = settings.bind or f"0.0.0.0:{settings.port or service.port}"
 workers = settings.workers or max(1, len(gpus))
 worker_class = "common.worker.ScorerWorker"
-threads = settings.threads
+threads = registry.request_threads(settings.threads, service.name)
 backlog = 4096
 # The gthread heartbeat comes from the worker's main loop, not the request threads, so a long
 # batch does not get a worker killed; a stuck main loop does.

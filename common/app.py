@@ -23,7 +23,7 @@ from common.clients import client_of, request_client, trusted_networks
 from common.config import ConfigError, deprecations, describe, env_name, from_env
 from common.deadlines import Deadline, request_deadline
 from common.devices import GPU_ENV
-from common.errors import PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
+from common.errors import Overloaded, PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
 from common.protocols import WireProtocol
 from common.runtime import RequestLimits, ScorerRuntime
 from common.scorer import Scorer
@@ -98,7 +98,8 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         g.started = time.perf_counter()
         g.scope = contextlib.ExitStack()
         g.scope.enter_context(request_deadline(Deadline(core.request_timeout_s, request.environ.get(ARRIVED_KEY))))
-        g.scope.enter_context(request_client(client_of(request.environ, trusted)))
+        connection = request.environ.get("gunicorn.socket")
+        g.scope.enter_context(request_client(client_of(request.environ, trusted), connection))
         token = core.auth_token
         if token and request.method == "POST" and not bearer_token_matches(request.headers.get("Authorization"), token):
             raise Unauthorized("missing or wrong bearer token")
@@ -113,7 +114,10 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
         status = current_protocol().status(error)
         if status >= 500:
             log.warning("%s %s -> %d: %s", request.method, request.path, status, error.message)
-        return answer({"error": error.message}, status)
+        response = answer({"error": error.message}, status)
+        if isinstance(error, Overloaded) and error.retry_after_s is not None:
+            response.headers["Retry-After"] = str(error.retry_after_s)
+        return response
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> Response:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from collections.abc import Iterator, Mapping
+import socket
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-# The client of the request this thread is serving (``request_client``).
+# The client of the request this thread is serving, and its connection (``request_client``).
 _current_client: ContextVar[str] = ContextVar("scorer_request_client", default="")
+_current_connection: ContextVar[socket.socket | None] = ContextVar("scorer_request_connection", default=None)
 
 
 def trusted_networks(setting: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -49,15 +51,35 @@ def client_of(environ: Mapping[str, Any], trusted: tuple[ipaddress.IPv4Network |
 
 
 @contextlib.contextmanager
-def request_client(client: str) -> Iterator[str]:
-    """Make ``client`` the one this thread's work is counted to."""
-    token = _current_client.set(client)
+def request_client(client: str, connection: socket.socket | None = None) -> Iterator[str]:
+    """Make ``client`` the one this thread's work is counted to, ``connection`` its socket."""
+    tokens = _current_client.set(client), _current_connection.set(connection)
     try:
         yield client
     finally:
-        _current_client.reset(token)
+        _current_client.reset(tokens[0])
+        _current_connection.reset(tokens[1])
 
 
 def current_client() -> str:
     """The client of the request being served ("" outside a request)."""
     return _current_client.get()
+
+
+def hang_up_check() -> Callable[[], bool]:
+    """For the request being served, a check any thread may call: has its client closed the
+    connection (no answer can reach it, so its queued work need not run)? A client that only
+    shut down its sending side counts as gone too; HTTP clients keep it open for the answer."""
+    connection = _current_connection.get()
+    if connection is None:
+        return lambda: False
+
+    def hung_up() -> bool:
+        try:
+            return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    return hung_up

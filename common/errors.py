@@ -97,9 +97,14 @@ class Unprocessable(ScorerError):
 
 
 class Overloaded(ScorerError):
-    """The batch queue is full; the client should retry later."""
+    """The node has no room for the request now; the client should retry, after
+    ``retry_after_s`` when the node can tell (the answer's ``Retry-After``)."""
 
     status = 503
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class NotReady(ScorerError):

@@ -53,6 +53,8 @@ class Service:
     # The virtual environment's name (``.venv-<venv>``), shared by services with the same
     # requirements; unset: the service's name.
     venv: str = ""
+    # Request threads per worker when ``SCORER_THREADS`` is unset (``request_threads``).
+    threads: int = 128
     # "module:function" answering why the service cannot start on this node (``None``: it can),
     # called as ``function(name)``; standard library only, since ``run.sh`` calls it with the
     # system python3 before it builds the environment (``python3 -m common.preflight NAME``).
@@ -178,9 +180,17 @@ SERVICES: dict[str, Service] = {
             ),
             # The packages graded programs may import, in a directory of their own.
             prepare=("services.code.packages",),
+            # A request waits for its run slots on its thread: a trainer's burst (hundreds of
+            # one-sample requests) is admitted on arrival, at the rate measured until then.
+            threads=1024,
         ),
     )
 }
+
+
+def request_threads(threads: int | None, service: str) -> int:
+    """A worker's request threads: ``SCORER_THREADS`` (``threads``), else the service's own."""
+    return threads or (SERVICES[service].threads if service in SERVICES else Service.threads)
 
 
 def get(name: str) -> Service:

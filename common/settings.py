@@ -103,7 +103,11 @@ class CoreSettings:
     workers: int | None = setting(
         None, "worker processes", flag=True, shown_default="one per visible GPU for a GPU service, else 1"
     )
-    threads: int = setting(128, "request threads per worker (they wait for batches; decoding runs there)")
+    threads: int | None = setting(
+        None,
+        "request threads per worker (they wait for batches or run slots; decoding runs there)",
+        shown_default="the service's own: 128; `code` 1024 (a request waits for its run slots on its thread)",
+    )
     # Each idle connection costs a descriptor and ~2 KB until its head deadline.
     worker_connections: int = setting(
         32768,

@@ -5,15 +5,21 @@ which of a server's sandbox slots have processes in them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import uuid
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 import requests
 
 from testing.server import Server
 
+# A copy of verl's sandbox_fusion/utils.py (``run.sh test`` fetches it), for its own client.
+VERL_CLIENT = "SCORER_TEST_VERL_SANDBOX_FUSION"
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
 ENV = {
     "SCORER_CODE_INFRA_FAILURE_SCORE": "nan",
@@ -120,3 +126,15 @@ def sandbox_processes(uids: range) -> list[str]:
         if uid in uids:
             found.append(f"{status.parent.name} uid={uid}")
     return found
+
+
+def verl_client() -> ModuleType:
+    """verl's ``sandbox_fusion/utils.py``, from the copy ``SCORER_TEST_VERL_SANDBOX_FUSION`` names."""
+    path = os.environ.get(VERL_CLIENT)
+    if not path:
+        pytest.skip(f"{VERL_CLIENT} names no fetched copy of verl's sandbox_fusion/utils.py")
+    spec = importlib.util.spec_from_file_location("verl_sandbox_fusion_utils", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -55,6 +55,7 @@ class Server:
         log: Path,
         port: int = 0,
         python: str | None = None,
+        cpus: set[int] | None = None,
     ) -> None:
         if UNIT_TEST is not None:
             raise RuntimeError(f"{UNIT_TEST} is marked unit but starts a {service} server: it is an integration test")
@@ -80,6 +81,8 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Pinned, the node sizes itself for these CPUs alone (``common.cpus``), whatever the machine.
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
         )
 
     def wait_ready(self, timeout: float = 120.0, require_ready: bool = True) -> None:
@@ -146,14 +149,15 @@ def gunicorn_server(
     log_dir: Path | None = None,
     port: int = 0,
     python: str | None = None,
+    cpus: set[int] | None = None,
 ) -> Iterator[Server]:
     """Start ``service`` under gunicorn, yield the running ``Server`` (``.url``), stop it after.
 
     ``port`` pins the port (a node restarted behind a balancer comes back on its address);
-    ``python`` runs it from another virtual environment."""
+    ``python`` runs it from another virtual environment; ``cpus`` pins it to those CPUs."""
     log_dir = log_dir or Path(os.environ.get("SCORER_TEST_LOGS", "/tmp"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    server = Server(service, env, workers, threads, log_dir / f"{service}-{free_port()}.log", port, python)
+    server = Server(service, env, workers, threads, log_dir / f"{service}-{free_port()}.log", port, python, cpus)
     try:
         server.wait_ready(require_ready=require_ready)
         yield server

@@ -31,5 +31,5 @@ def test_a_trusted_proxy_without_a_usable_header_is_its_own_client() -> None:
 
 
 def test_a_bad_trusted_proxy_is_named() -> None:
-    with pytest.raises(ValueError, match="'proxy.local'"):
+    with pytest.raises(ValueError, match=r"'proxy\.local'"):
         trusted_networks("10.0.0.1 proxy.local")

@@ -1,80 +1,161 @@
-"""Admission of a request's samples: only work that every sample can run at its full limits
-before the deadline, the node's other admitted work included.
+"""Admission of a request's samples by what the node really does, and each sample's plan.
 
-Each sample costs, at its limits, CPU seconds (its tests' CPU limits, no more than its wall
-time on every core) and slot seconds (its tests' wall limits, no more than its sample's):
-``Cost``. A worker's admitted samples share its cores and its run slots, requests in turn
-(``FairSlots``), so any of them may finish last: a request is admitted when all the admitted
-work and its own fit by the earliest deadline among them, on the cores (CPU seconds / cores)
-and on the slots (slot seconds / slots, plus the longest sample's share: Graham's bound on a
-list schedule). A
-request that could not fit alone is a 413; one that does not fit beside the others, a 503
-before it starts. Each sample gives its cost back as it ends.
+Work is counted in slot seconds: the wall time a sample holds a run slot, which is what the
+node runs out of (a slot's wall time stretches when the cores are shared, and so does what
+is measured). ``Rates`` keeps, per language, the slot seconds a test has cost here lately.
+
+Every admitted sample is guaranteed its *floor*: ``PLAN_MARGIN`` times what its tests cost at
+the measured rate, at least ``PLAN_FLOOR_S``, never more than its full limits (its *worst*).
+A request is admitted when its client's queued work, its own included, still finishes by
+its deadline (with a margin: ``ADMITTED_SHARE``) with each sample at its floor, the clients
+taking the slots in turn (``FairSlots``), so a client's many requests or slow programs delay
+another client by no more than that client's own share. Otherwise it is refused at once with a 503 and the seconds until
+enough work has drained (``Retry-After``). Work that waits for a slot counts against its
+own deadline.
+
+When a sample takes its slot its *plan* is fixed: its full limits when its request has the
+node to itself and fits there at them (what a quiet node always gave); beside other requests,
+its floor plus a share of the slack the node has before its deadline beyond every waiting
+sample's floor, up to ``PLAN_STRETCH`` floors: a burst shares the node between its samples.
+The plan is the sample's wall time (``Job.sample_s``): a sample still running at its plan
+has spent it (``timeout``, the program's verdict); one cut earlier by the deadline ran late
+through no choice of its own (no verdict). Everything it was counted for is given back when
+it ends, and the slot time of one whose tests all ended on their own is measured into
+``Rates`` (a sample cut short cost its plan, no more: spinners raise no one's floor, and the
+plans they hold while they run are what tightens admission).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from common.errors import Overloaded, PayloadTooLarge
 
+# A sample's floor: this many times its tests' measured cost, at least this many seconds.
+PLAN_MARGIN = 3.0
+PLAN_FLOOR_S = 1.5
+# A sample beside others is planned no more than this many floors.
+PLAN_STRETCH = 3.0
+# Of the time before a deadline, the part admitted work may fill at its floors: the rest is the
+# margin for a measured rate that runs late and for the slots not freeing all at once.
+ADMITTED_SHARE = 0.8
+# The weight of each new measurement in a language's rate (about the last 20 samples count).
+RATE_WEIGHT = 0.05
+# A language's rate before anything of it was measured (the start it decays from: a node's first
+# run, cold, costs many times its later ones), per test, and a build's.
+FIRST_TEST_S = 0.05
+FIRST_BUILD_S = 2.0
+
 
 @dataclass(frozen=True)
 class Cost:
-    """What one sample may take at its limits: CPU seconds and seconds of a run slot."""
+    """One sample's work in slot seconds: ``expected`` at the measured rate, its ``worst`` at
+    its full limits, and the ``floor`` it is guaranteed."""
 
-    cpu_s: float
-    slot_s: float
+    expected: float
+    worst: float
+
+    @property
+    def floor(self) -> float:
+        return min(self.worst, max(PLAN_MARGIN * self.expected, PLAN_FLOOR_S))
+
+
+class Rates:
+    """Per language, the slot seconds a test (and a build) took here lately, in the samples whose
+    tests all ended on their own: a decayed mean."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._test_s: dict[str, float] = {}
+        self._build_s: dict[str, float] = {}
+
+    def test_s(self, language: str) -> float:
+        with self._lock:
+            return self._test_s.get(language, FIRST_TEST_S)
+
+    def build_s(self, language: str) -> float:
+        with self._lock:
+            return self._build_s.get(language, FIRST_BUILD_S)
+
+    def measured(self, language: str, slot_s: float, tests: int, build_s: float | None = None) -> None:
+        """A sample of ``language`` held its slot ``slot_s`` for ``tests`` tests (those it reached)."""
+        with self._lock:
+            if tests > 0:
+                self._test_s[language] = _decayed(self._test_s.get(language, FIRST_TEST_S), slot_s / tests)
+            if build_s is not None:
+                self._build_s[language] = _decayed(self._build_s.get(language, FIRST_BUILD_S), build_s)
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {
+                "test_s": {name: round(value, 4) for name, value in self._test_s.items()},
+                "build_s": {name: round(value, 3) for name, value in self._build_s.items()},
+            }
+
+
+def _decayed(old: float, new: float) -> float:
+    return (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
 
 
 class Admitted:
-    """One request's admitted samples: ``done(i)`` gives sample ``i``'s cost back."""
+    """One request's samples: ``started(i)`` fixes sample ``i``'s plan when it takes its slot,
+    ``done(i)`` gives it back."""
 
-    def __init__(self, admission: Admission, costs: Sequence[Cost], expires: float) -> None:
+    def __init__(self, admission: Admission, client: str, costs: Sequence[Cost], expires: float) -> None:
         self._admission = admission
-        self.costs: dict[int, Cost] = dict(enumerate(costs))
+        self.client = client
+        self.costs: dict[int, Cost] = dict(enumerate(costs))  # the samples not done yet
+        self.running: dict[int, tuple[float, float]] = {}  # index -> (started, plan)
         self.expires = expires
+
+    def waiting(self) -> list[Cost]:
+        return [cost for index, cost in self.costs.items() if index not in self.running]
+
+    def started(self, index: int) -> float:
+        """Sample ``index`` took its slot: its plan, in seconds of wall time from now."""
+        return self._admission.start(self, index)
 
     def done(self, index: int) -> None:
         self._admission.give_back(self, index)
 
 
 class Admission:
-    """The work a worker has admitted, against its ``cores`` and ``slots``; deadlines are read
-    on ``clock`` (a test moves one by hand)."""
+    """The work a worker has admitted, against its ``slots``; time is read on ``clock``."""
 
-    def __init__(self, cores: int, slots: int, setting: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cores = cores
+    def __init__(self, slots: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.slots = slots
-        self.setting = setting
         self.clock = clock
         self._lock = threading.Lock()
         self._admitted: set[Admitted] = set()
+        self.refused = 0
 
     @contextlib.contextmanager
-    def admit(self, costs: Sequence[Cost], expires: float) -> Iterator[Admitted]:
-        """Hold ``costs`` (one per sample) until the request ends, or refuse it (413 / 503)."""
-        request = Admitted(self, costs, expires)
+    def admit(self, client: str, costs: Sequence[Cost], expires: float) -> Iterator[Admitted]:
+        """Hold ``costs`` (one per sample) for ``client`` until the request ends, or refuse it:
+        413 when even a quiet node could not grade it by ``expires`` at the measured rate, 503
+        (with the seconds to wait) when the work admitted before it leaves it no room."""
+        request = Admitted(self, client, costs, expires)
         now = self.clock()
-        alone = self._needs([request])
+        alone = _finish([cost.expected for cost in costs], self.slots)
         if alone > expires - now:
             raise PayloadTooLarge(
-                f"the request's {len(costs)} samples need up to {alone:.0f} s of this node at their time limits "
-                f"({self.cores} cores, {self.slots} run slots); its deadline allows {max(0.0, expires - now):.0f} s: "
-                f"split the request, or lower the time limits ({self.setting})"
+                f"the request's {len(costs)} samples need about {alone:.0f} s of this node at its measured rate "
+                f"({self.slots} run slots); its deadline allows {max(0.0, expires - now):.0f} s: split the request"
             )
         with self._lock:
-            others = list(self._admitted)
-            needed = self._needs([*others, request])
-            by = min(r.expires for r in [*others, request]) - now
-            if needed > by:
+            late = self._late([*self._admitted, request], client, now)
+            if late > 0:
+                self.refused += 1
                 raise Overloaded(
-                    f"the node's admitted work and this request's need up to {needed:.0f} s at their time limits, "
-                    f"{max(0.0, by):.0f} s are left before the earliest deadline; retry later"
+                    f"the node's admitted work leaves this request no room before its deadline at the measured rate "
+                    f"({self.slots} run slots); retry in {math.ceil(late)} s",
+                    retry_after_s=math.ceil(late),
                 )
             self._admitted.add(request)
         try:
@@ -83,26 +164,82 @@ class Admission:
             with self._lock:
                 self._admitted.discard(request)
 
+    def _late(self, requests: Sequence[Admitted], client: str, now: float) -> float:
+        """How many seconds past its deadline ``client``'s queued work ends (<= 0: none), every
+        sample at its floor, the clients taking the slots in turn: each other client is ahead of
+        it by at most as much as it has queued itself. (A newcomer may so delay a client that
+        filled the node alone: that client's own next requests are then the ones refused.)"""
+        waiting: dict[str, list[float]] = defaultdict(list)  # client -> its waiting samples' floors
+        running: dict[str, list[float]] = defaultdict(list)  # client -> its running samples' plans left
+        for request in requests:
+            waiting[request.client] += [cost.floor for cost in request.waiting()]
+            running[request.client] += [max(0.0, start + plan - now) for start, plan in request.running.values()]
+        total = {name: sum(waiting[name]) + sum(running[name]) for name in {*waiting, *running}}
+        ahead = sum(min(work, total[client]) for name, work in total.items() if name != client)
+        # A waiting sample starts once the work before it has filled every slot (Graham's bound).
+        longest = max(waiting[client], default=0.0)
+        ends = max(max(running[client], default=0.0), (ahead + total[client] - longest) / self.slots + longest)
+        expires = min(request.expires for request in requests if request.client == client)
+        return ends - ADMITTED_SHARE * (expires - now)
+
+    def start(self, request: Admitted, index: int) -> float:
+        """The plan of sample ``index`` as it takes its slot: its full limits when its request is
+        alone on the node and all of it fits there at them; else its floor and a share of the
+        slack beyond every queued sample's floor before its deadline (ending by it, and no more
+        than ``PLAN_STRETCH`` floors, so that the first samples of a burst, starting before the
+        rest has arrived, cannot take the time of those behind them)."""
+        with self._lock:
+            now = self.clock()
+            request.running.pop(index, None)  # a sample re-run after a sandbox failure is planned anew
+            cost = request.costs[index]
+            left = request.expires - now
+            if self._alone(request) and self._fits_at_limits(request, now):
+                plan = cost.worst
+            else:
+                waiting = [c.floor for r in self._admitted for c in r.waiting()]  # this sample's among them
+                running = [max(0.0, s + p - now) for r in self._admitted for s, p in r.running.values()]
+                slack = self.slots * left - sum(waiting) - sum(running)
+                # Half a part each, at most: the slots do not free all at once, and the samples
+                # of a burst still on their way (about a slot's worth) have a part too.
+                share = max(0.0, slack) / (2 * len(waiting) + self.slots)
+                # Its floor is its own, late or not; its share of the slack ends by its deadline.
+                plan = max(cost.floor, min(cost.floor + share, left, PLAN_STRETCH * cost.floor))
+            plan = min(cost.worst, plan)
+            request.running[index] = (now, plan)
+            return plan
+
+    def _alone(self, request: Admitted) -> bool:
+        return all(not other.costs for other in self._admitted if other is not request)
+
+    def _fits_at_limits(self, request: Admitted, now: float) -> bool:
+        running = [max(0.0, s + p - now) for s, p in request.running.values()]
+        worst = [cost.worst for cost in request.waiting()]
+        return _finish([*running, *worst], self.slots) <= ADMITTED_SHARE * (request.expires - now)
+
     def give_back(self, request: Admitted, index: int) -> None:
         with self._lock:
             request.costs.pop(index, None)
-
-    def _needs(self, requests: Sequence[Admitted]) -> float:
-        """Seconds the samples of ``requests`` take at most, run together on this node."""
-        costs = [cost for request in requests for cost in request.costs.values()]
-        if not costs:
-            return 0.0
-        on_cores = sum(cost.cpu_s for cost in costs) / self.cores
-        longest = max(cost.slot_s for cost in costs)
-        on_slots = sum(cost.slot_s for cost in costs) / self.slots + (1 - 1 / self.slots) * longest
-        return max(on_cores, on_slots)
+            request.running.pop(index, None)
 
     def stats(self) -> dict[str, float]:
         with self._lock:
-            costs = [cost for request in self._admitted for cost in request.costs.values()]
+            now = self.clock()
+            waiting = [c.floor for r in self._admitted for c in r.waiting()]
+            running = [max(0.0, s + p - now) for r in self._admitted for s, p in r.running.values()]
             return {
                 "requests": len(self._admitted),
-                "samples": len(costs),
-                "cpu_s": round(sum(c.cpu_s for c in costs), 1),
-                "slot_s": round(sum(c.slot_s for c in costs), 1),
+                "clients": len({r.client for r in self._admitted}),
+                "samples": len(waiting) + len(running),
+                "waiting": len(waiting),
+                "running": len(running),
+                "planned_s": round(sum(waiting) + sum(running), 1),
+                "refused": self.refused,
             }
+
+
+def _finish(seconds: Sequence[float], slots: int) -> float:
+    """When work of ``seconds`` per sample ends on ``slots`` slots, taken in list order (Graham)."""
+    if not seconds:
+        return 0.0
+    longest = max(seconds)
+    return (sum(seconds) - longest) / slots + longest

@@ -1,20 +1,20 @@
-"""From a sample to a verdict: its admission, its slot and deadline, the one re-run, its tests
-judged (``grading.judging``) and checked (``grading.checking``), and its score."""
+"""From a sample to a verdict: its admission and plan, its slot and deadline, the one re-run,
+its tests judged (``grading.judging``) and checked (``grading.checking``), and its score."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from common.cpus import usable_cpus
 from common.deadlines import Deadline
 from services.code import interactive
-from services.code.admission import Admission, Cost
+from services.code.admission import Admission, Admitted, Cost, Rates
 from services.code.compile_cache import Builds
 from services.code.grading import checking, trials
 from services.code.grading.building import built
@@ -61,8 +61,9 @@ class Grader:
     """Grades samples with at most ``settings.parallel`` runs at once, by the request's deadline
     (the core's, from when the request arrived; ``timeout_s`` from now outside a request).
 
-    Slots are shared between requests in turn (``FairSlots``): each request runs its samples
-    on threads of its own, at most ``settings.parallel``, so none waits behind another's queue.
+    Slots are shared between clients in turn (``FairSlots``): each request runs its samples on
+    threads of its own, at most ``settings.parallel``, and a client's requests wait in one line,
+    so no client waits behind another's queue.
     """
 
     def __init__(
@@ -73,24 +74,37 @@ class Grader:
         self.timeout_s = timeout_s
         self.builds = builds
         self.runner = Runner(settings, sandbox, builds)
-        slots = settings.parallel - (settings.parallel >= RESERVE_FROM_SLOTS)  # what one request may hold
-        limits = "SCORER_CODE_TEST_CPU_S / _TEST_WALL_S / _SAMPLE_WALL_S"
-        self.admission = Admission(usable_cpus(), slots, limits)
+        slots = settings.parallel - (settings.parallel >= RESERVE_FROM_SLOTS)  # what one client may hold
+        self.rates = Rates()
+        self.admission = Admission(slots)
+        self.cancelled = 0  # samples whose client went away before they were graded
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
 
-    def grade(self, samples: Sequence[Sample], by: Deadline | None = None) -> list[Verdict]:
-        """Verdicts in order, ``by`` the request's deadline; never raises for what a sample's code does."""
+    def grade(
+        self,
+        samples: Sequence[Sample],
+        by: Deadline | None = None,
+        client: str = "",
+        gone: Callable[[], bool] = lambda: False,
+    ) -> list[Verdict]:
+        """Verdicts in order, ``by`` the request's deadline, in ``client``'s turn at the slots;
+        never raises for what a sample's code does. Once ``gone()`` (the client hung up), the
+        samples not yet graded are not run."""
         deadline = (by or Deadline(self.timeout_s)).expires
-        request = object()  # this request's place in the round-robin of slots
-        with self._admitted(samples, deadline) as done:
+        with self._admitted(samples, deadline, client) as admitted:
 
             def one(index: int) -> Verdict:
                 try:
-                    return self.grade_one(samples[index], deadline, request)
+                    if gone():
+                        with self._mask_lock:
+                            self.cancelled += 1
+                        return Verdict("cancelled", 0, 0, None)
+                    return self.grade_one(samples[index], deadline, client, admitted, index)
                 finally:
-                    done(index)
+                    if admitted is not None:
+                        admitted.done(index)
 
             if len(samples) == 1:
                 verdicts = [one(0)]
@@ -105,40 +119,39 @@ class Grader:
         return verdicts
 
     @contextlib.contextmanager
-    def _admitted(self, samples: Sequence[Sample], deadline: float) -> Iterator[Callable[[int], None]]:
-        """The request's samples admitted at their full limits (``admission``; 413 / 503 when
-        they do not fit): yields what gives a sample's cost back as it ends."""
+    def _admitted(self, samples: Sequence[Sample], deadline: float, client: str) -> Iterator[Admitted | None]:
+        """The request's samples admitted at the node's measured rate (``admission``; 413 / 503
+        when they do not fit), or ``None`` with admission off."""
         if self.settings.admission == "off":
-            yield lambda index: None
+            yield None
             return
-        with self.admission.admit([self.cost(sample) for sample in samples], deadline) as admitted:
-            yield admitted.done
+        with self.admission.admit(client, [self.cost(sample) for sample in samples], deadline) as admitted:
+            yield admitted
 
     def cost(self, sample: Sample) -> Cost:
-        """What ``sample`` may take at its limits: its build, its tests (no more than its sample's
-        wall time; CPU no more than that on every core) and its label's checker."""
+        """What ``sample`` costs in slot seconds: its tests (and build) at the measured rate,
+        and at its limits (its sample's wall time, its build and its label's checker)."""
         suite = sample.suite
         if suite is None or suite.invalid or not sample.code:
             return Cost(0.0, 0.0)
         s = self.settings
-        scale = self.runner.scale(sample.language)
         tests = len(suite.tests)
-        own = self.runner.own_sample_s(suite, sample.language)
-        cpu = min(tests * scale.of(s.test_cpu_s), own * self.admission.cores)
-        slot = min(tests * scale.of(s.test_wall_s), own)
+        # A sample's tests may take their own wall limits each and more wall time under load: its
+        # own time bounds it (``Job.sample_s``).
+        worst = self.runner.own_sample_s(suite, sample.language)
+        expected = tests * self.rates.test_s(sample.language)
         if sample.language != PYTHON:
-            cpu, slot = cpu + s.compile_cpu_s, slot + s.compile_cpu_s
+            worst, expected = worst + s.compile_cpu_s, expected + self.rates.build_s(sample.language)
         if suite.checker.mode == "custom":
-            reserve = checking.check_reserve(self.runner, suite)
-            reserve += s.compile_cpu_s if suite.checker.language != PYTHON else 0.0
-            cpu, slot = cpu + reserve, slot + reserve
-        elif suite.interactor is not None:  # beside its program, on its own CPU
-            build = s.compile_cpu_s if suite.interactor.language != PYTHON else 0.0
-            interactor_cpu_s = checking.interactor_cpu_s(self.runner, suite.interactor)
-            cpu, slot = cpu + tests * interactor_cpu_s + build, slot + build
-        return Cost(cpu, slot)
+            worst += checking.check_reserve(self.runner, suite)
+            worst += s.compile_cpu_s if suite.checker.language != PYTHON else 0.0
+        elif suite.interactor is not None:
+            worst += s.compile_cpu_s if suite.interactor.language != PYTHON else 0.0
+        return Cost(expected, worst)
 
-    def grade_one(self, sample: Sample, deadline: float, request: object) -> Verdict:
+    def grade_one(
+        self, sample: Sample, deadline: float, client: str, admitted: Admitted | None = None, index: int = 0
+    ) -> Verdict:
         if sample.suite is None:
             return Verdict("prompt_not_found", 0, 0, None)
         total = len(sample.suite.tests)
@@ -149,8 +162,8 @@ class Grader:
         for attempt in range(2):
             try:
                 if sample.language != PYTHON:
-                    return self._run_built(sample, deadline, request)
-                return self._run(sample.suite, sample.code, deadline, request)
+                    return self._run_built(sample, deadline, client, admitted, index)
+                return self._run(sample.suite, sample.code, deadline, client, admitted, index)
             except SandboxFailure as exc:
                 log.warning("code sandbox failed a run (attempt %d): %s", attempt + 1, exc)
                 if attempt == 0 and deadline - time.monotonic() > self.settings.retry_pause_s + 1.0:
@@ -158,7 +171,9 @@ class Grader:
                     continue
         return Verdict("sandbox_error", 0, total, None)
 
-    def _run_built(self, sample: Sample, deadline: float, request: object) -> Verdict:
+    def _run_built(
+        self, sample: Sample, deadline: float, client: str, admitted: Admitted | None, index: int
+    ) -> Verdict:
         """A program in a compiled language: its build (once per source, ``compile_cache``),
         then its tests, each running the build."""
         suite = sample.suite
@@ -168,38 +183,52 @@ class Grader:
         if self.builds is None or self.builds.missing(language):
             return Verdict("language_unavailable", 0, total, None)
         program = self.builds.program(language, sample.code, self.settings.memory_mb)
-        with built(self.runner, program, deadline, request) as error:
+        started = time.monotonic()
+        with built(self.runner, program, deadline, client) as error:
+            self.rates.measured(sample.language, 0.0, 0, time.monotonic() - started)
             if error is not None:
                 return Verdict("compile_error", 0, total, 0.0)
-            return self._run(suite, sample.code, deadline, request, program)
+            return self._run(suite, sample.code, deadline, client, admitted, index, program)
 
     def _run(
-        self, suite: Suite, code: str, deadline: float, request: object, program: Program | None = None
+        self,
+        suite: Suite,
+        code: str,
+        deadline: float,
+        client: str,
+        admitted: Admitted | None = None,
+        index: int = 0,
+        program: Program | None = None,
     ) -> Verdict:
         statuses = ["timeout"] * len(suite.tests)
         outputs: dict[int, str] = {}  # what the custom checker judges
         cut = False
+        language = program.language.name if program else PYTHON
         with contextlib.ExitStack() as stack:
-            uid = stack.enter_context(self.runner.slot(request, deadline))
+            uid = stack.enter_context(self.runner.slot(client, deadline))
+            slot_taken = time.monotonic()
+            plan = admitted.started(index) if admitted is not None else math.inf
             # A label's checker is built, and its time kept, before the program runs: whatever
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             by = suite.interactor or suite.checker  # the label's checker or interactor
             try:
-                checker = stack.enter_context(checking.checker_built(self.runner, by, deadline, request, uid))
+                checker = stack.enter_context(checking.checker_built(self.runner, by, deadline, client, uid))
             except JudgeFailure as exc:
                 log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                 return Verdict("judge_failure", 0, len(statuses), None)
             checks_after = checker is not None and suite.interactor is None
-            runs_by = deadline - (checking.check_reserve(self.runner, suite) if checks_after else 0.0)
-            if runs_by <= time.monotonic():
+            reserve = checking.check_reserve(self.runner, suite) if checks_after else 0.0
+            runs_by = deadline - reserve
+            now = time.monotonic()
+            if runs_by <= now:
                 raise SandboxFailure("no time left before the request deadline for the program and its checker")
-            language = program.language.name if program else PYTHON
-            job = self.runner.job(suite, code, runs_by, language)
-            # Admitted at its limits, a sample the request's deadline ends before its own time
-            # ran late through no choice of its program: a test cut short is no verdict, never
-            # its timeout. Not admitted so, the program may have spent that time: its timeout.
-            own_s = self.runner.own_sample_s(suite, language)
-            deadline_cuts = self.settings.admission == "limits" and job.sample_s < own_s
+            # The sample's own time: its limits, and its plan (``admission``) where that is less.
+            limit_s = min(self.runner.own_sample_s(suite, language), plan)
+            job = self.runner.job(suite, code, runs_by, language, plan)
+            # A sample the request's deadline ends before its own time ran late through no choice
+            # of its program: a test cut short is no verdict, never its timeout. One that ran to its
+            # plan spent it (with admission off, it may have spent the deadline itself): its timeout.
+            deadline_cuts = self.settings.admission != "off" and runs_by < now + limit_s
             if program is not None:
                 assert self.builds is not None
                 job = self.builds.run_job(program, job, self.runner.cgroups())
@@ -243,7 +272,7 @@ class Grader:
                 log.warning(
                     "the request's deadline cut a code sample's test short (no verdict): a node behind its plan"
                 )
-                return Verdict("deadline", 0, len(statuses), None)
+                return Verdict("deadline", 0, len(statuses), None, job.sample_s)
             points = [interacted.get(index, float(status == "passed")) for index, status in enumerate(statuses)]
             if outputs:
                 assert checker is not None
@@ -254,9 +283,13 @@ class Grader:
                 except JudgeFailure as exc:
                     log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                     return Verdict("judge_failure", 0, len(statuses), None)
-        return self._score(suite, statuses, points)
+            # What programs that end on their own cost here: a sample cut short costs no more
+            # than its plan, whatever its tests would have taken (nor may spinners raise others' floors).
+            if "timeout" not in statuses:
+                self.rates.measured(language, time.monotonic() - slot_taken, len(statuses))
+        return self._score(suite, statuses, points, job.sample_s)
 
-    def _score(self, suite: Suite, statuses: list[str], points: list[float]) -> Verdict:
+    def _score(self, suite: Suite, statuses: list[str], points: list[float], budget_s: float) -> Verdict:
         """The sample's verdict by its label's scoring (else the server's): the fraction of the
         tests' points, all or nothing, or subtasks (a group's points when all its tests pass)."""
         passed = statuses.count("passed")
@@ -269,7 +302,7 @@ class Grader:
             score = sum(group.points * min(points[i] for i in group.tests) for group in suite.subtasks) / total
         else:
             score = sum(points) / len(points)
-        return Verdict(status, passed, len(statuses), score)
+        return Verdict(status, passed, len(statuses), score, budget_s)
 
     @staticmethod
     def _trusted(suite: Suite) -> TrustedTests | None:
@@ -277,6 +310,10 @@ class Grader:
         if suite.kind != "assert":
             return None
         return TrustedTests(tests=list(suite.tests), setup=suite.setup, entry_point=suite.entry_point)
+
+    def admission_stats(self) -> dict[str, object]:
+        """What ``/info`` shows of admission: the work admitted, and the rates it plans with."""
+        return {**self.admission.stats(), "cancelled": self.cancelled, "rates": self.rates.stats()}
 
     def time_limits(self) -> dict[str, dict[str, float]]:
         """Per language graded programs may be written in, each test's CPU and wall limits."""
@@ -286,11 +323,10 @@ class Grader:
         """``trials.trial`` within this grader's ``timeout_s``: for the startup checks and the benches."""
         return trials.trial(self.runner, self.timeout_s, code, language, inputs)
 
-    def run_once(
-        self, code: str, language: str, stdin: str, limits: RunLimits, deadline: float, request: object
-    ) -> Trial:
+    def run_once(self, code: str, language: str, stdin: str, limits: RunLimits, deadline: float, client: str) -> Trial:
         """``trials.run_once`` admitted beside this grader's samples: SandboxFusion's ``/run_code``."""
-        return trials.run_once(self.runner, self.admission, code, language, stdin, limits, deadline, request)
+        admission = self.admission if self.settings.admission != "off" else None
+        return trials.run_once(self.runner, admission, self.rates, code, language, stdin, limits, deadline, client)
 
     def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""

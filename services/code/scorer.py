@@ -19,6 +19,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from common.clients import current_client, hang_up_check
 from common.config import ConfigError, env_name, from_env
 from common.cpus import usable_cpus
 from common.deadlines import Deadline, current_deadline
@@ -90,7 +91,9 @@ class Graded(Scored):
     """A sample's reward with the verdict behind it (the OpenRLHF answer reports its rates)."""
 
     def __init__(self, score: float, verdict: Verdict) -> None:
-        super().__init__(score, {"error_types": None if verdict.status == "passed" else verdict.status})
+        budget = None if verdict.budget_s is None else round(verdict.budget_s, 3)
+        super().__init__(score, {"error_types": None if verdict.status == "passed" else verdict.status,
+                                 "time_budget_s": budget})  # fmt: skip
         self.verdict = verdict
 
 
@@ -293,7 +296,9 @@ class CodeScorer(Scorer):
     def grade(self, samples: Sequence[Sample]) -> list[Verdict]:
         if self.grader is None:
             raise RuntimeError("the code sandbox is not started")
-        return self.grader.grade(samples, current_deadline()) if samples else []
+        if not samples:
+            return []
+        return self.grader.grade(samples, current_deadline(), current_client(), hang_up_check())
 
     def reward(self, verdict: Verdict) -> float:
         """A verdict's reward; a sample without one gets ``infra_failure_score``."""
@@ -309,12 +314,14 @@ class CodeScorer(Scorer):
         return [Graded(self.reward(v), v) for v in self.grade(items)]  # type: ignore[arg-type]
 
     def run_code(self, request: sandbox_fusion.RunCode) -> sandbox_fusion.Ran:
-        """One ``/run_code`` run by the request's deadline, in a slot lent to its client."""
+        """One ``/run_code`` run by the request's deadline and its client's read timeout, in its
+        client's turn at the slots."""
         if self.grader is None:
             raise RuntimeError("the code sandbox is not started")
         deadline = current_deadline() or Deadline(self.core.request_timeout_s)
+        answer_by = min(deadline.expires, deadline.expires - deadline.seconds + request.answer_s)
         try:
-            return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, deadline.expires))
+            return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, answer_by))
         except host.SandboxFailure as exc:
             raise Overloaded(f"the sandbox could not make the run ({exc}); retry") from exc
 
@@ -326,7 +333,7 @@ class CodeScorer(Scorer):
             "toolchains": self.grader.builds.toolchains() if self.grader and self.grader.builds else None,
             "compile_cache": self.grader.builds.cache.stats() if self.grader and self.grader.builds else None,
             "label_cache": self.label_code.stats(),
-            "admission": self.grader.admission.stats() if self.grader else None,
+            "admission": self.grader.admission_stats() if self.grader else None,
             "time_limits": self.grader.time_limits() if self.grader else None,
             "parallel": self.settings.parallel,
             "environment": self.settings.env or None,

@@ -60,15 +60,16 @@ class CodeSettings:
     problems_dir: str = setting(
         "", "directory of the Kattis problem packages labels name (`problem`), each read once; empty: none"
     )
-    # Which requests a worker takes on (services/code/admission.py): "limits", only those whose
-    # samples all run every test at their full limits before the deadline, beside the work
-    # already admitted (the rest: 503 before any work, 413 for one that could never fit), a test
-    # the deadline cuts short anyway getting no verdict; "off", every request, a test the
-    # deadline cuts short being the program's timeout (it may have spent that time itself).
-    admission: Literal["limits", "off"] = setting(
-        "limits",
-        "`limits`: take on only requests whose samples all run every test at their full limits before the deadline, "
-        "beside the admitted work (else 503 before any work; 413 when one never could); `off`: every request",
+    # Which requests a worker takes on (services/code/admission.py): "measured", those whose
+    # samples the node can grade before the deadline at the rate it measures, each sample at no
+    # less than its guaranteed share (a quiet node: its full limits), a sample cut by the deadline
+    # within its share getting no verdict (the rest: 503 with Retry-After before any work); "off",
+    # every request at full limits, a test the deadline cuts short being the program's timeout.
+    admission: Literal["measured", "off"] = setting(
+        "measured",
+        "`measured`: take on the requests the node can grade before their deadline at the rate it measures, each "
+        "sample planned no less than 3x its measured cost and 1.5 s (its full limits when the node has room; else 503 "
+        "with `Retry-After` before any work); `off`: every request, at full limits",
     )
     # Limits of each test process.
     memory_mb: int = setting(

@@ -74,7 +74,8 @@ class CombinedScorer(Scorer):
         }
         # Every reward of a request but one is scored on a thread of this pool, the last on the
         # request's own: the rewards wait on their batchers at once, not one after another.
-        self._pool = ThreadPoolExecutor(max(1, core.threads * (len(names) - 1)), thread_name_prefix="multi")
+        threads = registry.request_threads(core.threads, "multi")
+        self._pool = ThreadPoolExecutor(max(1, threads * (len(names) - 1)), thread_name_prefix="multi")
 
     def setup(self, device: str) -> None:
         """Load the rewards one after another, each by its own runtime (two loading at once in

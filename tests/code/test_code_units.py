@@ -18,10 +18,9 @@ import pytest
 from common import install
 from common.config import ConfigError
 from common.deadlines import Deadline
-from common.errors import Overloaded, PayloadTooLarge, Unprocessable
+from common.errors import Unprocessable
 from common.settings import CoreSettings
 from services.code import environments, languages
-from services.code.admission import Admission, Cost
 from services.code.cgroups import Cgroups
 from services.code.compare import output_matches, result_matches
 from services.code.extract import extract_code, response_from_query
@@ -34,7 +33,7 @@ from services.code.sandbox.inside.confine import SampleCgroup
 from services.code.sandbox.inside.messages import Skipped, StdinOutcome, from_plain, to_plain
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
-from testing.clock import ManualClock, wait_until
+from testing.clock import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -226,39 +225,35 @@ class LateSandbox(FailingSandbox):
         yield from (Skipped(index) for index in range(1, len(job.tests)))
 
 
-@pytest.mark.parametrize(("admission", "status", "score"), [("limits", "deadline", None), ("off", "timeout", 0.5)])
-def test_a_test_the_request_deadline_cuts_short_is_no_verdict_when_admitted(admission, status, score) -> None:
-    """Admitted at its limits, a sample the deadline ends before its own time ran late through
-    no choice of its program: no verdict. Not admitted, the program may have spent the time."""
+class Planned:
+    """An admitted request whose samples are each planned ``plan_s`` (``Admission.start``)."""
+
+    def __init__(self, plan_s: float) -> None:
+        self.plan_s = plan_s
+
+    def started(self, index: int) -> float:
+        return self.plan_s
+
+
+@pytest.mark.parametrize(
+    ("admission", "plan_s", "status", "score"),
+    [("measured", 100.0, "deadline", None), ("measured", 2.0, "timeout", 0.5), ("off", None, "timeout", 0.5)],
+)
+def test_a_sample_cut_within_its_plan_is_no_verdict_and_one_cut_at_it_the_programs_timeout(
+    admission, plan_s, status, score
+) -> None:
+    """A sample the request's deadline (5 s) ends before its plan ran late through no choice of
+    its program: no verdict. One that ran to its plan (2 s) spent it: its timeout, and its
+    answer says the time it had. Admission off, the program may have spent the deadline itself."""
     sandbox = LateSandbox(0)
     sandbox.jobs = []
     settings = CodeSettings(infra_failure_score="nan", test_cpu_s=0.5, test_wall_s=1.0, admission=admission)
-    [verdict] = Grader(settings, sandbox, 5.0).grade([Sample("print('ok')", SUITE)])
-    assert sandbox.jobs[0].sample_s < settings.sample_wall_s  # the deadline, not its own time, ended it
+    grader = Grader(settings, sandbox, 5.0)
+    planned = Planned(plan_s) if plan_s is not None else None
+    verdict = grader.grade_one(Sample("print('ok')", SUITE), Deadline(5.0).expires, "client", planned)
     assert (verdict.status, verdict.score) == (status, score)
-
-
-def test_admission_refuses_what_the_node_cannot_finish_by_the_deadline() -> None:
-    """2 cores, 2 slots: CPU seconds over the cores and slot seconds over the slots (Graham's
-    bound) must fit before the earliest deadline among the admitted requests."""
-    clock = ManualClock()
-    admission = Admission(cores=2, slots=2, setting="limits", clock=clock)
-    now = clock.now
-    # 3 x 10 s of CPU on 2 cores: 15 s > 10 s, alone
-    with pytest.raises(PayloadTooLarge), admission.admit([Cost(10, 10)] * 3, now + 10):
-        pass
-    with admission.admit([Cost(4, 6)] * 2, now + 10) as first:  # slots: 12 / 2 + 6 / 2 = 9 s <= 10 s
-        # Beside it, by the earlier deadline: 24 / 2 + 3 = 15 s > 10 s.
-        with pytest.raises(Overloaded), admission.admit([Cost(4, 6)] * 2, now + 100):
-            pass
-        first.done(0)
-        first.done(1)  # its samples ended: their cost is given back
-        with admission.admit([Cost(4, 6)] * 2, now + 100):
-            assert admission.stats()["samples"] == 2
-    clock.advance(1.5)  # the 9 s that fitted by now + 10 no longer do
-    with pytest.raises(PayloadTooLarge), admission.admit([Cost(4, 6)] * 2, now + 10):
-        pass
-    assert admission.stats() == {"requests": 0, "samples": 0, "cpu_s": 0, "slot_s": 0}
+    assert verdict.budget_s == sandbox.jobs[0].sample_s < settings.sample_wall_s
+    assert (verdict.budget_s == plan_s) == (plan_s == 2.0)
 
 
 def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:

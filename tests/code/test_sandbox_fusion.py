@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import base64
 import http.client
-import importlib.util
 import json
-import os
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from types import ModuleType
 
 import pytest
 import requests
 
 from testing.clock import wait_until
-from testing.code import busy_slots, sandbox_uids
+from testing.code import busy_slots, sandbox_uids, verl_client
 from testing.server import Server, gunicorn_server
 from testing.timing import within
 
@@ -46,7 +43,6 @@ CPP_CRASH = "#include <cstdlib>\nint main(){std::abort();}"
 CPP_LOOP = "int main(){volatile unsigned long x=0;for(;;)x++;}"
 CPP_SYNTAX = "int main(){ return }"
 # Where a fetched copy of verl's verl/utils/reward_score/sandbox_fusion/utils.py is (never committed).
-VERL_CLIENT = "SCORER_TEST_VERL_SANDBOX_FUSION"
 
 
 @pytest.fixture(scope="module")
@@ -331,18 +327,6 @@ def run_code_from(source: str, url: str, code: str, stdin: str) -> dict:
 
 
 # -- verl's own client ------------------------------------------------------------------------
-
-
-def verl_client() -> ModuleType:
-    """verl's ``sandbox_fusion/utils.py``, from the copy ``SCORER_TEST_VERL_SANDBOX_FUSION`` names."""
-    path = os.environ.get(VERL_CLIENT)
-    if not path:
-        pytest.skip(f"{VERL_CLIENT} names no fetched copy of verl's sandbox_fusion/utils.py")
-    spec = importlib.util.spec_from_file_location("verl_sandbox_fusion_utils", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 APLUSB = {"inputs": ["1 2\n", "20 22\n", "-5 5\n"], "outputs": ["3\n", "42\n", "0\n"]}

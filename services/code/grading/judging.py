@@ -24,6 +24,7 @@ from services.code.sandbox.inside.messages import (
 STATUSES = (
     "passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit", "compile_error", "no_code",
     "invalid_label", "sandbox_error", "language_unavailable", "judge_failure", "prompt_not_found", "deadline",
+    "cancelled",
 )  # fmt: skip
 # How much of the kept output (``compared_output_bytes``) an expected output may need: a
 # program's stdout may pad each line (twice), a call's answer tags tuples, sets and dicts
@@ -50,6 +51,8 @@ class Verdict:
     total: int
     # None: no verdict (the service's infra_failure_score applies).
     score: float | None
+    # The wall seconds its tests had (its limits, or its plan when the node was shared); None: not run.
+    budget_s: float | None = None
 
 
 def judge(suite: Suite, run: Outcome, tolerance: float) -> str:

@@ -5,6 +5,7 @@ lent to its request by the request's deadline."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 
@@ -31,12 +32,13 @@ class Runner:
         self.builds = builds
         self.time_scales = time_scales(settings.time_scales)
 
-    def job(self, suite: Suite, code: str, deadline: float, language: str = PYTHON) -> Job:
+    def job(self, suite: Suite, code: str, deadline: float, language: str = PYTHON, plan_s: float = math.inf) -> Job:
         """What the sandbox gets to run ``code`` in ``language`` against ``suite`` (never the
-        expected outputs), each test's time limits scaled for its language."""
+        expected outputs), each test's time limits scaled for its language, the sample's own
+        time no more than ``plan_s`` (``admission``) and ``deadline``."""
         s = self.settings
         scale = self.scale(language)
-        sample_s = self.own_sample_s(suite, language)
+        sample_s = min(self.own_sample_s(suite, language), plan_s)
         cgroups = self.sandbox.cgroups
         return Job(
             kind=suite.kind, code=code, fn_name=suite.fn_name, prelude=prelude(suite.prelude or s.prelude, suite.kind),

@@ -10,8 +10,9 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from services.code.admission import Admission, Cost
+from services.code.admission import Admission, Cost, Rates
 from services.code.grading.building import built
+from services.code.grading.judging import cut_short
 from services.code.grading.runner import Runner
 from services.code.labels import Suite
 from services.code.languages import LANGUAGES, PYTHON
@@ -63,17 +64,21 @@ def trial(
 
 def run_once(
     runner: Runner,
-    admission: Admission,
+    admission: Admission | None,
+    rates: Rates,
     code: str,
     language: str,
     stdin: str,
     limits: RunLimits,
     deadline: float,
-    request: object,
+    client: str,
 ) -> Trial:
     """One run of ``code`` on ``stdin`` (built first, through the compile cache, when
     compiled), unjudged, within ``limits`` (never more than the server's), by ``deadline``,
-    in a slot lent to ``request``: SandboxFusion's ``/run_code``. Raises ``SandboxFailure``."""
+    in ``client``'s turn at the slots: SandboxFusion's ``/run_code``. Admitted at the measured
+    rate (``admission``; ``None``: off), it runs at its full limits or not at all: a run the
+    deadline would cut short raises ``SandboxFailure`` (retried by the client), never a time
+    limit its program did not reach."""
     s = runner.settings
     memory_mb = min(limits.memory_mb, s.memory_mb)
     less = (s.memory_mb - memory_mb) << 20
@@ -84,38 +89,50 @@ def run_once(
         judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
         files=limits.files, fetch=list(limits.fetch), fetch_bytes=s.run_code_file_bytes,
     )  # fmt: skip
-    build_s = 0.0 if language == PYTHON else s.compile_cpu_s
-    with _admitted(runner, admission, Cost(job.cpu_s + build_s, job.wall_s + build_s), deadline):
+    build_s, expected = (0.0, 0.0) if language == PYTHON else (s.compile_cpu_s, rates.build_s(language))
+    cost = Cost(rates.test_s(language) + expected, job.wall_s + build_s)
+    with _admitted(admission, client, cost, deadline):
         if language == PYTHON:
-            return _run_once(runner, job, request, deadline, None)
+            return _run_once(runner, rates, job, language, client, deadline, None)
         assert runner.builds is not None
         program = runner.builds.program(LANGUAGES[language], code, memory_mb)
         started = time.monotonic()
-        with built(runner, program, deadline, request) as error:
+        with built(runner, program, deadline, client) as error:
             built_s = time.monotonic() - started
+            rates.measured(language, 0.0, 0, built_s)
             if error is not None:
                 return Trial(error, built_s, None)
             job = runner.builds.run_job(program, job, runner.cgroups())
-            return _run_once(runner, job, request, deadline, built_s)
+            return _run_once(runner, rates, job, language, client, deadline, built_s)
 
 
 @contextlib.contextmanager
-def _admitted(runner: Runner, admission: Admission, cost: Cost, deadline: float) -> Iterator[None]:
-    """A ``/run_code`` run admitted beside the graded samples at its limits (413 / 503, which
-    its route answers as SandboxFusion's retried 504, when it does not fit)."""
-    if runner.settings.admission == "off":
+def _admitted(admission: Admission | None, client: str, cost: Cost, deadline: float) -> Iterator[None]:
+    """A ``/run_code`` run admitted beside the graded samples (413 / 503, which its route
+    answers as SandboxFusion's retried 504, when it does not fit)."""
+    if admission is None:
         yield
         return
-    with admission.admit([cost], deadline):
+    with admission.admit(client, [cost], deadline):
         yield
 
 
-def _run_once(runner: Runner, job: Job, request: object, deadline: float, built_s: float | None) -> Trial:
-    messages = runner.run_all(job, request, deadline)
+def _run_once(
+    runner: Runner, rates: Rates, job: Job, language: str, client: str, deadline: float, built_s: float | None
+) -> Trial:
+    with runner.slot(client, deadline) as uid:
+        started = time.monotonic()
+        if deadline - started < job.wall_s:
+            raise SandboxFailure("the run could not have its time limit before the client's timeout")
+        job = dataclasses.replace(job, sample_s=max(0.1, min(job.sample_s, deadline - started)))
+        messages = list(runner.sandbox.run(job, uid))
+        rates.measured(language, time.monotonic() - started, 1)
     fetched = next((m.files for m in messages if isinstance(m, Fetched)), {})
     runs = [m for m in messages if not isinstance(m, Fetched)]
     if len(runs) != 1 or not isinstance(runs[0], StdinOutcome):
         raise SandboxFailure(f"a run answered {runs}")
+    if cut_short(runs[0], job):
+        raise SandboxFailure("the client's timeout would have cut the run short of its own time limits")
     return Trial(None, built_s, runs[0], fetched)
 
 

@@ -188,13 +188,14 @@ class _Ticket:
 
 
 class FairSlots:
-    """Run slots (one uid each) lent round-robin between the requests waiting for one.
+    """Run slots (one uid each) lent round-robin between the clients waiting for one.
 
-    A freed slot goes straight to a waiter, taking the requests in turn, and from
-    ``RESERVE_FROM_SLOTS`` slots on no request holds every slot: the last one is kept for
-    another request (while only one request runs, it stays idle). So a request of many slow
-    samples keeps one of a few (or of one) waiting neither until it is done nor until its
-    next slot frees. Each request waits in its own line: fairness is per request, not thread.
+    A freed slot goes straight to a waiter, taking the clients (``common.clients``) in turn,
+    and from ``RESERVE_FROM_SLOTS`` slots on no client holds every slot: the last one is kept
+    for another client (while only one client runs, it stays idle). So a client's many requests
+    or slow samples keep another client waiting neither until they are done nor until their next
+    slot frees. Each client waits in its own line, its requests' samples in arrival order:
+    fairness is per client, not per request or thread.
     """
 
     def __init__(self, uids: range) -> None:
@@ -205,7 +206,7 @@ class FairSlots:
         self._waiting: OrderedDict[object, deque[_Ticket]] = OrderedDict()
 
     def acquire(self, owner: object, timeout: float) -> int | None:
-        """A slot for ``owner`` (a request), or ``None`` when none came within ``timeout``."""
+        """A slot for ``owner`` (a client), or ``None`` when none came within ``timeout``."""
         with self._lock:
             if self._free and self._held.get(owner, 0) < self._most:
                 return self._lend(owner, self._free.pop())

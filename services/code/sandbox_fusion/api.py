@@ -37,13 +37,19 @@ NOT_SERVED = (
 DEFAULT_TIMEOUT_S = 10.0
 # What a process killed at a limit reports as its return code (SIGKILL, negated as Python does).
 KILLED = -9
+# verl reads an answer for ``compile_timeout + run_timeout + CLIENT_SLACK_S`` seconds
+# (``call_sandbox_api``); the node answers ``ANSWER_MARGIN_S`` before that, a 504 it retries
+# when the run could not be made in time, never silence past it.
+CLIENT_SLACK_S = 10.0
+ANSWER_MARGIN_S = 2.0
 
 
 @dataclass(frozen=True)
 class RunCode:
     """One ``/run_code`` request, validated: ``language`` is ours ("" for a name SandboxFusion
-    knows and this node does not serve), ``asked`` the client's; ``client`` its address, whose
-    runs share one turn at the run slots (``owner``)."""
+    knows and this node does not serve), ``asked`` the client's; ``client`` (``common.clients``)
+    whose turn at the run slots its run takes, as the client's graded samples do; ``answer_s``,
+    how long after its arrival its client still reads the answer."""
 
     code: str
     asked: str
@@ -51,13 +57,7 @@ class RunCode:
     stdin: str
     limits: RunLimits
     client: str = ""
-
-    @property
-    def owner(self) -> tuple[str, str]:
-        """Whom its run slot is lent to: one client's calls take their turns together, as one
-        graded request's samples do, so a client with many calls at once (or many slow ones)
-        holds at most all slots but one while another client waits."""
-        return ("run_code", self.client)
+    answer_s: float = 2 * DEFAULT_TIMEOUT_S + CLIENT_SLACK_S - ANSWER_MARGIN_S
 
 
 def parse(payload: dict[str, Any], settings: CodeSettings, client: str = "") -> RunCode:
@@ -80,14 +80,15 @@ def parse(payload: dict[str, Any], settings: CodeSettings, client: str = "") -> 
     if payload.get("args"):
         raise Unprocessable("'args' (pytest's) is not served by this node: only an empty list is accepted")
     run_s = _seconds(payload, "run_timeout")
-    _seconds(payload, "compile_timeout")  # builds are shared: the server's compile limits apply
+    compile_s = _seconds(payload, "compile_timeout")  # builds are shared: the server's compile limits apply
     memory = payload.get("memory_limit_MB", -1)
     if isinstance(memory, bool) or not isinstance(memory, int) or (memory <= 0 and memory != -1):
         raise Unprocessable(f"'memory_limit_MB' must be a positive integer or -1, not {quote(memory)}")
     memory_mb = settings.memory_mb if memory == -1 else min(memory, settings.memory_mb)
     files, fetch = _files(payload.get("files") or {}, settings), _fetch(payload.get("fetch_files") or [], settings)
     limits = RunLimits(cpu_s=run_s, wall_s=run_s, memory_mb=memory_mb, files=files, fetch=fetch)
-    return RunCode(code, asked, SERVED.get(asked, ""), stdin or "", limits, client)
+    answer_s = compile_s + run_s + CLIENT_SLACK_S - ANSWER_MARGIN_S
+    return RunCode(code, asked, SERVED.get(asked, ""), stdin or "", limits, client, answer_s)
 
 
 def _files(given: object, settings: CodeSettings) -> dict[str, str]:
@@ -151,15 +152,16 @@ def _seconds(payload: dict[str, Any], name: str) -> float:
 
 
 def run(grader: Grader, request: RunCode, deadline: float) -> dict[str, Any]:
-    """The answer to ``request``: its run within its limits, by ``deadline``, in a slot lent
-    to its client. Raises ``SandboxFailure`` when the sandbox could not make the run (no slot
-    in time, the sandbox failed)."""
+    """The answer to ``request``: its run within its limits, by ``deadline`` (the request's,
+    and no later than its client reads), in its client's turn at the slots. Raises
+    ``SandboxFailure`` when the sandbox could not make the run (no slot in time, the sandbox
+    failed, the run could not have its limits in time)."""
     if not request.language:
         return sandbox_error(f"language {request.asked!r} is not served by this node (served: {', '.join(SERVED)})")
     language = LANGUAGES.get(request.language)
     if language is not None and (grader.builds is None or grader.builds.missing(language)):
         return sandbox_error(f"the {request.asked} toolchain is not installed on this node")
-    trial = grader.run_once(request.code, request.language, request.stdin, request.limits, deadline, request.owner)
+    trial = grader.run_once(request.code, request.language, request.stdin, request.limits, deadline, request.client)
     return answer(trial)
 
 
