@@ -36,6 +36,9 @@ IMAGES_DECODED = Counter(
 )
 # The samples a ``multi`` request dropped an optional reward's score of, by reward.
 REWARD_DROPPED = Counter("scorer_reward_dropped_total", "Samples an optional reward failed for", ["service"])
+# Samples answered with a service's infrastructure-failure score instead of one of their own
+# (the code verifier's no-verdict: a deadline cut within a sample's plan, a sandbox failure), by why.
+UNSCORED = Counter("scorer_unscored_total", "Samples left without a score of their own", ["service", "reason"])
 READY = Gauge("scorer_ready", "1 when the model is loaded and warm", ["service"], multiprocess_mode="livemax")
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from common import metrics
 from common.deadlines import Deadline
 from services.code import interactive
 from services.code.admission import Admission, Admitted, Cost, Rates
@@ -340,6 +341,7 @@ class Grader:
         """Warn per sample left without a verdict, and when more than 5 of 100 were."""
         for verdict in verdicts:
             if verdict.score is None:
+                metrics.UNSCORED.labels("code", verdict.status).inc()
                 log.warning(
                     "code sample left without a verdict (%s): scored %s",
                     verdict.status, self.settings.infra_failure_score,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from testing.clock import wait_until
 from testing.code import verl_client
 from testing.server import Server, gunicorn_server
 
@@ -137,6 +138,44 @@ def test_one_clients_loopers_leave_another_clients_runs_graded(server: Server) -
             thread.join()
     assert graded == [1.0] * 3
     assert all(status == 200 and answer["run_result"]["stdout"] == "5\n" for status, answer in ran), ran
+
+
+def test_a_client_that_hangs_up_has_its_queued_samples_skipped(server: Server) -> None:
+    """A request of 60 spinners, admitted, then the connection closed: its samples still waiting
+    for a slot are not run (each would hold one for seconds), and /metrics counts why none of
+    them got a verdict."""
+    body = json.dumps({"query": [f"```python\n{SPIN}\n```"] * 60, "prompts": [""] * 60, "labels": [LABEL] * 60})
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=180)
+    conn.request("POST", "/reward/score", body, {"Content-Type": "application/json"})
+    wait_until(lambda: admission(server)["samples"] > 0, "the request admitted", pause_s=0.05)
+    conn.close()
+    wait_until(lambda: admission(server)["samples"] == 0, "the request given up", pause_s=0.2)
+    assert admission(server)["cancelled"] >= 30  # 6 slots x at most 3 floors each: most never ran
+    metrics = requests.get(server.url + "/metrics", timeout=30).text
+    assert 'scorer_unscored_total{reason="cancelled",service="code"}' in metrics
+
+
+def test_1024_concurrent_requests_are_each_answered_graded_or_told_when_to_retry(server: Server) -> None:
+    """What waits is bounded by the request threads (1024 for the code service) and the deadline:
+    every request is graded or refused at once with Retry-After, none is left hanging."""
+    body = json.dumps({"query": [f"```python\n{APLUSB}\n```"], "prompts": [""], "labels": [LABEL]})
+
+    def send(_: int) -> tuple[int, str | None, list]:
+        answer = requests.post(server.url + "/reward/score", data=body, timeout=180)
+        return answer.status_code, answer.headers.get("Retry-After"), answer.json().get("rewards", [])
+
+    with ThreadPoolExecutor(1024) as pool:
+        answers = list(pool.map(send, range(1024)))
+    graded = [rewards for status, _, rewards in answers if status == 200]
+    refused = [retry for status, retry, _ in answers if status == 503]
+    assert len(graded) + len(refused) == 1024, sorted({status for status, _, _ in answers})
+    assert graded and graded == [[1.0]] * len(graded)
+    assert all(retry is not None and int(retry) >= 1 for retry in refused)
+
+
+def admission(server: Server) -> dict:
+    return requests.get(server.url + "/info", timeout=30).json()["model"]["admission"]
 
 
 @pytest.fixture
