@@ -1,5 +1,5 @@
 """Usable CPUs (common/cpus.py): a process pinned to fewer CPUs than the machine has sizes its
-decode slots and the code verifier's admission by the CPUs it may run on."""
+decode slots and the code verifier's run slots by the CPUs it may run on."""
 
 from __future__ import annotations
 
