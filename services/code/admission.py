@@ -234,6 +234,13 @@ class Admission:
                 "running": len(running),
                 "planned_s": round(sum(waiting) + sum(running), 1),
                 "refused": self.refused,
+                "slots": self.slots,
+                "plan": {
+                    "margin": PLAN_MARGIN,
+                    "floor_s": PLAN_FLOOR_S,
+                    "stretch": PLAN_STRETCH,
+                    "admitted_share": ADMITTED_SHARE,
+                },
             }
 
 
