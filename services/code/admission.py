@@ -5,7 +5,8 @@ node runs out of (a slot's wall time stretches when the cores are shared, and so
 is measured). ``Rates`` keeps, per language, the slot seconds a test has cost here lately.
 
 Every admitted sample is guaranteed its *floor*: ``PLAN_MARGIN`` times what its tests cost at
-the measured rate, at least ``PLAN_FLOOR_S``, never more than its full limits (its *worst*).
+the measured rate (as measured when it is counted, so that the floors of samples already
+admitted follow what the node learns), at least ``PLAN_FLOOR_S``, never more than its full limits (its *worst*).
 A request is admitted when its client's queued work, its own included, still finishes by
 its deadline (with a margin: ``ADMITTED_SHARE``) with each sample at its floor, the clients
 taking the slots in turn (``FairSlots``), so a client's many requests or slow programs delay
@@ -20,9 +21,10 @@ sample's floor, up to ``PLAN_STRETCH`` floors: a burst shares the node between i
 The plan is the sample's wall time (``Job.sample_s``): a sample still running at its plan
 has spent it (``timeout``, the program's verdict); one cut earlier by the deadline ran late
 through no choice of its own (no verdict). Everything it was counted for is given back when
-it ends, and the slot time of one whose tests all ended on their own is measured into
-``Rates`` (a sample cut short cost its plan, no more: spinners raise no one's floor, and the
-plans they hold while they run are what tightens admission).
+it ends, and its slot time over the tests that ended on their own is measured into ``Rates``
+(a spinner's tests never end on their own: spinners raise no one's floor, and the plans they
+hold while they run are what tightens admission; a heavy program's completed tests raise the
+rate within a few samples).
 """
 
 from __future__ import annotations
@@ -45,51 +47,41 @@ PLAN_STRETCH = 3.0
 # Of the time before a deadline, the part admitted work may fill at its floors: the rest is the
 # margin for a measured rate that runs late and for the slots not freeing all at once.
 ADMITTED_SHARE = 0.8
-# The weight of each new measurement in a language's rate (about the last 20 samples count).
+# The weight of each new measurement in a language's rate: about the last 20 samples count,
+# but a rising cost counts at once (a few samples), so that heavier programs get their floors.
 RATE_WEIGHT = 0.05
+RISING_WEIGHT = 0.25
 # A language's rate before anything of it was measured (the start it decays from: a node's first
 # run, cold, costs many times its later ones), per test, and a build's.
 FIRST_TEST_S = 0.05
 FIRST_BUILD_S = 2.0
 
 
-@dataclass(frozen=True)
-class Cost:
-    """One sample's work in slot seconds: ``expected`` at the measured rate, its ``worst`` at
-    its full limits, and the ``floor`` it is guaranteed."""
-
-    expected: float
-    worst: float
-
-    @property
-    def floor(self) -> float:
-        return min(self.worst, max(PLAN_MARGIN * self.expected, PLAN_FLOOR_S))
-
-
 class Rates:
-    """Per language, the slot seconds a test (and a build) took here lately, in the samples whose
-    tests all ended on their own: a decayed mean."""
+    """Per language, the slot seconds a test (and a build) took here lately, counted over the
+    tests that ended on their own (``Grader._measure``): a decayed mean, quicker to rise."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_test_s: float = FIRST_TEST_S, first_build_s: float = FIRST_BUILD_S) -> None:
         self._lock = threading.Lock()
+        self._first = first_test_s, first_build_s
         self._test_s: dict[str, float] = {}
         self._build_s: dict[str, float] = {}
 
     def test_s(self, language: str) -> float:
         with self._lock:
-            return self._test_s.get(language, FIRST_TEST_S)
+            return self._test_s.get(language, self._first[0])
 
     def build_s(self, language: str) -> float:
         with self._lock:
-            return self._build_s.get(language, FIRST_BUILD_S)
+            return self._build_s.get(language, self._first[1])
 
     def measured(self, language: str, slot_s: float, tests: int, build_s: float | None = None) -> None:
         """A sample of ``language`` held its slot ``slot_s`` for ``tests`` tests (those it reached)."""
         with self._lock:
             if tests > 0:
-                self._test_s[language] = _decayed(self._test_s.get(language, FIRST_TEST_S), slot_s / tests)
+                self._test_s[language] = _decayed(self._test_s.get(language, self._first[0]), slot_s / tests)
             if build_s is not None:
-                self._build_s[language] = _decayed(self._build_s.get(language, FIRST_BUILD_S), build_s)
+                self._build_s[language] = _decayed(self._build_s.get(language, self._first[1]), build_s)
 
     def stats(self) -> dict[str, dict[str, float]]:
         with self._lock:
@@ -100,7 +92,30 @@ class Rates:
 
 
 def _decayed(old: float, new: float) -> float:
-    return (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
+    weight = RISING_WEIGHT if new > old else RATE_WEIGHT
+    return (1 - weight) * old + weight * new
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One sample's work in slot seconds: ``expected`` at the rate measured *now* (a sample
+    admitted before a burst's first runs were measured starts at what they showed), its
+    ``worst`` at its full limits, and the ``floor`` it is guaranteed."""
+
+    rates: Rates
+    language: str
+    tests: int
+    worst: float
+    builds: bool = False
+
+    @property
+    def expected(self) -> float:
+        build = self.rates.build_s(self.language) if self.builds else 0.0
+        return self.tests * self.rates.test_s(self.language) + build
+
+    @property
+    def floor(self) -> float:
+        return min(self.worst, max(PLAN_MARGIN * self.expected, PLAN_FLOOR_S))
 
 
 class Admitted:

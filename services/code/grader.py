@@ -134,21 +134,19 @@ class Grader:
         and at its limits (its sample's wall time, its build and its label's checker)."""
         suite = sample.suite
         if suite is None or suite.invalid or not sample.code:
-            return Cost(0.0, 0.0)
+            return Cost(self.rates, sample.language, 0, 0.0)
         s = self.settings
-        tests = len(suite.tests)
         # A sample's tests may take their own wall limits each and more wall time under load: its
         # own time bounds it (``Job.sample_s``).
         worst = self.runner.own_sample_s(suite, sample.language)
-        expected = tests * self.rates.test_s(sample.language)
-        if sample.language != PYTHON:
-            worst, expected = worst + s.compile_cpu_s, expected + self.rates.build_s(sample.language)
+        compiled = sample.language != PYTHON
+        worst += s.compile_cpu_s if compiled else 0.0
         if suite.checker.mode == "custom":
             worst += checking.check_reserve(self.runner, suite)
             worst += s.compile_cpu_s if suite.checker.language != PYTHON else 0.0
         elif suite.interactor is not None:
             worst += s.compile_cpu_s if suite.interactor.language != PYTHON else 0.0
-        return Cost(expected, worst)
+        return Cost(self.rates, sample.language, len(suite.tests), worst, compiled)
 
     def grade_one(
         self, sample: Sample, deadline: float, client: str, admitted: Admitted | None = None, index: int = 0
@@ -284,11 +282,16 @@ class Grader:
                 except JudgeFailure as exc:
                     log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                     return Verdict("judge_failure", 0, len(statuses), None)
-            # What programs that end on their own cost here: a sample cut short costs no more
-            # than its plan, whatever its tests would have taken (nor may spinners raise others' floors).
-            if "timeout" not in statuses:
-                self.rates.measured(language, time.monotonic() - slot_taken, len(statuses))
+            self._measure(language, time.monotonic() - slot_taken, statuses)
         return self._score(suite, statuses, points, job.sample_s)
+
+    def _measure(self, language: str, slot_s: float, statuses: list[str]) -> None:
+        """What a test costs here, from the tests that ended on their own: a sample cut short
+        after some (a heavy program at its plan) counts one more; one whose tests all timed out
+        (a spinner) counts none, so spinners never raise anyone's floor."""
+        ended = sum(status != "timeout" for status in statuses)
+        if ended:
+            self.rates.measured(language, slot_s, ended + (ended < len(statuses)))
 
     def _score(self, suite: Suite, statuses: list[str], points: list[float], budget_s: float) -> Verdict:
         """The sample's verdict by its label's scoring (else the server's): the fraction of the

@@ -9,15 +9,25 @@ import contextlib
 import pytest
 
 from common.errors import Overloaded, PayloadTooLarge
-from services.code.admission import PLAN_FLOOR_S, PLAN_MARGIN, Admission, Cost, Rates
+from services.code.admission import FIRST_TEST_S, PLAN_FLOOR_S, PLAN_MARGIN, Admission, Cost, Rates
+from services.code.cgroups import Cgroups
+from services.code.grader import Grader
+from services.code.settings import CodeSettings
 from testing.clock import ManualClock
 
 pytestmark = pytest.mark.unit
 
 SLOTS = 7
 DEADLINE_S = 110.0
+
+
+def cost(expected: float, worst: float) -> Cost:
+    """A sample of 10 tests that cost ``expected`` in all at the measured rate, ``worst`` at its limits."""
+    return Cost(Rates(first_test_s=expected / 10), "python", 10, worst)
+
+
 # A correct A+B of 10 tests at 5 ms a test; at its limits, a 60 s sample.
-CHEAP = Cost(expected=0.05, worst=60.0)
+CHEAP = cost(expected=0.05, worst=60.0)
 
 
 def test_a_burst_of_256_cheap_one_sample_requests_is_taken_whole() -> None:
@@ -33,7 +43,7 @@ def test_a_burst_of_256_cheap_one_sample_requests_is_taken_whole() -> None:
 def test_work_past_the_deadline_is_refused_with_the_seconds_to_wait() -> None:
     clock = ManualClock()
     admission = Admission(SLOTS, clock)
-    heavy = Cost(expected=10.0, worst=60.0)  # floor: 30 s
+    heavy = cost(expected=10.0, worst=60.0)  # floor: 30 s
     with contextlib.ExitStack() as held:
         taken = 0
         with pytest.raises(Overloaded) as refused:
@@ -49,7 +59,7 @@ def test_a_request_that_could_not_be_graded_even_alone_is_413() -> None:
     admission = Admission(SLOTS, ManualClock())
     with (
         pytest.raises(PayloadTooLarge, match="split the request"),
-        admission.admit("trainer", [Cost(expected=20.0, worst=60.0)] * 64, admission.clock() + DEADLINE_S),
+        admission.admit("trainer", [cost(expected=20.0, worst=60.0)] * 64, admission.clock() + DEADLINE_S),
     ):
         pass
 
@@ -59,7 +69,7 @@ def test_one_clients_backlog_never_gets_another_client_refused() -> None:
     most as much of A's work as B itself brings."""
     clock = ManualClock()
     admission = Admission(SLOTS, clock)
-    heavy = Cost(expected=10.0, worst=60.0)
+    heavy = cost(expected=10.0, worst=60.0)
     with contextlib.ExitStack() as held:
         with contextlib.suppress(Overloaded):
             while True:
@@ -103,15 +113,47 @@ def test_every_admitted_sample_keeps_its_floor_by_its_deadline() -> None:
         assert plans[0] > CHEAP.floor  # the first had the node to itself
 
 
-def test_the_measured_rate_rises_with_what_runs_cost_and_tightens_admission() -> None:
-    """Cheap programs lower the rate; a run of spinners after them raises it, and with it each
-    sample's floor, so fewer are taken."""
+def test_heavier_programs_raise_the_rate_within_a_few_samples_and_cheap_ones_lower_it_slowly() -> None:
     rates = Rates()
     for _ in range(50):
         rates.measured("python", 0.05, 10)
     cheap = rates.test_s("python")
-    for _ in range(20):
-        rates.measured("python", 4.0, 1)  # a spinner cut after one test, at its plan
-    assert rates.test_s("python") > 20 * cheap
-    floor = Cost(10 * rates.test_s("python"), 60.0).floor
+    for _ in range(5):
+        rates.measured("python", 5.0, 10)  # a correct program of 0.5 s a test
+    assert rates.test_s("python") > 0.3
+    rates.measured("python", 0.05, 10)
+    assert rates.test_s("python") > 0.25 > 10 * cheap
+    floor = Cost(rates, "python", 10, 60.0).floor
     assert floor > PLAN_MARGIN * 10 * cheap and floor > PLAN_FLOOR_S
+
+
+def test_a_waiting_samples_floor_follows_what_the_node_measures_after_its_admission() -> None:
+    """Admitted at the first runs' rate, a sample that starts after heavier runs were measured
+    is planned at what they showed: the first wave of a burst sets the floors of the rest."""
+    clock = ManualClock()
+    rates = Rates()
+    admission = Admission(SLOTS, clock)
+    sample = Cost(rates, "python", 10, 60.0)
+    with admission.admit("trainer", [sample] * 20, clock.now + DEADLINE_S) as request:
+        before = sample.floor
+        for _ in range(5):
+            rates.measured("python", 5.0, 10)  # programs of 0.5 s a test, measured meanwhile
+        assert sample.floor > 5 * before
+        assert request.started(0) >= sample.floor
+
+
+def test_spinners_are_not_measured_and_a_heavy_sample_cut_short_counts_its_ended_tests() -> None:
+    """A sample whose tests all timed out (a spinner, cut at its plan) says nothing of what a test
+    costs; one cut after 3 tests that ended on their own cost its slot time over 4."""
+    grader = Grader(CodeSettings(infra_failure_score="nan"), FakeSandbox(), 60.0)
+    grader._measure("python", 4.5, ["timeout"] * 10)
+    assert grader.rates.stats()["test_s"] == {}
+    grader._measure("python", 4.0, ["passed"] * 3 + ["timeout"] * 7)
+    assert grader.rates.test_s("python") > FIRST_TEST_S  # it rose towards 1 s a test
+
+
+class FakeSandbox:
+    """What a ``Grader`` reads of its sandbox before it runs anything."""
+
+    isolation = "none"
+    cgroups = Cgroups(0, reason="a fake sandbox")

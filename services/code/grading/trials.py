@@ -89,8 +89,8 @@ def run_once(
         judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
         files=limits.files, fetch=list(limits.fetch), fetch_bytes=s.run_code_file_bytes,
     )  # fmt: skip
-    build_s, expected = (0.0, 0.0) if language == PYTHON else (s.compile_cpu_s, rates.build_s(language))
-    cost = Cost(rates.test_s(language) + expected, job.wall_s + build_s)
+    compiled = language != PYTHON
+    cost = Cost(rates, language, 1, job.wall_s + (s.compile_cpu_s if compiled else 0.0), compiled)
     with _admitted(admission, client, cost, deadline):
         if language == PYTHON:
             return _run_once(runner, rates, job, language, client, deadline, None)
