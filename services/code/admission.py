@@ -15,9 +15,9 @@ enough work has drained (``Retry-After``). Work that waits for a slot counts aga
 own deadline.
 
 When a sample takes its slot its *plan* is fixed: its full limits when its request has the
-node to itself and fits there at them (what a quiet node always gave); beside other requests,
-its floor plus a share of the slack the node has before its deadline beyond every waiting
-sample's floor, up to ``PLAN_STRETCH`` floors: a burst shares the node between its samples.
+node to itself and fits there at them (what a quiet node always gave); else its floor plus a
+share of the slack the node has before its deadline beyond every waiting sample's floor (up to
+``PLAN_STRETCH`` floors beside other requests): a burst shares the node between its samples.
 The plan is the sample's wall time (``Job.sample_s``): a sample still running at its plan
 has spent it (``timeout``, the program's verdict); one cut earlier by the deadline ran late
 through no choice of its own (no verdict). Everything it was counted for is given back when
@@ -200,15 +200,16 @@ class Admission:
     def start(self, request: Admitted, index: int) -> float:
         """The plan of sample ``index`` as it takes its slot: its full limits when its request is
         alone on the node and all of it fits there at them; else its floor and a share of the
-        slack beyond every queued sample's floor before its deadline (ending by it, and no more
-        than ``PLAN_STRETCH`` floors, so that the first samples of a burst, starting before the
-        rest has arrived, cannot take the time of those behind them)."""
+        slack beyond every queued sample's floor before its deadline (ending by it, and beside
+        other requests no more than ``PLAN_STRETCH`` floors, so that the first samples of a
+        burst, starting before the rest has arrived, cannot take the time of those behind)."""
         with self._lock:
             now = self.clock()
             request.running.pop(index, None)  # a sample re-run after a sandbox failure is planned anew
             cost = request.costs[index]
             left = request.expires - now
-            if self._alone(request) and self._fits_at_limits(request, now):
+            alone = self._alone(request)
+            if alone and self._fits_at_limits(request, now):
                 plan = cost.worst
             else:
                 waiting = [c.floor for r in self._admitted for c in r.waiting()]  # this sample's among them
@@ -218,7 +219,8 @@ class Admission:
                 # of a burst still on their way (about a slot's worth) have a part too.
                 share = max(0.0, slack) / (2 * len(waiting) + self.slots)
                 # Its floor is its own, late or not; its share of the slack ends by its deadline.
-                plan = max(cost.floor, min(cost.floor + share, left, PLAN_STRETCH * cost.floor))
+                most = left if alone else min(left, PLAN_STRETCH * cost.floor)
+                plan = max(cost.floor, min(cost.floor + share, most))
             plan = min(cost.worst, plan)
             request.running[index] = (now, plan)
             return plan

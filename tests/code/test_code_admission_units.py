@@ -157,3 +157,13 @@ class FakeSandbox:
 
     isolation = "none"
     cgroups = Cgroups(0, reason="a fake sandbox")
+
+
+def test_a_request_alone_on_the_node_shares_all_of_it_between_its_samples() -> None:
+    """A GRPO group of 8 that does not fit at its full limits (8 x 60 s on 7 slots by 110 s) has
+    the node to itself: its samples are planned far past the floors a burst would get."""
+    clock = ManualClock()
+    admission = Admission(SLOTS, clock)
+    with admission.admit("trainer", [CHEAP] * 8, clock.now + DEADLINE_S) as request:
+        plans = [request.started(index) for index in range(SLOTS)]
+    assert all(plan > 10 * CHEAP.floor for plan in plans), plans
