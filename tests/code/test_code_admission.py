@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from testing.clock import wait_until
-from testing.code import verl_client
+from testing.code import busy_slots, verl_client
 from testing.server import Server, gunicorn_server
 
 ENV = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan"}
@@ -183,6 +183,26 @@ def fresh_server(tmp_path: Path) -> Iterator[Server]:
     """A node that has measured nothing yet: what it learns from spinners would refuse what follows."""
     with gunicorn_server("code", ENV, log_dir=tmp_path, cpus=CPUS) as srv:
         yield srv
+
+
+def test_a_run_that_cannot_be_made_in_time_is_a_504_before_verls_read_timeout(server: Server) -> None:
+    """verl reads a ``/run_code`` answer for compile_timeout + run_timeout + 10 s (12 s here):
+    with the 7 slots its client may hold taken by sleepers for 10 s, the run is a 504 (which verl
+    retries) before then, not an answer after verl gave up."""
+    sleeper = json.dumps({"code": "import time\ntime.sleep(100)", "language": "python", "run_timeout": 10})
+    sleepers = [threading.Thread(target=post, args=(server.url, "/run_code", sleeper, "127.0.0.4")) for _ in range(7)]
+    for thread in sleepers:
+        thread.start()
+    try:
+        wait_until(lambda: busy_slots(server) >= 7, "the sleepers running", pause_s=0.05)
+        run = json.dumps({"code": APLUSB, "language": "python", "stdin": "2 3", "compile_timeout": 1, "run_timeout": 1})
+        started = time.monotonic()
+        status, _ = post(server.url, "/run_code", run, "127.0.0.4")
+        seconds = time.monotonic() - started
+    finally:
+        for thread in sleepers:
+            thread.join()
+    assert status == 504 and seconds < 12, (status, seconds)
 
 
 def test_a_burst_of_spinners_scores_zero_with_no_nan(fresh_server: Server) -> None:
