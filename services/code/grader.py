@@ -29,7 +29,7 @@ from services.code.grading.judging import (
     judge,
     too_long,
 )
-from services.code.grading.runner import Runner
+from services.code.grading.runner import Owner, Runner
 from services.code.grading.trials import RunLimits, Trial
 from services.code.labels import Suite
 from services.code.languages import LANGUAGES, PYTHON, Program
@@ -94,6 +94,7 @@ class Grader:
         never raises for what a sample's code does. Once ``gone()`` (the client hung up), the
         samples not yet graded are not run."""
         deadline = (by or Deadline(self.timeout_s)).expires
+        owner = (client, object())  # this request's place in its client's turn at the slots
         with self._admitted(samples, deadline, client) as admitted:
 
             def one(index: int) -> Verdict:
@@ -102,7 +103,7 @@ class Grader:
                         with self._mask_lock:
                             self.cancelled += 1
                         return Verdict("cancelled", 0, 0, None)
-                    return self.grade_one(samples[index], deadline, client, admitted, index)
+                    return self.grade_one(samples[index], deadline, owner, admitted, index)
                 finally:
                     if admitted is not None:
                         admitted.done(index)
@@ -149,7 +150,7 @@ class Grader:
         return Cost(self.rates, sample.language, len(suite.tests), worst, compiled)
 
     def grade_one(
-        self, sample: Sample, deadline: float, client: str, admitted: Admitted | None = None, index: int = 0
+        self, sample: Sample, deadline: float, owner: Owner, admitted: Admitted | None = None, index: int = 0
     ) -> Verdict:
         if sample.suite is None:
             return Verdict("prompt_not_found", 0, 0, None)
@@ -161,8 +162,8 @@ class Grader:
         for attempt in range(2):
             try:
                 if sample.language != PYTHON:
-                    return self._run_built(sample, deadline, client, admitted, index)
-                return self._run(sample.suite, sample.code, deadline, client, admitted, index)
+                    return self._run_built(sample, deadline, owner, admitted, index)
+                return self._run(sample.suite, sample.code, deadline, owner, admitted, index)
             except SandboxFailure as exc:
                 log.warning("code sandbox failed a run (attempt %d): %s", attempt + 1, exc)
                 if attempt == 0 and deadline - time.monotonic() > self.settings.retry_pause_s + 1.0:
@@ -171,7 +172,7 @@ class Grader:
         return Verdict("sandbox_error", 0, total, None)
 
     def _run_built(
-        self, sample: Sample, deadline: float, client: str, admitted: Admitted | None, index: int
+        self, sample: Sample, deadline: float, owner: Owner, admitted: Admitted | None, index: int
     ) -> Verdict:
         """A program in a compiled language: its build (once per source, ``compile_cache``),
         then its tests, each running the build."""
@@ -183,18 +184,18 @@ class Grader:
             return Verdict("language_unavailable", 0, total, None)
         program = self.builds.program(language, sample.code, self.settings.memory_mb)
         started = time.monotonic()
-        with built(self.runner, program, deadline, client) as error:
+        with built(self.runner, program, deadline, owner) as error:
             self.rates.measured(sample.language, 0.0, 0, time.monotonic() - started)
             if error is not None:
                 return Verdict("compile_error", 0, total, 0.0)
-            return self._run(suite, sample.code, deadline, client, admitted, index, program)
+            return self._run(suite, sample.code, deadline, owner, admitted, index, program)
 
     def _run(
         self,
         suite: Suite,
         code: str,
         deadline: float,
-        client: str,
+        owner: Owner,
         admitted: Admitted | None = None,
         index: int = 0,
         program: Program | None = None,
@@ -204,14 +205,14 @@ class Grader:
         cut = False
         language = program.language.name if program else PYTHON
         with contextlib.ExitStack() as stack:
-            uid = stack.enter_context(self.runner.slot(client, deadline))
+            uid = stack.enter_context(self.runner.slot(owner, deadline))
             slot_taken = time.monotonic()
             plan = admitted.started(index) if admitted is not None else math.inf
             # A label's checker is built, and its time kept, before the program runs: whatever
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             by = suite.interactor or suite.checker  # the label's checker or interactor
             try:
-                checker = stack.enter_context(checking.checker_built(self.runner, by, deadline, client, uid))
+                checker = stack.enter_context(checking.checker_built(self.runner, by, deadline, owner, uid))
             except JudgeFailure as exc:
                 log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                 return Verdict("judge_failure", 0, len(statuses), None)

@@ -250,17 +250,18 @@ def test_a_sample_cut_within_its_plan_is_no_verdict_and_one_cut_at_it_the_progra
     settings = CodeSettings(infra_failure_score="nan", test_cpu_s=0.5, test_wall_s=1.0, admission=admission)
     grader = Grader(settings, sandbox, 5.0)
     planned = Planned(plan_s) if plan_s is not None else None
-    verdict = grader.grade_one(Sample("print('ok')", SUITE), Deadline(5.0).expires, "client", planned)
+    verdict = grader.grade_one(Sample("print('ok')", SUITE), Deadline(5.0).expires, ("client", object()), planned)
     assert (verdict.status, verdict.score) == (status, score)
     assert verdict.budget_s == sandbox.jobs[0].sample_s < settings.sample_wall_s
     assert (verdict.budget_s == plan_s) == (plan_s == 2.0)
 
 
-def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:
+def test_slots_keep_one_from_a_client_and_go_round_robin() -> None:
     slots = FairSlots(range(8))
-    big, small, other = object(), object(), object()
+    big, small, other = ("a", object()), ("b", object()), ("c", object())
     assert [slots.acquire(big, 0) for _ in range(7)] == [0, 1, 2, 3, 4, 5, 6]
-    assert slots.acquire(big, 0.01) is None  # the last slot is kept for another request
+    assert slots.acquire(big, 0.01) is None  # the last slot is kept for another client
+    assert slots.acquire(("a", object()), 0.01) is None  # whichever request of that client asks
     assert slots.acquire(small, 0) == 7
     granted: dict[str, int | None] = {}
     waiters = [
@@ -269,14 +270,39 @@ def test_slots_keep_one_from_a_request_and_go_round_robin() -> None:
     ]
     for count, waiter in enumerate(waiters, 1):
         waiter.start()
-        wait_until(lambda count=count: len(slots._waiting) == count, f"{count} requests waiting, in this order")
+        wait_until(lambda count=count: len(slots._waiting) == count, f"{count} clients waiting, in this order")
     slots.release(big, 0)  # big waits first and holds one: it may take it back
-    slots.release(small, 7)  # then the other request
+    slots.release(small, 7)  # then the other client
     for waiter in waiters:
         waiter.join()
     assert granted == {"big": 0, "other": 7}
     pair = FairSlots(range(2))  # too few to keep one back
     assert pair.acquire(big, 0) is not None and pair.acquire(big, 0) is not None
+
+
+def test_a_clients_requests_take_its_turns_in_turn() -> None:
+    """One client's big request with two waits ahead does not starve its own small one: the
+    second slot freed goes to the small request, not to the big one's second wait."""
+    slots = FairSlots(range(1))
+    held = slots.acquire(("a", "big"), 0)
+    granted: list[str] = []
+
+    def wait(name: str, request: str) -> None:
+        if slots.acquire(("a", request), 60) == held:
+            granted.append(name)
+
+    waiters = [
+        threading.Thread(target=wait, args=pair) for pair in (("big 1", "big"), ("big 2", "big"), ("small", "small"))
+    ]
+    for count, waiter in enumerate(waiters, 1):
+        waiter.start()
+        wait_until(lambda count=count: sum(map(len, slots._waiting["a"].values())) == count, f"{count} waiting")
+    for handed in (1, 2, 3):
+        slots.release(("a", "any"), held)
+        wait_until(lambda handed=handed: len(granted) == handed, "the slot handed over")
+    assert granted == ["big 1", "small", "big 2"]
+    for waiter in waiters:
+        waiter.join()
 
 
 def test_infrastructure_failure_is_rerun_once_then_masked(caplog) -> None:

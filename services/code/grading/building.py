@@ -7,14 +7,14 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from services.code.grading.runner import Runner
+from services.code.grading.runner import Owner, Runner
 from services.code.labels import Suite
 from services.code.languages import Program
 
 
 @contextlib.contextmanager
 def built(
-    runner: Runner, program: Program, deadline: float, request: object, uid: int | None = None
+    runner: Runner, program: Program, deadline: float, owner: Owner, uid: int | None = None
 ) -> Iterator[str | None]:
     """``program``'s build held in the compile cache (built if it is not there, in the slot
     ``uid`` when the caller holds one, else in one of its own): yields its compile error, or None."""
@@ -32,7 +32,7 @@ def built(
     def build() -> str | None:
         if uid is not None:
             return build_in(uid)
-        with runner.slot(request, deadline) as slot:
+        with runner.slot(owner, deadline) as slot:
             return build_in(slot)
 
     with builds.cache.held(program.key, build, deadline - time.monotonic()) as error:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from services.code import checkers
 from services.code.checkers import Checker
 from services.code.grading.building import built
-from services.code.grading.runner import Runner
+from services.code.grading.runner import Owner, Runner
 from services.code.labels import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, Program
 from services.code.sandbox.inside.messages import StdinOutcome
@@ -25,7 +25,7 @@ class JudgeFailure(Exception):
 
 @contextlib.contextmanager
 def checker_built(
-    runner: Runner, checker: Checker, deadline: float, request: object, uid: int
+    runner: Runner, checker: Checker, deadline: float, owner: Owner, uid: int
 ) -> Iterator[Program | None]:
     """The label's custom checker or interactor (None without one), built in the slot
     ``uid`` and held in the compile cache while the sample runs. Raises ``JudgeFailure``."""
@@ -38,7 +38,7 @@ def checker_built(
     if runner.builds.missing(language):
         raise JudgeFailure(f"the checker's toolchain is missing ({', '.join(runner.builds.missing(language))})")
     program = runner.builds.program(language, checker.program, runner.settings.memory_mb)
-    with built(runner, program, deadline, request, uid) as error:
+    with built(runner, program, deadline, owner, uid) as error:
         if error is not None:
             raise JudgeFailure(f"the checker does not compile: {error[:300]}")
         yield program

@@ -17,6 +17,8 @@ from services.code.sandbox.host import Sandbox, SandboxFailure
 from services.code.sandbox.inside.messages import Fetched, Job, Outcome
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
+# Whom a run slot is lent to: a client (``common.clients``) and one of its requests (``FairSlots``).
+Owner = tuple[str, object]
 # A sample's cgroup holds its supervisor (the sample's init) too: these tasks (it, a clean-up
 # helper, the tests' process) besides the program's, and ``SUPERVISOR_MB`` of memory.
 SUPERVISOR_TASKS = 4
@@ -80,14 +82,14 @@ class Runner:
         return bool(self.sandbox.cgroups.version)
 
     @contextlib.contextmanager
-    def slot(self, request: object, deadline: float) -> Iterator[int]:
-        """A run slot lent to ``request``, taken before ``deadline``; else ``SandboxFailure``."""
-        with self.sandbox.slot(request, deadline - time.monotonic()) as uid:
+    def slot(self, owner: Owner, deadline: float) -> Iterator[int]:
+        """A run slot lent to ``owner``, taken before ``deadline``; else ``SandboxFailure``."""
+        with self.sandbox.slot(owner, deadline - time.monotonic()) as uid:
             if uid is None or time.monotonic() >= deadline:
                 raise SandboxFailure("no run slot came free before the request deadline")
             yield uid
 
-    def run_all(self, job: Job, request: object, deadline: float) -> list[Outcome | Fetched]:
+    def run_all(self, job: Job, owner: Owner, deadline: float) -> list[Outcome | Fetched]:
         """Everything ``job`` reported, run in a slot of its own."""
-        with self.slot(request, deadline) as uid:
+        with self.slot(owner, deadline) as uid:
             return list(self.sandbox.run(job, uid))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from services.code.admission import Admission, Cost, Rates
 from services.code.grading.building import built
 from services.code.grading.judging import cut_short
-from services.code.grading.runner import Runner
+from services.code.grading.runner import Owner, Runner
 from services.code.labels import Suite
 from services.code.languages import LANGUAGES, PYTHON
 from services.code.sandbox.host import SandboxFailure
@@ -49,17 +49,17 @@ def trial(
     """What a run of ``code`` in ``language`` (built first when it is compiled) on each of
     ``inputs`` reported, unjudged, within ``timeout_s``: for the startup checks and the benches."""
     deadline = time.monotonic() + timeout_s
-    request = object()
+    owner = ("", object())  # the node's own runs: a client of their own
     job = runner.job(Suite("stdin", list(inputs), [""] * len(inputs)), code, deadline, language)
     job = dataclasses.replace(job, keep_bytes=runner.settings.max_output_bytes)
     if language == PYTHON:
-        return _trial_runs(runner, job, request, deadline)
+        return _trial_runs(runner, job, owner, deadline)
     assert runner.builds is not None
     program = runner.builds.program(LANGUAGES[language], code, runner.settings.memory_mb)
-    with built(runner, program, deadline, request) as error:
+    with built(runner, program, deadline, owner) as error:
         if error is not None:
             raise SandboxFailure(f"a trial program does not build: {error[:300]}")
-        return _trial_runs(runner, runner.builds.run_job(program, job, runner.cgroups()), request, deadline)
+        return _trial_runs(runner, runner.builds.run_job(program, job, runner.cgroups()), owner, deadline)
 
 
 def run_once(
@@ -89,21 +89,22 @@ def run_once(
         judged_memory_bytes=job.judged_memory_bytes - less, cgroup_memory_bytes=job.cgroup_memory_bytes - less,
         files=limits.files, fetch=list(limits.fetch), fetch_bytes=s.run_code_file_bytes,
     )  # fmt: skip
+    owner = (client, object())
     compiled = language != PYTHON
     cost = Cost(rates, language, 1, job.wall_s + (s.compile_cpu_s if compiled else 0.0), compiled)
     with _admitted(admission, client, cost, deadline):
         if language == PYTHON:
-            return _run_once(runner, rates, job, language, client, deadline, None)
+            return _run_once(runner, rates, job, language, owner, deadline, None)
         assert runner.builds is not None
         program = runner.builds.program(LANGUAGES[language], code, memory_mb)
         started = time.monotonic()
-        with built(runner, program, deadline, client) as error:
+        with built(runner, program, deadline, owner) as error:
             built_s = time.monotonic() - started
             rates.measured(language, 0.0, 0, built_s)
             if error is not None:
                 return Trial(error, built_s, None)
             job = runner.builds.run_job(program, job, runner.cgroups())
-            return _run_once(runner, rates, job, language, client, deadline, built_s)
+            return _run_once(runner, rates, job, language, owner, deadline, built_s)
 
 
 @contextlib.contextmanager
@@ -118,9 +119,9 @@ def _admitted(admission: Admission | None, client: str, cost: Cost, deadline: fl
 
 
 def _run_once(
-    runner: Runner, rates: Rates, job: Job, language: str, client: str, deadline: float, built_s: float | None
+    runner: Runner, rates: Rates, job: Job, language: str, owner: Owner, deadline: float, built_s: float | None
 ) -> Trial:
-    with runner.slot(client, deadline) as uid:
+    with runner.slot(owner, deadline) as uid:
         started = time.monotonic()
         if deadline - started < job.wall_s:
             raise SandboxFailure("the run could not have its time limit before the client's timeout")
@@ -136,8 +137,8 @@ def _run_once(
     return Trial(None, built_s, runs[0], fetched)
 
 
-def _trial_runs(runner: Runner, job: Job, request: object, deadline: float) -> list[StdinOutcome]:
-    runs = runner.run_all(job, request, deadline)
+def _trial_runs(runner: Runner, job: Job, owner: Owner, deadline: float) -> list[StdinOutcome]:
+    runs = runner.run_all(job, owner, deadline)
     if not all(isinstance(run, StdinOutcome) for run in runs):
         raise SandboxFailure(f"a trial run answered {runs}")
     return runs  # type: ignore[return-value]

@@ -188,49 +188,61 @@ class _Ticket:
 
 
 class FairSlots:
-    """Run slots (one uid each) lent round-robin between the clients waiting for one.
+    """Run slots (one uid each) lent round-robin between the clients waiting for one, and
+    within a client between its requests.
 
-    A freed slot goes straight to a waiter, taking the clients (``common.clients``) in turn,
-    and from ``RESERVE_FROM_SLOTS`` slots on no client holds every slot: the last one is kept
-    for another client (while only one client runs, it stays idle). So a client's many requests
-    or slow samples keep another client waiting neither until they are done nor until their next
-    slot frees. Each client waits in its own line, its requests' samples in arrival order:
-    fairness is per client, not per request or thread.
+    An owner is ``(client, request)`` (``common.clients``; any object marks a request). A freed
+    slot goes straight to a waiter: the clients in turn, and of a client its requests in turn.
+    From ``RESERVE_FROM_SLOTS`` slots on no client holds every slot: the last one is kept for
+    another client (while only one client runs, it stays idle). So a client's many requests or
+    slow samples keep another client waiting neither until they are done nor until their next
+    slot frees, and a client's big request does not starve its own small ones.
     """
 
     def __init__(self, uids: range) -> None:
         self._lock = threading.Lock()
         self._free = list(reversed(uids))
-        self._most = len(uids) - (len(uids) >= RESERVE_FROM_SLOTS)  # slots one request may hold
-        self._held: dict[object, int] = {}
-        self._waiting: OrderedDict[object, deque[_Ticket]] = OrderedDict()
+        self._most = len(uids) - (len(uids) >= RESERVE_FROM_SLOTS)  # slots one client may hold
+        self._held: dict[object, int] = {}  # client -> slots held
+        # client -> its requests -> their waits, each in turn
+        self._waiting: OrderedDict[object, OrderedDict[object, deque[_Ticket]]] = OrderedDict()
 
-    def acquire(self, owner: object, timeout: float) -> int | None:
-        """A slot for ``owner`` (a client), or ``None`` when none came within ``timeout``."""
+    def acquire(self, owner: tuple[object, object], timeout: float) -> int | None:
+        """A slot for ``owner`` (a client's request), or ``None`` when none came within ``timeout``."""
+        client, request = owner
         with self._lock:
-            if self._free and self._held.get(owner, 0) < self._most:
-                return self._lend(owner, self._free.pop())
+            if self._free and self._held.get(client, 0) < self._most:
+                return self._lend(client, self._free.pop())
             ticket = _Ticket()
-            self._waiting.setdefault(owner, deque()).append(ticket)
+            self._waiting.setdefault(client, OrderedDict()).setdefault(request, deque()).append(ticket)
         ticket.granted.wait(max(timeout, 0.0))
         with self._lock:
             if ticket.uid is None:
-                line = self._waiting[owner]
-                line.remove(ticket)
-                if not line:
-                    del self._waiting[owner]
+                requests = self._waiting[client]
+                requests[request].remove(ticket)
+                if not requests[request]:
+                    del requests[request]
+                if not requests:
+                    del self._waiting[client]
             return ticket.uid
 
-    def release(self, owner: object, uid: int) -> None:
+    def release(self, owner: tuple[object, object], uid: int) -> None:
+        client = owner[0]
         with self._lock:
-            self._held[owner] -= 1
-            if not self._held[owner]:
-                del self._held[owner]
-            # The first request in turn that may hold one more gets it, then goes last.
-            for waiter, line in self._waiting.items():
+            self._held[client] -= 1
+            if not self._held[client]:
+                del self._held[client]
+            # The first client in turn that may hold one more gets it, for its first request in
+            # turn; both then go last.
+            for waiter, requests in self._waiting.items():
                 if self._held.get(waiter, 0) < self._most:
+                    request, line = next(iter(requests.items()))
                     ticket = line.popleft()
                     if line:
+                        requests.move_to_end(request)
+                    else:
+                        del requests[request]
+                    if requests:
                         self._waiting.move_to_end(waiter)
                     else:
                         del self._waiting[waiter]
@@ -239,8 +251,8 @@ class FairSlots:
                     return
             self._free.append(uid)
 
-    def _lend(self, owner: object, uid: int) -> int:
-        self._held[owner] = self._held.get(owner, 0) + 1
+    def _lend(self, client: object, uid: int) -> int:
+        self._held[client] = self._held.get(client, 0) + 1
         return uid
 
 
@@ -368,8 +380,9 @@ class Sandbox:
         return self._proc is not None and self._proc.poll() is None
 
     @contextlib.contextmanager
-    def slot(self, owner: object, timeout: float) -> Iterator[int | None]:
-        """Hold one run slot (its uid) for ``owner``'s run; ``None`` when none came free in time."""
+    def slot(self, owner: tuple[object, object], timeout: float) -> Iterator[int | None]:
+        """Hold one run slot (its uid) for ``owner``'s run (a client's request: ``FairSlots``);
+        ``None`` when none came free in time."""
         uid = self._slots.acquire(owner, timeout)
         if uid is None:
             yield None
