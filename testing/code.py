@@ -5,6 +5,7 @@ which of a server's sandbox slots have processes in them."""
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
@@ -83,10 +84,29 @@ def reward(url: str, body: dict, path: str = "/reward/score", status: int = 200)
     return json.loads(response.text)
 
 
-def grade(url: str, codes: list[str], label: dict | str) -> dict:
-    """Python ``codes`` in an OpenRLHF-shaped request, each graded on ``label``."""
+def post_from(source: str, url: str, path: str, body: str) -> tuple[int, dict]:
+    """POST a JSON ``body`` from the loopback address ``source``: another client of the node
+    (``common.clients``), whose requests take turns of their own."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=180, source_address=(source, 0))
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def grade(url: str, codes: list[str], label: dict | str, source: str = "") -> dict:
+    """Python ``codes`` in an OpenRLHF-shaped request, each graded on ``label`` (sent from the
+    loopback address ``source``, when given)."""
     fenced = [f"Here you go:\n```python\n{code}\n```<|im_end|>" for code in codes]
-    return reward(url, {"outputs": fenced, "prompts": ["p"] * len(codes), "labels": [label] * len(codes)})
+    body = {"outputs": fenced, "prompts": ["p"] * len(codes), "labels": [label] * len(codes)}
+    if not source:
+        return reward(url, body)
+    status, answer = post_from(source, url, "/reward/score", json.dumps(body))
+    assert status == 200, answer
+    return answer
 
 
 def grade_programs(url: str, programs: list[tuple[str, str]], label: dict | None = None, **body: object) -> dict:

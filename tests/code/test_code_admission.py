@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from testing.clock import wait_until
-from testing.code import busy_slots, verl_client
+from testing.code import busy_slots, post_from, verl_client
 from testing.server import Server, gunicorn_server
 
 ENV = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan"}
@@ -56,14 +56,7 @@ def openrlhf(url: str, program: str, source: str = "127.0.0.1") -> float | None:
 
 
 def post(url: str, path: str, body: str, source: str = "127.0.0.1") -> tuple[int, dict]:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=180, source_address=(source, 0))
-    try:
-        conn.request("POST", path, body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
+    return post_from(source, url, path, body)
 
 
 def burst(url: str, programs: list[str]) -> list[float | None]:

@@ -540,8 +540,9 @@ def test_killing_the_zygote_twice_loses_at_most_the_runs_in_flight(tmp_path) -> 
 @pytest.mark.timing
 def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
     """96 sleeping samples starved a request of 8 correct ones (NaN at 150 s) and a
-    one-sample request waited 145 s. Slots go to the waiting requests in turn and one is kept
-    from the big request, so the small ones finish before its first samples do."""
+    one-sample request waited 145 s. Slots go to the waiting clients in turn and one is kept
+    from the big request's client, so another client's small ones finish before its first
+    samples do."""
     sleeper = "import time\ntime.sleep(30)"
     slow = {"inputs": ["", "", ""], "outputs": ["x", "x", "x"]}  # 3 tests of 2 s: 6 s a sample
     add = {"inputs": ["1"], "outputs": ["2"]}
@@ -549,15 +550,18 @@ def test_a_big_slow_request_does_not_starve_small_ones(server: Server) -> None:
     answers: dict[str, tuple[float, dict]] = {}
     started = time.monotonic()
 
-    def send(name: str, codes: list[str], label: dict) -> None:
-        out = grade(server.url, codes, label)
+    def send(name: str, codes: list[str], label: dict, source: str = "") -> None:
+        out = grade(server.url, codes, label, source)
         answers[name] = (time.monotonic() - started, out)
 
     big = threading.Thread(target=send, args=("big", [sleeper] * 96, slow))
     big.start()
     slots = len(sandbox_uids(server)) // 2
     wait_until(lambda: busy_slots(server) >= slots - 1, "the big request's samples in every slot but one")
-    small = [threading.Thread(target=send, args=(name, [correct] * n, add)) for name, n in (("eight", 8), ("one", 1))]
+    small = [
+        threading.Thread(target=send, args=(name, [correct] * n, add, source))
+        for name, n, source in (("eight", 8, "127.0.0.2"), ("one", 1, "127.0.0.3"))
+    ]
     sent = time.monotonic() - started
     for thread in small:
         thread.start()
