@@ -149,6 +149,7 @@ class InteractOutcome:
     interactor_report: str
     interactor_first: bool
     interactor_cpu_s: float
+    output_exceeded: bool = False  # what the program wrote to the interactor passed its output limit
 
 
 @dataclass
