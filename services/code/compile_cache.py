@@ -229,6 +229,7 @@ class Builds:
             command=program.run,
             env=program.env,
             artifact=self.cache.entry(program.key),
+            judged_data_bytes=0 if fallback_extra(program.language) else job.judged_memory_bytes,
             memory_bytes=resource.RLIM_INFINITY if cgroups else job.memory_bytes + fallback_extra(program.language),
         )
 
