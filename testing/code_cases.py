@@ -26,6 +26,10 @@ CPP_CASES = [
     ("wrong", "wrong_answer", "#include <iostream>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a-b<<'\\n';}"),
     ("loop", "timeout", "int main(){volatile unsigned long x=0;for(;;)x++;}"),
     ("alloc", "memory_limit", "#include <vector>\nint main(){std::vector<char> v(1u<<30,1);return v[5]==9;}"),
+    # Asks for more than its memory limit, then runs out of time before it touches it (as on a
+    # busy node, where touching it is slow): over memory, as a judge that bounds the address
+    # space fails it at once (problemtools' run_time_error/memory_limit.cc).
+    ("alloc_then_loop", "memory_limit", "int main(){char*volatile p=new char[1ul<<30];p[0]=1;for(;;);}"),
     ("crash", "runtime_error", "#include <cstdlib>\nint main(){std::abort();}"),
     ("syntax", "compile_error", "int main(){ return }"),
     ("flood", "output_limit", "#include <cstdio>\nint main(){for(;;)std::puts(\"flood\");}"),

@@ -50,14 +50,18 @@ def corpus_row(ident: str) -> dict[str, Any]:
     return next(row for row in problems() if row["id"] == ident)
 
 
-def from_corpus(root: Path, ident: str) -> Path:
-    """The corpus's problem ``ident`` as a package named as its last part in ``root``: an
-    interactive one with its validator (``validate.h`` already in place of its ``#include``,
-    as the corpus holds it)."""
-    row, name = corpus_row(ident), ident.rsplit("/", 1)[-1]
+def from_corpus(root: Path, ident: str, version: str = "legacy") -> Path:
+    """The corpus's problem ``ident`` as a package named as its last part in ``root`` (with
+    ``-VERSION`` but for the legacy format): an interactive one with its validator
+    (``validate.h`` already in place of its ``#include``, as the corpus holds it), its
+    ``problem.yaml`` in the package format ``version`` (``legacy``: ``validation:``; 2023-07
+    and later: ``type:``, as BAPCtools writes it)."""
+    row, name = corpus_row(ident), ident.rsplit("/", 1)[-1] + ("" if version == "legacy" else f"-{version}")
     if "interactor" in row:
-        files = {"problem.yaml": "validation: custom interactive\n",
-                 "output_validator/validator/validate.cc": row["interactor"]}  # fmt: skip
+        config = "validation: custom interactive\n"
+        if version != "legacy":
+            config = f"problem_format_version: {version}\nname: Guess\ntype:\n  - pass-fail\n  - interactive\n"
+        files = {"problem.yaml": config, "output_validator/validator/validate.cc": row["interactor"]}
     else:
         files = {"problem.yaml": f"validation: {row['validation']}\nvalidator_flags: '{row['validator_flags']}'\n"}
     for test in row["tests"]:

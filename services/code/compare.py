@@ -3,8 +3,10 @@ the label's checker modes and for call results.
 
 Numbers follow testlib's checkers: two integer tokens (or two ints in a call's result) compare
 exactly; when either side is a real number both are read as doubles and compared within an
-absolute *or* relative tolerance (``doubleCompare``: ``2.000000000`` answers ``2``). A token
-testlib would not read as a double (``nan``, ``inf``, ``0x10``, ``1_0``) is compared as text.
+absolute *or* relative tolerance (``doubleCompare``: ``2.000000000`` answers ``2``); ``nan``
+and ``inf`` (any case, ``infinity`` too, as C reads them) as DOMjudge's float comparison reads
+them: NaN equals NaN, an infinity the one of its sign. Any other token (``0x10``, ``1_0``) is
+compared as text.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ MODES = ("default", "tokens", "lines", "exact", "float", "yes_no")
 _INTEGER = re.compile(r"[+-]?\d+")
 # What testlib's ``readDouble`` accepts: digits, one point, one exponent; never nan or inf.
 _REAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+# NaN and the infinities as C's ``strtod`` reads them.
+_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
 # testlib's own slack on doubles.
 TESTLIB_EPSILON = 1e-15
 
@@ -72,14 +76,18 @@ def _tokens_equal(got: list[str], want: list[str], abs_tol: float, rel_tol: floa
 
 
 def token_equal(got: str, want: str, abs_tol: float, rel_tol: float) -> bool:
-    """One token against the expected one: integers exactly, reals as testlib's doubles, else text."""
+    """One token against the expected one: integers exactly, reals as doubles, else text."""
     if got == want:
         return True
     if _INTEGER.fullmatch(got) and _INTEGER.fullmatch(want):
         return int(got) == int(want)
-    if _REAL.fullmatch(got) and _REAL.fullmatch(want):
+    if _double(got) and _double(want):
         return double_equal(float(got), float(want), abs_tol, rel_tol)
     return False
+
+
+def _double(token: str) -> bool:
+    return bool(_REAL.fullmatch(token) or _NON_FINITE.fullmatch(token))
 
 
 def double_equal(result: float, expected: float, abs_tol: float, rel_tol: float) -> bool:

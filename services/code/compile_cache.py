@@ -204,12 +204,15 @@ class Builds:
     def program(self, language: Language, source: str, memory_mb: int) -> Program:
         return languages.program(language, source, self.tools, self.versions, memory_mb)
 
-    def build_job(self, program: Program, job: Job, cgroups: bool) -> Job:
-        """``job`` (a stdin job of the sample) turned into the build of ``program``."""
+    def build_job(self, program: Program, job: Job, cgroups: bool, judge: bool = False) -> Job:
+        """``job`` (a stdin job of the sample) turned into the build of ``program``; a
+        ``judge``'s own program has the job's whole time as its wall limit (its CPU limit
+        bounds it)."""
         lim = self.limits
         supervisor = job.cgroup_memory_bytes - job.tmp_bytes - job.memory_bytes  # the supervisor's share
         return dataclasses.replace(
-            job, kind="build", code=program.source, tests=[""], cpu_s=lim.cpu_s, wall_s=lim.wall_s,
+            job, kind="build", code=program.source, tests=[""], cpu_s=lim.cpu_s,
+            wall_s=job.sample_s if judge else lim.wall_s,
             nproc=max(job.nproc, BUILD_TASKS),
             memory_bytes=resource.RLIM_INFINITY if cgroups else lim.memory_mb << 20, judged_memory_bytes=0,
             output_bytes=COMPILER_OUTPUT_BYTES, keep_bytes=COMPILER_KEEP_BYTES, tmp_bytes=lim.tmp_mb << 20,
@@ -226,6 +229,7 @@ class Builds:
             command=program.run,
             env=program.env,
             artifact=self.cache.entry(program.key),
+            judged_data_bytes=0 if fallback_extra(program.language) else job.judged_memory_bytes,
             memory_bytes=resource.RLIM_INFINITY if cgroups else job.memory_bytes + fallback_extra(program.language),
         )
 

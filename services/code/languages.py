@@ -26,10 +26,9 @@ from pathlib import Path
 
 from common.install import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS
 from services.code.sandbox.inside.compiled import ARTIFACT_DIR, OUTPUT_DIR
+from services.code.sandbox.inside.files import MAX_FILE_NAME_BYTES
 
 PYTHON = "python"
-# The longest file name Linux file systems take (NAME_MAX).
-MAX_FILE_NAME_BYTES = 255
 # Where a build's source is written, in the sample's /tmp (a language that ships its source
 # writes it in the build's output directory).
 SOURCE_DIR = "/tmp/src"
@@ -337,11 +336,19 @@ class Program:
     env: dict[str, str]
 
 
+def _unpadded(source: str) -> str:
+    """``source`` without the NULs among its trailing blanks (a file padded after its end),
+    which javac refuses and gcc ignores."""
+    body = source.rstrip("\0 \t\r\n\f\v")
+    return body + "\n" if "\0" in source[len(body) :] else source
+
+
 def program(
     language: Language, source: str, tools: Mapping[str, str], versions: Mapping[str, str], memory_mb: int
 ) -> Program:
     """The build and run commands of ``source`` (tools by their real paths; ``versions``: the
     compilers', ``tool_versions``)."""
+    source = _unpadded(source)
     source_name = f"main.{language.extension}"
     main = ""
     if language.name == "java":

@@ -1,8 +1,10 @@
 """Contest problem packages a label names (``{"problem": NAME}``): Kattis problemtools' layout,
 read from the node's ``SCORER_CODE_PROBLEMS_DIR`` once and kept.
 
-A package ``NAME/`` holds ``problem.yaml`` (``validation: default``, ``custom`` or ``custom
-interactive``),
+A package ``NAME/`` holds ``problem.yaml`` (the legacy format: ``validation: default``,
+``custom`` or ``custom interactive``; 2023-07 and later: ``type: pass-fail`` or
+``interactive``, or both, a custom output validator when the package has one, the default
+validator's flags as ``output_validator_args`` of ``data/test_group.yaml``),
 ``data/sample`` and ``data/secret`` (``*.in`` each with its ``*.ans``, in subdirectories too,
 judged sample first, each sorted by path as Kattis sorts them) and its output validator's
 source (``output_validators/<name>/`` or ``output_validator/``: one C++ or Python file, C++
@@ -11,8 +13,9 @@ runs it (``validator input answer feedback_dir < output``, exit 42 accepted, 43 
 interactive problem's is the tests' interactor; default validation is Kattis' default
 validator (``kattis_default``) with its flags. Anything else a package holds
 (``input_validators``, statements, submissions) is not read. ``space_change_sensitive``, a
-custom validator's flags, scoring and multi-pass problems are refused on load: they would be
-judged otherwise than Kattis judges them.
+custom validator's flags, a test group's own flags, scoring, multi-pass and submit-answer
+problems are refused on load, naming what is not served: they would be judged otherwise than
+Kattis judges them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from services.code.labels import Suite
 # A problem's name: Kattis' short names, nothing a path could be made of.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.IGNORECASE)
 VALIDATIONS = {"custom": False, "custom interactive": True}
+# The problem types (2023-07 and later) judged here.
+SERVED_TYPES = ("pass-fail", "interactive")
+VALIDATOR_DIRS = ("output_validators", "output_validator")
+GROUP_SETTINGS = ("test_group.yaml", "testdata.yaml")  # 2025-09's name, 2023-07's
 # Kattis' default output validator's tolerance flags (``space_change_sensitive`` is not served).
 TOLERANCES = {"float_absolute_tolerance": ("abs_tol",), "float_relative_tolerance": ("rel_tol",),
               "float_tolerance": ("abs_tol", "rel_tol")}  # fmt: skip
@@ -66,7 +73,7 @@ def load(root: Path, name: str) -> Suite:
     if not package.is_dir() or package.resolve().parent != root:
         raise Unprocessable(f"labels: no problem {name!r} on this node")
     config = _config(package, name)
-    validation, flags = config.get("validation", "default"), config.get("validator_flags") or ""
+    validation, flags = _validation(config, package, name)
     if validation != "default" and validation not in VALIDATIONS:
         raise Unprocessable(
             f"problem {name!r}: validation {str(validation)[:40]!r} is not judged here (only 'default', 'custom' "
@@ -84,6 +91,53 @@ def load(root: Path, name: str) -> Suite:
     if VALIDATIONS[validation]:
         return Suite("stdin", inputs, answers, interactor=validator)
     return Suite("stdin", inputs, answers, checker=validator)
+
+
+def _validation(config: dict[str, Any], package: Path, name: str) -> tuple[Any, Any]:
+    """The package's legacy ``validation`` and its default validator's flags: its
+    ``problem.yaml``'s own in the legacy format; in 2023-07 and later, from its ``type``,
+    whether it has an output validator, and ``data/``'s group settings."""
+    version = str(config.get("problem_format_version", "legacy"))
+    if "type" not in config and version.startswith("legacy"):
+        return config.get("validation", "default"), config.get("validator_flags") or ""
+    if "validation" in config:
+        raise Unprocessable(f"problem {name!r}: 'validation' is the legacy format's (2023-07 and later: 'type')")
+    types = config.get("type", "pass-fail")
+    types = [types] if isinstance(types, str) else types
+    if not isinstance(types, list) or not types or not all(isinstance(t, str) for t in types):
+        raise Unprocessable(f"problem {name!r}: type is a problem type or a list of them")
+    unserved = [str(t)[:40] for t in types if t not in SERVED_TYPES]
+    if unserved:
+        raise Unprocessable(
+            f"problem {name!r}: type {', '.join(unserved)} is not judged here (only {' and '.join(SERVED_TYPES)})"
+        )
+    flags = _group_flags(package, name)
+    if "interactive" in types:
+        return "custom interactive", flags
+    return ("custom" if any((package / d).is_dir() for d in VALIDATOR_DIRS) else "default"), flags
+
+
+def _group_flags(package: Path, name: str) -> Any:
+    """``output_validator_args`` of ``data/``'s own group settings (every test's); those of a
+    group within it are refused: its tests would be judged otherwise than the others."""
+    flags: Any = ""
+    for path in sorted((package / "data").rglob("*.yaml")):
+        if path.name not in GROUP_SETTINGS:
+            continue
+        try:
+            settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise Unprocessable(f"problem {name!r}: {path.name} does not read: {str(exc)[:200]}") from None
+        if not isinstance(settings, dict) or "output_validator_args" not in settings:
+            continue
+        if path.parent != package / "data":
+            raise Unprocessable(
+                f"problem {name!r}: output_validator_args of {path.relative_to(package)} are not judged here "
+                "(only data/'s own)"
+            )
+        args = settings["output_validator_args"]
+        flags = " ".join(map(str, args)) if isinstance(args, list) else args
+    return flags
 
 
 def default_validator(flags: Any, name: str) -> Checker:
@@ -125,7 +179,7 @@ def _config(package: Path, name: str) -> dict[str, Any]:
 
 def _validator(package: Path, name: str) -> dict[str, str]:
     """The output validator's ``{"program", "language"}``."""
-    found = [package / d for d in ("output_validators", "output_validator") if (package / d).is_dir()]
+    found = [package / d for d in VALIDATOR_DIRS if (package / d).is_dir()]
     if len(found) != 1:
         raise Unprocessable(f"problem {name!r}: one output_validators/ (or output_validator/) directory expected")
     directory = found[0]

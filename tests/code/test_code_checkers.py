@@ -54,10 +54,11 @@ FLOAT = Checker("float", 1e-6, 1e-6)
         ("float", "1.0000009", "1.0", True),
         ("float", "1.0000021", "1.0", False),
         ("float", "1000000.9", "1000000.0", True),  # relative 1e-6
-        ("float", "nan", "nan", True),  # testlib reads no nan or inf as a double: text
-        ("float", "nan", "NaN", False),
+        ("float", "nan", "nan", True),  # nan and inf as C reads them, as DOMjudge's float comparison
+        ("float", "nan", "NaN", True),
         ("float", "1.5", "nan", False),
-        ("float", "inf", "Infinity", False),
+        ("float", "inf", "Infinity", True),
+        ("float", "-inf", "inf", False),
         ("float", "1e999", "1e400", True),  # the same infinity
         ("float", "-1e999", "1e400", False),
         ("float", "50000000000000001", "50000000000000000", False),  # two integers: exact

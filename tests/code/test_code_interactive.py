@@ -129,9 +129,12 @@ def test_a_program_reaches_neither_the_interactor_nor_its_secret(server: Server)
         # Leaves a child behind that the next test must not meet.
         ("outlives", "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n" + PY_SEARCH.replace("FLUSH", "True"),
          "passed"),
-        # Goes on writing after the interactor accepted and exited: the broken pipe kills it, its
-        # own run-time error (Kattis: a program must also end well after its validator accepted).
+        # Goes on writing after the interactor accepted and exited: the broken pipe ends it, an
+        # echo of the acceptance (BAPCtools files its ``guessnoeofcheck`` accepted).
         ("writes after the end", PY_SEARCH.replace("FLUSH", "True") + "while True:\n    print('more', flush=True)\n",
+         "passed"),
+        # Crashes after the interactor accepted: its own run-time error (Kattis' rule).
+        ("crashes after the end", PY_SEARCH.replace("FLUSH", "True") + "raise ValueError('after')\n",
          "runtime_error"),
     ],
 )  # fmt: skip
@@ -191,19 +194,32 @@ def test_interactive_samples_are_graded_not_refused_at_their_worst_case(tmp_path
         assert response.json()["rewards"] == [0.0] * 8
 
 
-# Kattis' convention: ``validator input answer feedback_dir``, 42 accepted, 43 rejected.
+# Kattis' convention: ``validator input answer feedback_dir``, 42 accepted, 43 rejected; what
+# is not a query (the end of the input included) is rejected.
 KATTIS_GUESS = """
 import os, sys
 secret = int(open(sys.argv[1]).read())
 with open(os.path.join(sys.argv[3], "judgemessage.txt"), "w") as feedback:
     for queries in range(31):
-        op, x = input().split()
+        words = sys.stdin.readline().split()
+        if len(words) != 2 or words[0] not in ("?", "!") or not words[1].isdigit():
+            sys.exit(43)
+        op, x = words
         feedback.write(f"{op} {x}\\n")
         if op == "!":
             sys.exit(42 if int(x) == secret else 43)
         print("<" if secret < int(x) else ">" if secret > int(x) else "=", flush=True)
 sys.exit(43)
 """
+# As it was (as many validators are written): it crashes on what is not a query.
+FRAGILE_KATTIS_GUESS = KATTIS_GUESS.replace(
+    """        words = sys.stdin.readline().split()
+        if len(words) != 2 or words[0] not in ("?", "!") or not words[1].isdigit():
+            sys.exit(43)
+        op, x = words
+""",
+    "        op, x = input().split()\n",
+)
 # The program owns /tmp, where the validator's feedback directory is mounted: it cannot take it away.
 TAKES_THE_FEEDBACK = """
 import os, shutil
@@ -223,6 +239,53 @@ def test_a_kattis_validator_interacts(server: Server) -> None:
     assert answered["error_types"] == [None, "wrong_answer", None]
 
 
+# A child keeps both pipes open after its parent, the program, exits: the interactor waits
+# for the rest of a conversation that has ended.
+FORKS_AND_EXITS = "import os, time\nprint('? 5', flush=True)\nif os.fork() == 0:\n    time.sleep(1000)\n"
+# Whitespace without end: testlib skips it without limit.
+BLANKS = "import sys\nwhile True:\n    sys.stdout.write(' ' * 65536)\n"
+# testlib's interactor checks its answer for a while (1.5 s of its 2 s of CPU) after the last one.
+SLOW_TO_ACCEPT = GUESS.replace(
+    "if (x == secret) quitf(_ok,",
+    "if (x == secret) for (clock_t t = clock(); clock() - t < 3 * CLOCKS_PER_SEC / 2;);\n"
+    "            if (x == secret) quitf(_ok,",
+).replace("#include <iostream>", "#include <iostream>\n#include <ctime>")
+
+
+@pytest.mark.parametrize(
+    ("name", "program", "interactor", "status"),
+    [
+        ("a child keeps the pipes", ("python", FORKS_AND_EXITS), GUESS, "wrong_answer"),
+        ("blanks without end", ("python", BLANKS), GUESS, "output_limit"),
+        ("blanks without end, cpp", ("cpp", "#include <cstdio>\nint main(){for(;;)putchar(' ');}"), GUESS,
+         "output_limit"),
+        ("exits before the validator writes", ("python", "pass"),
+         {"program": "import time\ntime.sleep(0.5)\nprint('30', flush=True)\n" + FRAGILE_KATTIS_GUESS.strip(),
+          "language": "python", "protocol": "kattis"}, "wrong_answer"),
+        ("garbage to a validator", ("cpp", '#include <cstdio>\nint main(){puts("hello there");fflush(stdout);'
+                                           'char r[4];scanf("%3s",r);}'),
+         {"program": FRAGILE_KATTIS_GUESS, "language": "python", "protocol": "kattis"}, "wrong_answer"),
+        ("exits at once to a validator", ("python", "pass"),
+         {"program": FRAGILE_KATTIS_GUESS, "language": "python", "protocol": "kattis"}, "wrong_answer"),
+        ("right, the interactor slow to accept", ("cpp", CPP_SEARCH.replace("OFFSET", "0")), SLOW_TO_ACCEPT, "passed"),
+        ("writes after acceptance, cpp", ("cpp", CPP_SEARCH.replace("OFFSET", "0").replace(
+            "fflush(stdout);\n}", 'fflush(stdout);\n    for (;;) { puts("more"); fflush(stdout); }\n}')),
+         GUESS, "passed"),
+    ],
+)  # fmt: skip
+@pytest.mark.timing
+def test_a_program_cannot_end_its_test_without_a_verdict(
+    server: Server, name: str, program: tuple[str, str], interactor: object, status: str
+) -> None:
+    """Whatever the program does to its end of the conversation, the test gets its verdict
+    (0 for these wrong ones, 1.0 for the right one), never the judge's failure (NaN)."""
+    started = time.monotonic()
+    answered = grade(server.url, [program], {"interactor": interactor, "tests": LABEL["tests"][:1]})
+    got = (answered["error_types"][0], answered["rewards"][0])
+    assert got == (None if status == "passed" else status, float(status == "passed")), name
+    assert time.monotonic() - started < within(30.0)
+
+
 def _outcome(**fields: object) -> InteractOutcome:
     base = dict(index=0, exit=0, timed_out=False, over_memory=False, cpu_s=0.1, wall_s=0.1, stderr="", result="",
                 interactor_exit=0, interactor_stopped=False, interactor_report="", interactor_first=False,
@@ -239,7 +302,20 @@ def _outcome(**fields: object) -> InteractOutcome:
         ({"interactor_exit": 2}, ("wrong_answer", 0.0)),
         ({"interactor_exit": 7, "interactor_report": "points 0.25"}, ("wrong_answer", 0.25)),
         ({"interactor_exit": 3}, None),
+        ({"interactor_exit": 3, "interactor_first": True}, None),
         ({"interactor_exit": -9, "interactor_stopped": True}, None),
+        # The interactor crashed (testlib's unexpected end, a signal): what the program did.
+        ({"interactor_exit": 8}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": -11, "interactor_first": True}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": 120, "exit": -9, "timed_out": True}, ("timeout", 0.0)),
+        # The program wrote past its output limit: its verdict, whatever the interactor's.
+        ({"output_exceeded": True, "interactor_exit": -9}, ("output_limit", 0.0)),
+        ({"output_exceeded": True, "interactor_exit": -9, "interactor_stopped": True}, ("output_limit", 0.0)),
+        # A broken pipe after the interactor accepted: the acceptance's echo.
+        ({"interactor_first": True, "exit": -13}, ("passed", 1.0)),
+        ({"interactor_first": True, "exit": 1, "stderr": "Traceback\nBrokenPipeError: [Errno 32]\n"}, ("passed", 1.0)),
+        ({"interactor_first": True, "exit": 1, "stderr": "BrokenPipeError\nValueError: no\n"}, ("runtime_error", 0.0)),
+        ({"exit": -13}, ("runtime_error", 0.0)),
         # The interactor ended first with a rejection: the program's failure after it is its echo.
         ({"interactor_exit": 1, "interactor_first": True, "exit": -13}, ("wrong_answer", 0.0)),
         ({"interactor_exit": 1, "interactor_first": True, "timed_out": True}, ("wrong_answer", 0.0)),
@@ -266,7 +342,8 @@ def test_the_verdicts_precedence(fields: dict, expected: tuple[str, float] | Non
         ({"interactor_exit": 42}, ("passed", 1.0)),
         ({"interactor_exit": 43}, ("wrong_answer", 0.0)),
         ({"interactor_exit": 0}, None),  # not Kattis' accepted
-        ({"interactor_exit": 1, "interactor_first": True}, None),
+        ({"interactor_exit": 1, "interactor_first": True}, ("wrong_answer", 0.0)),
+        ({"interactor_exit": 0, "interactor_first": True}, None),
         ({"interactor_exit": 43, "interactor_first": True, "exit": 1}, ("wrong_answer", 0.0)),
         ({"interactor_exit": 42, "exit": -11}, ("runtime_error", 0.0)),
     ],

@@ -69,6 +69,15 @@ def test_each_case_gets_its_verdict(server, language):
     assert out["rewards"] == [1.0 if want is None else 0.0 for _, want, _ in cases]
 
 
+def test_a_source_is_read_as_the_judges_read_it(server):
+    """A Python source after a UTF-8 byte-order mark (CPython runs such a file) and a Java
+    source padded with NULs (the judges' corpora file one accepted): each passes."""
+    java = dict((name, code) for name, _, code in CASES["java"])["ok"]
+    python = "\ufeffprint(sum(map(int, input().split())))"
+    out = grade_programs(server.url, [("python", python), ("java", java + "\n\0\0")])
+    assert out["error_types"] == [None, None] and out["rewards"] == [1.0, 1.0]
+
+
 def test_code_for_current_toolchains_passes(server):
     """Go's min and max, Rust's let-else and C++20 score 1.0 (Debian 12's Go 1.19 and rustc
     1.63, and C++17 for cpp, refused them)."""

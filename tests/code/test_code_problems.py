@@ -6,6 +6,7 @@ a package is validated on load and a label cannot name anything outside the dire
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import requests
 
 from common.errors import Unprocessable
-from services.code import kattis_default
+from services.code import checkers, kattis_default
 from services.code.problems import Problems, default_validator
 from testing import problems
 from testing.server import Server, gunicorn_server
@@ -36,6 +37,7 @@ def root(tmp_path_factory) -> Path:
     problems.anysum(directory)
     for ident in ("problemtools/guess", "problemtools/hello", "rmrc2018/qaly"):
         problems.from_corpus(directory, ident)
+    problems.from_corpus(directory, "problemtools/guess", "2025-09")
     lenient = problems.anysum(directory, "lenient")
     problems.write(lenient, {"output_validators/sum/validate.py": "raise SystemExit(0)\n"})
     return directory
@@ -113,14 +115,17 @@ def test_a_program_right_on_some_tests_scores_their_fraction(server: Server) -> 
     assert got == {"zero": ("wrong_answer", 0.25)}
 
 
-def test_problemtools_interactive_guess_package(server: Server) -> None:
+@pytest.mark.parametrize("package", ["guess", "guess-2025-09"])
+def test_problemtools_interactive_guess_package(server: Server, package: str) -> None:
     """problemtools' own submissions of its interactive example, each its filed verdict (the
-    score is the fraction of tests passed: full for the accepted one alone)."""
+    score is the fraction of tests passed: full for the accepted one alone), its package in
+    the legacy format (``validation: custom interactive``) and in the current one (``type:
+    [pass-fail, interactive]``, as BAPCtools writes its ``guess``)."""
     filed = {"accepted/guess.cc": (None, True), "wrong_answer/guess_0.cc": ("wrong_answer", False),
              "run_time_error/guess_rte.c": ("runtime_error", False)}  # fmt: skip
     submissions = {s["path"]: s for s in problems.corpus_row("problemtools/guess")["submissions"]}
     programs = {path: (submissions[path]["language"], submissions[path]["code"]) for path in filed}
-    got = verdicts(server.url, programs, {"problem": "guess"})
+    got = verdicts(server.url, programs, {"problem": package})
     assert {path: (status, score == 1.0) for path, (status, score) in got.items()} == filed
 
 
@@ -212,10 +217,45 @@ def _broken(tmp_path: Path, change: dict[str, str | None]) -> str:
         ({"problem.yaml": None}, "problem.yaml is missing"),
         ({"output_validators/sum/other.py": "pass\n"}, "one C++ or Python source"),
         ({"output_validators/sum/validate.py": None}, "one C++ or Python source"),
+        ({"problem.yaml": "problem_format_version: 2025-09\ntype: [interactive, multi-pass]\n"}, "type multi-pass"),
+        ({"problem.yaml": "problem_format_version: 2023-07-draft\ntype: scoring\n"}, "type scoring"),
+        ({"problem.yaml": "problem_format_version: 2025-09\ntype: submit-answer\n"}, "type submit-answer"),
+        ({"problem.yaml": "type: [pass-fail, 3]\n"}, "type is"),
+        ({"problem.yaml": "type: []\n"}, "type is"),
+        ({"problem.yaml": "problem_format_version: 2025-09\nvalidation: custom\n"}, "'validation'"),
+        (
+            {
+                "problem.yaml": "problem_format_version: 2025-09\n",
+                "data/secret/test_group.yaml": "output_validator_args: x\n",
+            },
+            "data/secret/test_group.yaml",
+        ),
     ],
 )
 def test_an_invalid_package_is_refused_naming_what_is_wrong(tmp_path: Path, change: dict, why: str) -> None:
     assert why in _broken(tmp_path, change)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "config, validator, judge",
+    [
+        ("problem_format_version: 2025-09\n", True, "custom"),
+        ("problem_format_version: 2023-07-draft\ntype: pass-fail\n", True, "custom"),
+        ("problem_format_version: 2025-09\ntype: interactive\n", True, "interactor"),
+        ("problem_format_version: 2025-09\ntype: [pass-fail]\n", False, checkers.KATTIS_DEFAULT),
+        ("problem_format_version: legacy\nvalidation: custom interactive\n", True, "interactor"),
+        ("validation: custom\n", True, "custom"),
+    ],
+)  # fmt: skip
+def test_the_current_format_reads_its_type(tmp_path: Path, config: str, validator: bool, judge: str) -> None:
+    """2023-07 and later: ``type`` says interactive, a custom output validator is there or not;
+    the legacy ``validation`` goes on as it was."""
+    package = problems.write(problems.anysum(tmp_path), {"problem.yaml": config})
+    if not validator:
+        shutil.rmtree(package / "output_validators")
+    suite = Problems(str(tmp_path)).suite("anysum")
+    assert ("interactor" if suite.interactor else suite.checker.mode) == judge
 
 
 @pytest.mark.unit

@@ -103,9 +103,19 @@ def test_comparison_is_on_data() -> None:
         ("2.000000000", "2", True),
         ("2.01", "2", False),
         ("1e400", "1e999", True),  # both past a double's range: the same infinity
-        ("nan", "nan", True),  # testlib reads no nan as a double: the tokens compare as text
-        ("nan", "NaN", False),
+        # nan and inf as C reads them (any case, "infinity" too), as DOMjudge's float
+        # comparison judges them: NaN equals NaN, an infinity the one of its sign.
+        ("nan", "nan", True),
+        ("nan", "NaN", True),
+        ("-inf", "-Infinity", True),
+        ("INF", "+inf", True),
+        ("inf", "1e999", True),
+        ("inf", "-inf", False),
+        ("nan", "inf", False),
         ("nan", "1.5", False),
+        ("1.5", "inf", False),
+        ("5", "nan", False),
+        ("nano", "nan", False),
     ],
 )
 def test_a_tolerance_compares_reals_never_two_integers(got: str, want: str, ok: bool) -> None:

@@ -149,7 +149,8 @@ def test_languages_it_does_not_run_are_refused_clearly(server) -> None:
      {"files": {"/etc/a.txt": "eA=="}}, {"files": {".judge/prog": "eA=="}}, {"files": {"a": "eA==", "a/b": "eA=="}},
      {"files": {f"f{i}": "eA==" for i in range(17)}}, {"files": {"big": b64(b"x" * ((8 << 20) + 1))}},
      {"fetch_files": ["../../etc/passwd"]}, {"fetch_files": "a.txt"}, {"fetch_files": [3]},
-     {"stdin": "a\ud800b"}, {"files": {"\ud800": "eA=="}}, {"fetch_files": ["\udfff"]}],
+     {"stdin": "a\ud800b"}, {"files": {"\ud800": "eA=="}}, {"fetch_files": ["\udfff"]},
+     {"files": {"x" * 300: "eA=="}}, {"files": {"d/" + "é" * 128: "eA=="}}, {"fetch_files": ["y" * 256]}],
 )  # fmt: skip
 def test_bad_requests_are_422(server, fields) -> None:
     body = {"code": "print(1)", "language": "python", **fields}

@@ -38,7 +38,7 @@ def checker_built(
     if runner.builds.missing(language):
         raise JudgeFailure(f"the checker's toolchain is missing ({', '.join(runner.builds.missing(language))})")
     program = runner.builds.program(language, checker.program, runner.settings.memory_mb)
-    with built(runner, program, deadline, owner, uid) as error:
+    with built(runner, program, deadline, owner, uid, judge=True) as error:
         if error is not None:
             raise JudgeFailure(f"the checker does not compile: {error[:300]}")
         yield program

@@ -140,7 +140,7 @@ def _path(path: object) -> tuple[str, ...]:
     """A file path's components under the run's directory, or ``Unprocessable``."""
     pieces = components(path) if isinstance(path, str) and _unicode(path) else None
     if pieces is None:
-        raise Unprocessable(f"file path {quote(path)} must be relative text, without '..'")
+        raise Unprocessable(f"file path {quote(path)} must be relative text, without '..', names of at most 255 bytes")
     return tuple(pieces)
 
 

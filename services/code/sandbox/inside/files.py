@@ -18,15 +18,20 @@ from services.code.sandbox.inside.compiled import ARTIFACT_DIR
 from services.code.sandbox.inside.messages import Fetched, Job
 
 ROOT = "/tmp"
+# The longest file name Linux file systems take (NAME_MAX).
+MAX_FILE_NAME_BYTES = 255
 # The build's directory in the sample's /tmp is the server's.
 RESERVED = os.path.basename(ARTIFACT_DIR)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def components(path: str) -> list[str] | None:
-    """``path``'s components under ``/tmp``, or None when it is not a plain relative path there."""
+    """``path``'s components under ``/tmp``, or None when it is not a plain relative path there
+    (a name longer than a file's may be included: the file could not be made)."""
     pieces = [piece for piece in path.split("/") if piece not in ("", ".")]
     if path.startswith("/") or "\0" in path or not pieces or ".." in pieces or pieces[0] == RESERVED:
+        return None
+    if any(len(piece.encode(errors="surrogatepass")) > MAX_FILE_NAME_BYTES for piece in pieces):
         return None
     return pieces
 

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import select
 import selectors
 import signal
 import socket
@@ -41,6 +42,10 @@ from services.code.sandbox.inside.socket_child import SocketChild
 INPUT_FD, ANSWER_FD, EXECUTABLE_FD, FEEDBACK_FD = 3, 4, 5, 6
 FEEDBACK_DIR = "/tmp/.feedback"
 FEEDBACK_BYTES = 1 << 20
+# What an interactor may read besides what the program wrote it, beyond its input and answer:
+# its runtime's files (a Python interactor's modules). Past that and the program's output
+# limit, the program wrote the interactor too much: its output limit, not the judge's failure.
+OWN_READS_BYTES = 8 << 20
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 INDEX = struct.Struct("i")
 
@@ -140,10 +145,12 @@ def run_tests(
 
 class _Process:
     """One side of a test: its pid, a pidfd (readable once it exits), what ended it, and a
-    copy of each end of its pipes it holds until its end is seen (``let_pipes_go``)."""
+    copy of each end of its pipes it holds until its end is seen (``let_pipes_go``); the
+    interactor's: the most it may read (``reads_allowed``)."""
 
-    def __init__(self, pid: int, stdin: int, stdout: int) -> None:
+    def __init__(self, pid: int, stdin: int, stdout: int, reads_allowed: int = 0) -> None:
         self.pid = pid
+        self.reads_allowed = reads_allowed
         self.pidfd = os.pidfd_open(pid)
         self.stdin: int | None = stdin
         self.stdout: int | None = stdout
@@ -158,6 +165,24 @@ class _Process:
             with contextlib.suppress(OSError):
                 self.cpu_s = confine.cpu_seconds(self.pid)
         return self.cpu_s
+
+    def read_bytes(self) -> int:
+        """What it has read so far, from any file (``rchar``; 0 once it has gone)."""
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{self.pid}/io", "rb") as io:
+            for line in io:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+        return 0
+
+    def pipes_shared(self) -> bool:
+        """Whether a process but this one still holds the other end of one of its pipes (once
+        the other side's copies are let go: what the other side left running)."""
+        assert self.stdin is not None and self.stdout is not None
+        poll = select.poll()
+        poll.register(self.stdin, 0)  # a hang-up and an error are reported unasked
+        poll.register(self.stdout, 0)
+        events = dict(poll.poll(0))
+        return not (events.get(self.stdin, 0) & select.POLLHUP and events.get(self.stdout, 0) & select.POLLERR)
 
     def unread(self) -> bool:
         """Whether its stdin holds what the other side wrote and it has not read."""
@@ -213,9 +238,10 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
     fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
     body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
     graded = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
+    own_files = os.fstat(test_input).st_size + os.fstat(answer).st_size + OWN_READS_BYTES
     sides = (
         _Process(graded, os.dup(to_program[0]), os.dup(to_interactor[1])),
-        _Process(interactor, os.dup(to_interactor[0]), os.dup(to_program[1])),
+        _Process(interactor, os.dup(to_interactor[0]), os.dup(to_program[1]), job.output_bytes + own_files),
     )
     for fd in (test_input, answer, executable, *to_program, *to_interactor, *(w for _, w in pipes.values())):
         os.close(fd)
@@ -240,10 +266,13 @@ def _run_test(
     job: Job, index: int, keeper: Keeper, deadline: float, cgroup: confine.SampleCgroup | None
 ) -> InteractOutcome:
     """Test ``index``: both sides run until both have ended, the program within the test's CPU
-    and wall limits (its own time, as a stdin test's), the interactor within its CPU limit and
-    ``interactor_wall_s`` after the program ended (while both wait on each other, the program's
-    wall limit ends the test, as a judge's idleness limit, unless the interactor left unread
-    what the program sent: its stall); a program the interactor rejected is not waited for."""
+    and wall limits (its own time, as a stdin test's) and its output limit (what the
+    interactor read of it), the interactor within its CPU limit and ``interactor_wall_s`` of
+    its own time after the program ended (while both wait on each other, the program's wall
+    limit ends the test, as a judge's idleness limit, unless the interactor left unread what
+    the program sent: its stall); a program the interactor rejected is not waited for. When
+    the program's process ends, every process it left ends with it: none holds its pipes
+    open, so the interactor reads the end of the conversation at once."""
     cpu_before, keeper_before = confine.programs_cpu(cgroup), keeper.cpu_s()
     oom_before = cgroup.oom_kills() if cgroup else 0
     program, interactor, readers = _start(job, index, keeper)
@@ -255,6 +284,7 @@ def _run_test(
     first = ""
     cpu_read = started
     waited = 0.0
+    over = False
     while program.status is None or interactor.status is None:
         now = time.monotonic()
         remaining = min(job.wall_s - (now - started), deadline - now)
@@ -267,6 +297,10 @@ def _run_test(
             others = interactor.read_cpu() + keeper.cpu_s() - keeper_before
             if program.status is None and confine.programs_cpu(cgroup) - cpu_before - others > job.cpu_s:
                 program.stop()
+            if program.status is None and interactor.read_bytes() > interactor.reads_allowed:
+                over, first = True, first or "program"
+                program.stop(at_limit=False)
+                interactor.stop(at_limit=False)
             if interactor.status is None and interactor.read_cpu() > job.interactor_cpu_s:
                 interactor.stop()
         if program.status is None and remaining <= 0 and not program.stopped:
@@ -278,7 +312,11 @@ def _run_test(
                 program.stop(at_limit=False)
             else:
                 program.stop()
-        if interactor.status is None and program.status is not None and now - program.ended > job.interactor_wall_s:
+        if (
+            interactor.status is None
+            and program.status is not None
+            and now - program.ended - waited > job.interactor_wall_s
+        ):
             interactor.stop()
         if now >= deadline + CPU_TICK_S:  # both stopped: nothing more to wait for but their end
             program.stop()
@@ -289,6 +327,8 @@ def _run_test(
             sel.unregister(side.pidfd)
             side.reap()
             side.let_pipes_go()
+            if side is program and interactor.status is None and interactor.pipes_shared():
+                confine.kill_uid(job.uid)  # what the program left holds its pipes: it ends too
         if ended and not first:
             first = "program" if program in ended else "interactor"  # two at once: both on their own
             if first == "interactor" and interactor.status in job.interactor_rejections and program.status is None:
@@ -327,6 +367,7 @@ def _run_test(
         interactor_report=kept["interactor"].decode(errors="replace"),
         interactor_first=first == "interactor",
         interactor_cpu_s=round(interactor.cpu_s, 4),
+        output_exceeded=over,
     )  # fmt: skip
 
 

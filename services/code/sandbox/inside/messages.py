@@ -62,6 +62,11 @@ class Job:
     # resident memory, whatever the sample's cgroup (which also holds /tmp and the supervisor)
     # lets through. 0: not judged (builds and checkers).
     judged_memory_bytes: int = 0
+    # A program in a language whose runtime reserves no memory ahead (C, C++, Rust): a test it
+    # ran out of time in while holding more data memory than this (``VmData``: what it asked
+    # for) is over memory, as judges that limit the address space (problemtools) fail it at
+    # once: not a timeout a busy node's slow page faults made. 0: not judged so.
+    judged_data_bytes: int = 0
     # A compiled language (``compiled``): the command a test (or, for kind "build", the
     # compiler) execs and what it adds to the environment; a build's source file and the cache
     # entry it installs into; a run's cache entry, shown read-only at ``compiled.ARTIFACT_DIR``.
@@ -149,6 +154,7 @@ class InteractOutcome:
     interactor_report: str
     interactor_first: bool
     interactor_cpu_s: float
+    output_exceeded: bool = False  # what the program wrote to the interactor passed its output limit
 
 
 @dataclass

@@ -44,6 +44,8 @@ def _line(out: typing.TextIO, obj: dict) -> None:
 # Call-based and assert programs are loaded as this module, registered in ``sys.modules``
 # (pickle finds their functions); a stdin program is ``__main__``.
 PROGRAM_MODULE = "solution"
+# What CPython skips at the start of a source file it runs (UTF-8's byte-order mark).
+BYTE_ORDER_MARK = "\ufeff"
 # Each program runs its numeric libraries on one thread: its CPU limit is per process.
 THREAD_VARIABLES = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -113,7 +115,7 @@ def _compile_or_exit(code: str, out: typing.TextIO, report: typing.Callable[[str
     """The candidate's code compiled; a compile error is written to ``out`` as ``report(message)``
     and ends the process."""
     try:
-        return compile(code, "<solution>", "exec")
+        return compile(code.removeprefix(BYTE_ORDER_MARK), "<solution>", "exec")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         _line(out, report(f"{type(exc).__name__}: {exc}"))
         os._exit(0)

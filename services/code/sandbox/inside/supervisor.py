@@ -240,6 +240,7 @@ def run_stdin_test(
             else:
                 kept[role] += data[: keep[role] - len(kept[role])]
     sel.close()
+    asked_too_much = timed_out and 0 < job.judged_data_bytes < _data_bytes(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     _, status, usage = os.wait4(pid, 0)  # its peak resident memory among its processes
@@ -252,7 +253,7 @@ def run_stdin_test(
     ended = StdinOutcome(
         index=start,
         exit=exit_code,
-        timed_out=timed_out or exit_code == -signal.SIGXCPU or cpu > job.cpu_s,
+        timed_out=not asked_too_much and (timed_out or exit_code == -signal.SIGXCPU or cpu > job.cpu_s),
         output_exceeded=over,
         stdout_truncated=sizes["stdout"] > keep["stdout"],
         cpu_s=round(cpu, 4),
@@ -260,10 +261,20 @@ def run_stdin_test(
         stdout=kept["stdout"].decode(errors="replace"),
         stderr=kept["stderr"].decode(errors="replace"),
         result=kept["result"].decode(errors="replace"),
-        over_memory=oom_killed or 0 < job.judged_memory_bytes < usage.ru_maxrss << 10,
+        over_memory=asked_too_much or oom_killed or 0 < job.judged_memory_bytes < usage.ru_maxrss << 10,
     )
     messages.send(conn, ended)
     return start + 1
+
+
+def _data_bytes(pid: int) -> int:
+    """The data memory process ``pid`` holds (``VmData``: its heap and the like, touched or
+    not); 0 once it has gone."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"VmData:"):
+                return int(line.split()[1]) << 10
+    return 0
 
 
 def fresh_start(job: Job, pristine: tuple[int, ...]) -> tuple[int, ...]:
