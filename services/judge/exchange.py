@@ -117,43 +117,34 @@ class Connections:
         ``Unreachable`` when no connection is made, ``TimeoutError`` at the deadline, ``OSError``
         or ``http.client.HTTPException`` when the connection fails after. A kept connection the
         engine closed while idle is replaced at once, as HTTP clients do."""
+
+        def over(connection: _HTTP) -> Answered:
+            """One exchange on ``connection``, kept for the thread's next when ``keep`` and it ended cleanly."""
+            connection.expires = connection.sock.expires = expires
+            try:
+                connection.request(method, self.prefix + path, body=body, headers=headers)
+                response = connection.getresponse()
+                data = response.read(limit + 1)
+            except BaseException:
+                connection.close()
+                raise
+            if keep and len(data) <= limit and not response.will_close:
+                self._local.connection = connection
+            else:
+                connection.close()
+            return Answered(response.status, data[:limit], len(data) > limit)
+
         kept: _HTTP | None = getattr(self._local, "connection", None) if keep else None
         self._local.connection = None
         if kept is not None:
             try:
-                return self._over(kept, method, path, body, headers, expires, limit, keep)
+                return over(kept)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                pass  # closed while idle: the engine never saw the request
+                pass  # closed while idle: sent again on a new connection, as HTTP clients do
         left = expires - time.monotonic()
         if left <= 0:
             raise TimeoutError("the request's deadline passed")
         connection = self.kind(self.host, self.port, timeout=left)
         connection.expires = expires
         connection.connect()
-        return self._over(connection, method, path, body, headers, expires, limit, keep)
-
-    def _over(
-        self,
-        connection: _HTTP,
-        method: str,
-        path: str,
-        body: bytes | None,
-        headers: dict[str, str],
-        expires: float,
-        limit: int,
-        keep: bool,
-    ) -> Answered:
-        """One exchange on ``connection``, kept for the thread's next when ``keep`` and it ended cleanly."""
-        connection.expires = connection.sock.expires = expires
-        try:
-            connection.request(method, self.prefix + path, body=body, headers=headers)
-            response = connection.getresponse()
-            data = response.read(limit + 1)
-        except BaseException:
-            connection.close()
-            raise
-        if keep and len(data) <= limit and not response.will_close:
-            self._local.connection = connection
-        else:
-            connection.close()
-        return Answered(response.status, data[:limit], len(data) > limit)
+        return over(connection)
