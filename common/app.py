@@ -179,9 +179,12 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
 
     @app.get("/ready")
     def ready() -> tuple[Response, int]:
-        if runtime.ready:
-            return jsonify(ready=True), 200
-        return jsonify(ready=False, reason=runtime.setup_error or "model is loading"), 503
+        if not runtime.ready:
+            return jsonify(ready=False, reason=runtime.setup_error or "model is loading"), 503
+        problem = scorer.ready_problem()
+        if problem:
+            return jsonify(ready=False, reason=problem), 503
+        return jsonify(ready=True), 200
 
     @app.get("/info")
     def info() -> Response:

@@ -167,6 +167,11 @@ class Scorer(ABC):
         batcher = DynamicBatcher(fn, size, wait, max(self.core.max_queue, size), record, f"{self.name}-{stage}")
         return BatchedCall(batcher, self.core.request_timeout_s)
 
+    def ready_problem(self) -> str | None:
+        """Why the scorer, set up, cannot serve now (a remote engine it calls is down); None when
+        it can. ``/ready`` asks on every probe: answer from what is known, never by a call."""
+        return None
+
     def info(self) -> dict[str, Any]:
         """Model description for ``GET /info``."""
         return {}

@@ -193,6 +193,20 @@ def test_a_failed_setup_shows_its_reason_on_ready_and_on_requests() -> None:
     assert ready.status_code == 503 and "weights not found" in ready.get_json()["reason"]
 
 
+def test_ready_says_a_set_up_scorers_problem_while_it_has_one() -> None:
+    """A scorer whose model runs elsewhere says when that is down (``ready_problem``)."""
+    scorer = LengthScorer(CoreSettings())
+    problem: list[str] = []
+    scorer.ready_problem = lambda: problem[0] if problem else None
+    client = client_of(scorer)
+    wait_until_ready(client)
+    problem.append("the engine could not be reached")
+    ready = client.get("/ready")
+    assert ready.status_code == 503 and ready.get_json()["reason"] == "the engine could not be reached"
+    problem.clear()
+    assert client.get("/ready").status_code == 200
+
+
 def test_concurrent_requests_share_one_batch() -> None:
     """Four requests at once are one batch: a full batch goes at once, and the window (a minute)
     outlasts any delay of a loaded machine between the four arrivals."""

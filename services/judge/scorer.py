@@ -10,7 +10,6 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from common.clients import current_client
 from common.config import ConfigError, describe, env_name, from_env
 from common.deadlines import current_deadline
 from common.errors import PayloadTooLarge, Unprocessable
@@ -83,7 +83,15 @@ class JudgeScorer(ImageScorer):
     def setup(self, device: str) -> None:
         s = self.settings
         self.engine = EngineClient(
-            s.engine, self.name, s.concurrency, s.retries, s.backoff_s, s.backoff_max_s, s.api_key
+            s.engine,
+            self.name,
+            s.concurrency,
+            s.retries,
+            s.backoff_s,
+            s.backoff_max_s,
+            s.api_key,
+            max_queued=self.core.max_queue,
+            probe_s=s.ready_probe_s,
         )
         try:
             served = self.engine.wait_until_up(s.engine_wait_s, need_models=not self.model)
@@ -96,6 +104,10 @@ class JudgeScorer(ImageScorer):
             if not served:
                 raise ConfigError(f"the engine at {s.engine} serves no model")
             self.model = served[0]
+
+    def ready_problem(self) -> str | None:
+        """The engine down, as its calls and an occasional probe show."""
+        return self.engine.health.problem() if self.engine is not None else None
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         _show_reply(request.metadata)
@@ -165,15 +177,18 @@ class JudgeScorer(ImageScorer):
         deadline = current_deadline()
         return deadline.expires if deadline is not None else time.monotonic() + self.core.request_timeout_s
 
+    def _replies(self, bodies: list[dict[str, Any]]) -> list[Reply]:
+        """The engine's replies, the calls queued for the request's client (read here, on the
+        request's thread: the senders are the engine's own)."""
+        return self.engine.replies(bodies, self._expires(), current_client())
+
     def _body(self, messages: list[dict[str, Any]], sampling: prompts.Sampling) -> dict[str, Any]:
         return {"model": self.model, "messages": messages, **sampling.body()}
 
     def score_request(self, items: Sequence[JudgeItem]) -> list[Scored]:
-        expires = self._expires()
         if self.pairwise:
-            return self._pairwise(items, expires)
-        futures = [self.engine.submit(self._pointwise_body(item), expires) for item in items]
-        replies = _results(futures)
+            return self._pairwise(items)
+        replies = self._replies([self._pointwise_body(item) for item in items])
         return self._fill_failures([self._pointwise(item, reply) for item, reply in zip(items, replies)])
 
     def _pointwise_body(self, item: JudgeItem) -> dict[str, Any]:
@@ -195,6 +210,7 @@ class JudgeScorer(ImageScorer):
         extras: dict[str, Any] = {"reply": reply.text} if item.show_reply else {}
         judge = self.settings.judge
         try:
+            _check_read(reply)
             if judge == "vlm-ocr":
                 lines = prompts.transcription_lines(reply.text)
                 return Scored(reward(item.targets, lines, self.ocr_options), extras)
@@ -206,7 +222,7 @@ class JudgeScorer(ImageScorer):
         except ParseFailure as exc:
             return Scored(math.nan, {**extras, "error_types": PARSE_FAILURE, "error": str(exc)})
 
-    def _pairwise(self, items: Sequence[JudgeItem], expires: float) -> list[Scored]:
+    def _pairwise(self, items: Sequence[JudgeItem]) -> list[Scored]:
         """Every pair of each prompt's group judged at once (both orders when asked); each
         sample's score its win rate over its comparisons."""
         groups: dict[str, list[int]] = {}
@@ -218,16 +234,17 @@ class JudgeScorer(ImageScorer):
             for a, b in itertools.combinations(members, 2)
             for first, second in ([(a, b), (b, a)] if self.settings.both_orders else [(a, b)])
         ]
-        futures = [self.engine.submit(self._pair_body(items[a], items[b]), expires) for a, b in orders]
+        answers = self._replies([self._pair_body(items[a], items[b]) for a, b in orders])
         wins = [0.0] * len(items)
         counted = [0] * len(items)
         failed = [0] * len(items)
         replies: list[list[str]] = [[] for _ in items]
         policy = self.settings.parse_failure_score
-        for (a, b), reply in zip(orders, _results(futures)):
+        for (a, b), reply in zip(orders, answers):
             for index in (a, b):
                 replies[index].append(reply.text)
             try:
+                _check_read(reply)
                 winner = a if prompts.parse_think(reply.text, "Video" if items[a].video else "Image") == 1 else b
             except ParseFailure:
                 failed[a] += 1
@@ -280,10 +297,7 @@ class JudgeScorer(ImageScorer):
         return {"judge": self.settings.judge, "model": self.model, "settings": describe(self.settings)}
 
 
-def _results(futures: list[Future[Reply]]) -> list[Reply]:
-    """The replies, in order; the first engine failure fails the request (503), the rest cancelled."""
-    try:
-        return [future.result() for future in futures]
-    finally:
-        for future in futures:
-            future.cancel()
+def _check_read(reply: Reply) -> None:
+    """A reply the engine sent too much of to read is a parse failure, as a long one is."""
+    if reply.problem is not None:
+        raise ParseFailure(reply.problem)

@@ -56,6 +56,11 @@ class JudgeSettings:
         "pairwise: engine calls one request may ask for (413 beyond, before any is sent; a group of n is n(n-1)/2 "
         "pairs)",
     )
+    # /ready asks the engine itself only when no call has shown for this long whether it answers,
+    # and then in the background: a balancer polling /ready never sends the engine a call per poll.
+    ready_probe_s: float = setting(
+        10.0, "how long the engine's calls may show nothing before `/ready` probes it (one probe at a time)"
+    )
     # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
     engine_wait_s: float = setting(600.0, "how long a starting worker waits for the engine to list its models")
     api_key: str | None = setting(None, "a bearer token for the engine, if it wants one", secret=True)
@@ -88,6 +93,8 @@ def settings_problem(settings: JudgeSettings) -> str | None:
         return f"{env_name(SECTION, 'parse_failure_score')}=tie applies to the pairwise judge ({PAIRWISE}) only"
     if settings.concurrency < 1:
         return f"{env_name(SECTION, 'concurrency')} must be at least 1"
+    if not settings.ready_probe_s > 0:
+        return f"{env_name(SECTION, 'ready_probe_s')} must be positive"
     return None
 
 

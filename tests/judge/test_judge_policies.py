@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import io
 import math
-from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -29,12 +28,15 @@ class Replies:
 
     def __init__(self, reply: Any) -> None:
         self.reply = reply
+        self.bodies: list[dict[str, Any]] = []  # every call's, in order
 
-    def submit(self, body: dict[str, Any], expires: float) -> Future[Reply]:
-        urls = [part["image_url"]["url"] for part in body["messages"][-1]["content"] if "image_url" in part]
-        future: Future[Reply] = Future()
-        future.set_result(Reply(self.reply(urls), 1, 1))
-        return future
+    def replies(self, bodies: list[dict[str, Any]], expires: float, client: str) -> list[Reply]:
+        self.bodies += bodies
+        return [Reply(self.reply(self.urls(body)), 1, 1) for body in bodies]
+
+    @staticmethod
+    def urls(body: dict[str, Any]) -> list[str]:
+        return [part["image_url"]["url"] for part in body["messages"][-1]["content"] if "image_url" in part]
 
 
 def scorer(monkeypatch: pytest.MonkeyPatch, judge: str, policy: str, reply: Any, **settings: str) -> JudgeScorer:
@@ -126,16 +128,9 @@ def test_a_pairwise_request_is_bounded_before_any_call(monkeypatch: pytest.Monke
 def test_pairwise_videos_are_compared_whole_on_eight_uniformly_spaced_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pref-GRPO's video comparison: 8 frames of each video (np.linspace over its frames), the
     first video's then the second's, before the video prompt; ``Video 1 is better`` read."""
-    bodies: list[dict[str, Any]] = []
-    judge = scorer(monkeypatch, "unifiedreward-think", "nan", None)
-    answer = judge.engine.submit
-
-    def submit(body: dict[str, Any], expires: float) -> Future[Reply]:
-        bodies.append(body)
-        return answer(body, expires)
-
-    judge.engine.reply = lambda urls: "<think>x</think><answer>Video 1 is better</answer>"
-    monkeypatch.setattr(judge.engine, "submit", submit)
+    judge = scorer(
+        monkeypatch, "unifiedreward-think", "nan", lambda urls: "<think>x</think><answer>Video 1 is better</answer>"
+    )
     # Three videos of one prompt: 12 frames (every second chosen: 0, 2, ..., 22), 3 frames, 1 frame.
     videos = [[png(i) for i in range(24)], [png(100 + i) for i in range(3)], [png(200)]]
     payload = {"videos": videos, "prompts": ["p"] * 3, "metadata": {"frame_interval": 2}}
@@ -146,7 +141,7 @@ def test_pairwise_videos_are_compared_whole_on_eight_uniformly_spaced_frames(mon
     assert shown == [[0, 2, 6, 8, 12, 14, 18, 22], [100, 102], [200]], shown
     results = samples.results(judge.score_request(samples.items))
     assert [r.score for r in results] == [1.0, 0.5, 0.0]
-    first = bodies[0]["messages"][0]["content"]
+    first = judge.engine.bodies[0]["messages"][0]["content"]
     assert len(first) == 8 + 2 + 1 and first[-1]["text"].startswith(
         "You are an objective and precise evaluator for video"
     )
