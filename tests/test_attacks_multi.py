@@ -189,19 +189,21 @@ def test_each_rewards_model_inputs_count_in_the_work_bytes(clip_pair: Server) ->
 
 def test_an_optional_reward_a_bound_on_the_request_refuses_drops_from_every_sample(clip_pair: Server) -> None:
     """The two rewards' inputs of 150 8x8 PNGs are over the 256 MiB of work, each one's alone
-    under it. Optional, the aesthetic score was re-checked sample by sample, each check holding
+    under it. An optional reward was re-checked sample by sample, each check holding
     its input in the same request: the first samples kept it, the rest dropped it (one group's
-    sums with and without it), and checked first it left the required PickScore refused for its
-    reservations. It drops from every sample, in either order."""
+    sums with and without it), and checked first it left the required one refused for its
+    reservations. It drops from every sample, in either order, each counted at PickScore's lowest
+    score (minus its factor), the same for every sample."""
     count = 150
     body = pickle.dumps({"images": tiny_pngs(count), "prompts": ["a red square"] * count})
-    for query in ("?pickscore=1&aesthetic=1!optional", "?aesthetic=1!optional&pickscore=1"):
+    for query in ("?aesthetic=1&pickscore=1!optional", "?pickscore=1!optional&aesthetic=1"):
         answer = requests.post(f"{clip_pair.url}/{query}", data=body, timeout=300)
         result = pickle.loads(answer.content)
         assert answer.status_code == 200, (query, result)
         assert result["dropped"] == list(range(count)), (query, result["dropped"])
-        assert all(math.isnan(score) for score in result["details"]["aesthetic"]), query
-        assert result["scores"] == result["details"]["pickscore"], query
+        assert all(math.isnan(score) for score in result["details"]["pickscore"]), query
+        dropped_terms = {s - a for s, a in zip(result["scores"], result["details"]["aesthetic"])}
+        assert len({round(term, 9) for term in dropped_terms}) == 1 and min(dropped_terms) < 0, (query, dropped_terms)
 
 
 def test_an_image_referenced_many_times_is_preprocessed_once_per_reward(clip_pair: Server) -> None:

@@ -141,6 +141,9 @@ def test_a_sample_with_nothing_left_to_measure_it_gets_nan_alone() -> None:
     assert first.score == 1.5 and not first.dropped
     assert math.isnan(failed.score) and failed.dropped  # nothing left: no sum, never 0
     assert math.isnan(unbounded.score) and unbounded.dropped  # the judge declares no lowest score here
+    # No sample left anything (a bound on the request together): the request's error, as before.
+    with pytest.raises(Unprocessable):
+        combined_results([{"judge": failure, "ocr": failure}] * 2, optional, [range(0, 1), range(1, 2)], None, bounds)
 
 
 @pytest.mark.parametrize("weight", [2.0, -0.5, 0.0])

@@ -276,17 +276,20 @@ def combined_results(
       for that sample alone and counted at its worst score (``bounds``: its lowest for a
       positive weight, its highest for a negative one), so that no sample gains by making it
       fail; where that bound is infinite, or where none of the sample's weighted rewards is
-      left, the sum is NaN (never 0: there is nothing to measure it by).
+      left, the sum is NaN (never 0: there is nothing to measure it by), unless that is so of
+      every sample for an error (a bound on the request together): the request gets that error.
 
     A sum past the largest float is a 422: the weights are too large."""
     combined: list[Result] = []
     dropped: dict[str, int] = dict.fromkeys(wanted, 0)
+    unmeasured: list[BaseException] = []  # each sample's error that left it nothing to measure it by
     for index, span in enumerate(spans):
         details: dict[str, float] = {}
         frames: dict[str, list[float]] = {}
         weighted: list[float] = []
         dropped_here = measured = False
         verdict = True
+        failure: BaseException | None = None
         for name, want in wanted.items():
             values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
@@ -304,6 +307,7 @@ def combined_results(
                     continue
             elif not want.optional or isinstance(error, FROM_THE_LOAD):
                 raise error
+            failure = failure or error
             dropped_here = True
             dropped[name] += 1
             worst = worst_term(want.weight, bounds[name])
@@ -311,8 +315,12 @@ def combined_results(
                 verdict = False
             else:
                 weighted.append(worst)
+        if dropped_here and not measured and failure is not None:
+            unmeasured.append(failure)
         total = _sum(weighted, index) if verdict and (measured or not dropped_here) else math.nan
         combined.append(Combined(total, details=details, dropped=dropped_here, frame_details=frames if rules else None))
+    if unmeasured and len(unmeasured) == len(spans):
+        raise unmeasured[0]
     for name, count in dropped.items():
         if count:
             metrics.REWARD_DROPPED.labels(name).inc(count)
