@@ -7,10 +7,14 @@ there or ``max_wait_ms`` has passed since the queue stopped being empty, then ca
 The model code does not know any of this.
 
 A request has one ``Deadline`` (``common.deadlines``), set when it arrives and shared by every
-stage it goes through. A stage refuses a request whole, never half-queued: with 413 when it has more items than the
-queue can ever hold, with a retryable 503 when the queue is full or when the wait it would have
-(at the median recent batch time) runs past its deadline, so that a balancer or client sends it
-elsewhere at once instead of after the timeout. Work between stages checks the deadline too
+stage it goes through. A stage queues a request whole, never half: with 413 when it has more
+items than the queue can ever hold; when the queue is full, the request waits for room in
+deadline order, and a request gets a retryable 503 only once its deadline has passed, never
+early from an estimate of its wait: the trainers' clients time out after 120 s and do not
+survive an early 503 (flow_grpo's reads the body as scores; VeRL-Omni's retries twice within
+1.5 s, and lost 87 of 128 one-image requests to early 503s on a busy node that served the rest
+within 105 s), while a request held to its deadline is either served or retried by them with a
+fresh one. Work between stages checks the deadline too
 (``check_deadline``). The bytes of request work a worker holds are bounded apart from the
 queue (``common.budget``).
 """
@@ -20,11 +24,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
-import statistics
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -37,10 +38,6 @@ from common.errors import InternalError, Overloaded, PayloadTooLarge
 log = logging.getLogger(__name__)
 
 BatchFn = Callable[[Sequence[Any]], Sequence[Any]]
-
-# Batches whose times the wait estimate looks at: their median, so that neither one fast batch
-# (a few small items) nor one slow one sets it.
-RECENT_BATCHES = 32
 
 
 @dataclass(order=True)
@@ -72,10 +69,10 @@ class DynamicBatcher:
         self.name = name
         self._clock = clock  # the batch window's and batch times' (a test's own, to move by hand)
         self._queue: list[_Entry] = []  # a heap: earliest deadline first
+        # Requests waiting for room in the queue: (expires, sequence), a heap.
+        self._waiting: list[tuple[float, int]] = []
         self._sequence = itertools.count()
         self._window_start = 0.0
-        self._batch_times: deque[float] = deque(maxlen=RECENT_BATCHES)
-        self._batches = 0
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -92,17 +89,9 @@ class DynamicBatcher:
         while self._queue:
             heapq.heappop(self._queue).future.set_exception(Overloaded("scorer is shutting down"))
 
-    def estimated_wait(self, expires: float, count: int) -> float | None:
-        """About how many seconds until ``count`` items due at ``expires`` are scored: the
-        batches of the items due before them and their own, each taking the median recent
-        batch time. Call under the lock."""
-        if not self._batch_times:
-            return None
-        ahead = sum(1 for entry in self._queue if entry.expires <= expires)
-        return math.ceil((ahead + count) / self.max_batch) * statistics.median(self._batch_times)
-
     def submit(self, items: Sequence[Any], deadline: Deadline) -> list[Future]:
-        """Queue all ``items`` or none; one future per item, in order."""
+        """Queue all ``items`` or none, waiting for room in deadline order; one future per item,
+        in order."""
         if len(items) > self.max_queue:
             raise PayloadTooLarge(
                 f"{len(items)} items in one request; the batch queue holds {self.max_queue}, split the request"
@@ -111,23 +100,37 @@ class DynamicBatcher:
         with self._cond:
             if self._stopped:
                 raise Overloaded("scorer is shutting down")
-            if len(self._queue) + len(items) > self.max_queue:
-                raise Overloaded(
-                    f"batch queue full ({len(self._queue)} of {self.max_queue} items waiting); retry later"
-                )
-            remaining = deadline.remaining()
-            wait = self.estimated_wait(deadline.expires, len(items))
-            if remaining <= 0 or (wait is not None and wait > remaining):
-                raise Overloaded(
-                    f"the wait at {self.name} (about {wait or 0:.0f}s, {len(self._queue)} items queued) runs past the "
-                    f"request's deadline (in {max(0.0, remaining):.0f}s); retry on another node or later"
-                )
+            if deadline.remaining() <= 0:
+                raise Overloaded(f"the request's deadline passed before {self.name}; retry later")
+            if self._waiting or len(self._queue) + len(items) > self.max_queue:
+                self._wait_for_room(len(items), deadline)
             if not self._queue:
                 self._window_start = self._clock()
             for item, future in zip(items, futures):
                 heapq.heappush(self._queue, _Entry(deadline.expires, next(self._sequence), item, future))
-            self._cond.notify()
+            self._cond.notify_all()
         return futures
+
+    def _wait_for_room(self, count: int, deadline: Deadline) -> None:
+        """Wait, under the lock, until ``count`` items fit and no request due earlier waits; a
+        retryable 503 when the deadline passes first or the scorer stops."""
+        turn = (deadline.expires, next(self._sequence))
+        heapq.heappush(self._waiting, turn)
+        try:
+            while self._waiting[0] is not turn or len(self._queue) + count > self.max_queue:
+                remaining = deadline.remaining()
+                if self._stopped:
+                    raise Overloaded("scorer is shutting down")
+                if remaining <= 0:
+                    raise Overloaded(
+                        f"the request's deadline passed while it waited for room in the batch queue at {self.name} "
+                        f"({len(self._queue)} of {self.max_queue} items waiting); retry later"
+                    )
+                self._cond.wait(remaining)
+        finally:
+            self._waiting.remove(turn)
+            heapq.heapify(self._waiting)
+            self._cond.notify_all()  # the next in line may fit now
 
     def _take_batch(self) -> list[_Entry] | None:
         with self._cond:
@@ -143,16 +146,9 @@ class DynamicBatcher:
                 self._cond.wait(remaining)
             batch = [heapq.heappop(self._queue) for _ in range(min(self.max_batch, len(self._queue)))]
             self._window_start = 0.0  # what is left has waited already: next batch at once
+            if self._waiting:
+                self._cond.notify_all()  # room for those waiting
             return batch
-
-    def _record(self, count: int, seconds: float) -> None:
-        with self._cond:
-            self._batches += 1
-            # The first call pays lazy initialisation (the warm-up's): it is no measure of a batch.
-            if self._batches > 1:
-                self._batch_times.append(seconds)
-        if self._on_batch is not None:
-            self._on_batch(count, seconds)
 
     def _loop(self) -> None:
         while (taken := self._take_batch()) is not None:
@@ -170,7 +166,8 @@ class DynamicBatcher:
                 for entry in batch:
                     entry.future.set_exception(exc)
                 continue
-            self._record(len(batch), self._clock() - started)
+            if self._on_batch is not None:
+                self._on_batch(len(batch), self._clock() - started)
             for entry, result in zip(batch, results):
                 entry.future.set_result(result)
 

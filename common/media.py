@@ -67,9 +67,20 @@ class MediaRequest:
     metadata: dict[str, Any]
     frames: list[list[int]] | None
     rule: VideoRule
-    # The index in the client's request of ``prompts[0]`` (a sample taken alone keeps its own:
-    # an error names the prompt the client sent).
-    first_prompt: int = 0
+    # Each sample's index in the client's request (None: 0, 1, ...): samples taken alone or
+    # together (the multi service's checks) keep their own, so that an error names the prompt
+    # the client sent and a scorer reads their entries of per-sample metadata (GenEval's).
+    positions: tuple[int, ...] | None = None
+
+    @property
+    def sample_positions(self) -> Sequence[int]:
+        """Each sample's index in the client's request."""
+        return range(len(self.prompts)) if self.positions is None else self.positions
+
+    @property
+    def first_prompt(self) -> int:
+        """The index in the client's request of ``prompts[0]``."""
+        return self.sample_positions[0] if self.prompts else 0
 
     @functools.cached_property
     def spans(self) -> list[range]:
@@ -87,7 +98,7 @@ class MediaRequest:
 
     def samples(self, indices: Sequence[int]) -> MediaRequest:
         """The samples ``indices`` (in order), as a request of their own; their images keep their
-        names, and an error names a prompt counting from the first one's."""
+        names and the samples their positions in the client's request."""
         spans = [self.spans[index] for index in indices]
         return MediaRequest(
             [self.images[i] for span in spans for i in span],
@@ -96,7 +107,7 @@ class MediaRequest:
             self.metadata,
             None if self.frames is None else [self.frames[index] for index in indices],
             self.rule,
-            self.first_prompt + indices[0],
+            tuple(self.sample_positions[index] for index in indices),
         )
 
     @property

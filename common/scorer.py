@@ -196,6 +196,18 @@ class ImageScorer(Scorer):
         prompts and metadata: a 413/422 for what its model cannot take, ``hold_work`` for the
         model inputs it will make. The core's limits have passed. Default: nothing."""
 
+    def sample_metadata(self, metadata: dict[str, Any], positions: Sequence[int]) -> dict[str, Any]:
+        """The request's metadata as a request of the samples at ``positions`` alone would
+        carry it, for ``prepare_images`` of some of a request's samples (the multi service's): a
+        scorer whose metadata holds an entry per sample (GenEval's) keeps theirs. Default: as it is."""
+        return metadata
+
+    def score_bounds(self) -> tuple[float, float]:
+        """The lowest and highest score the scorer can give, once set up: what a sample that drops
+        it as an optional reward of the multi service is counted at, so that a drop never raises a
+        sample's weighted sum. Default: unbounded (such a sample gets no sum)."""
+        return -math.inf, math.inf
+
     @abstractmethod
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         """Decoded RGB images (a video's chosen frames among them) and each one's prompt -> one

@@ -60,7 +60,8 @@ class CoreSettings:
     )
     max_queue: int = setting(
         4096,
-        "items waiting for a model call; beyond it requests get 503 (413 for a request that alone has more)",
+        "items waiting for a model call per stage; beyond it a request waits for room, in deadline order, until its "
+        "deadline (then 503; 413 for a request that alone has more)",
     )
     # A 16 KB white 2000x2000 PNG is a 56.5 MB OCR detector input.
     max_work_bytes: int = setting(
@@ -75,7 +76,7 @@ class CoreSettings:
     request_timeout_s: float = setting(
         110.0,
         "a request's deadline from its arrival, across all its batched stages; one that cannot be answered by then "
-        "gets 503, early when the estimated wait says so",
+        "gets 503 (a full queue or busy model is waited for until then, never refused early)",
     )
     head_timeout_s: float = setting(
         10.0, "a request's head must arrive within this (of the connection, or of its first byte), else 408"

@@ -78,3 +78,16 @@ def save_random_mask2former(directory: Path, seed: int = 0, confident: bool = Tr
                 model.class_predictor.bias[label] += boost
     model.save_pretrained(directory)
     return directory
+
+
+def geneval_service_settings(directory: Path) -> dict[str, str]:
+    """The GenEval service's settings for a tiny random detector and CLIP written under
+    ``directory``, at the tests' input scale (mmdet's 1333 x 800 costs a CPU seconds an image)."""
+    from testing.clip_models import save_random_clip_model
+
+    return {
+        "SCORER_GENEVAL_DETECTOR": str(save_random_mask2former(directory / "detector")),
+        "SCORER_GENEVAL_CLIP": str(save_random_clip_model(directory / "clip")),
+        "SCORER_GENEVAL_MIN_SIZE": "96",
+        "SCORER_GENEVAL_MAX_SIZE": "128",
+    }

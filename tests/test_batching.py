@@ -63,16 +63,34 @@ def test_a_lone_item_waits_for_max_wait_and_no_longer() -> None:
     batcher.stop()
 
 
-def test_full_queue_refuses_whole_request() -> None:
+def test_a_full_queue_holds_requests_whole_until_there_is_room_in_deadline_order() -> None:
+    """A full queue is no 503: the trainers' clients time out after 120 s and most do not survive
+    a 503 (flow_grpo's reads the body as scores), so a request waits for room, whole, waiters
+    getting in earliest deadline first; only one whose deadline passes first is refused."""
     scoring, gate = threading.Event(), threading.Event()
-    batcher, _ = make(fn=lambda b: (scoring.set(), gate.wait(60), [0] * len(b))[2], max_batch=2, max_queue=4)
+    batcher, calls = make(fn=lambda b: (scoring.set(), gate.wait(60), b)[2], max_batch=2, max_queue=4)
     first = batcher.submit([1, 2], later())
     assert scoring.wait(60)  # the first batch is being scored, blocked on the gate
-    batcher.submit([3, 4, 5, 6], later())
-    with pytest.raises(Overloaded, match="queue full"):
-        batcher.submit([7], later())
+    queued = batcher.submit([3, 4, 5, 6], later())  # the queue is full
+    results: dict[int, list[int]] = {}
+
+    def request(items: list[int], seconds: float) -> None:
+        results[items[0]] = [future.result(30) for future in batcher.submit(items, Deadline(seconds))]
+
+    waiters = [threading.Thread(target=request, args=args) for args in (([7], 50), ([8], 30), ([9, 10], 40))]
+    for count, thread in enumerate(waiters, 1):
+        thread.start()
+        wait_until(lambda count=count: len(batcher._waiting) == count, f"{count} requests waiting for room")
+    assert len(batcher._queue) == 4  # none of them half-queued
+    with pytest.raises(Overloaded, match="deadline passed while it waited for room"):
+        batcher.submit([11], Deadline(0.1))
     gate.set()
-    assert [f.result(5) for f in first] == [0, 0]
+    for thread in waiters:
+        thread.join(30)
+    assert [f.result(5) for f in [*first, *queued]] == [1, 2, 3, 4, 5, 6]
+    assert results == {7: [7], 8: [8], 9: [9, 10]}
+    order = [item for call in calls for item in call]
+    assert order.index(8) < order.index(9) < order.index(7) and 11 not in order
     batcher.stop()
 
 
@@ -122,9 +140,11 @@ def test_a_request_larger_than_the_queue_is_413_not_a_retryable_503() -> None:
     batcher.stop()
 
 
-def test_a_wait_past_the_deadline_is_refused_at_once() -> None:
-    """Batches of 10 s, requests of 95 s: 9 fit, the rest are told at once, while the model is
-    still held (a refusal that waited for a batch would never come)."""
+def test_a_long_wait_is_held_to_the_deadline_never_refused_from_an_estimate() -> None:
+    """Batches of 10 s and requests of 95 s: 30 requests queue behind a held model, none refused
+    early (VeRL-Omni's client retries twice within 1.5 s and lost 87 of 128 requests to early
+    503s that a busy node would have served); each is scored once the model is back, or gets
+    its 503 when its deadline has passed."""
     clock = ManualClock()
     scoring, gate = threading.Event(), threading.Event()
 
@@ -136,21 +156,15 @@ def test_a_wait_past_the_deadline_is_refused_at_once() -> None:
         return batch
 
     batcher, _ = make(fn=run, max_batch=1, max_wait_ms=0, clock=clock)
-    for warm in (0, 0):  # the first batch is not a measure, the second is
+    for warm in (0, 0):
         batcher.submit([warm], later())[0].result(30)
     holding = batcher.submit([-1], later())[0]
     assert scoring.wait(60)
-    accepted, refused = [], []
-    for n in range(30):
-        try:
-            accepted.append((n, batcher.submit([n], Deadline(95.0))[0]))
-        except Overloaded as exc:
-            assert "past the request's deadline" in exc.message
-            refused.append(n)
-    assert not holding.done()
-    assert [n for n, _ in accepted] == list(range(9)) and refused == list(range(9, 30))
+    accepted = [batcher.submit([n], Deadline(95.0))[0] for n in range(30)]
+    with pytest.raises(Overloaded, match="deadline passed before"):
+        batcher.submit([99], Deadline(0.0))
     gate.set()
-    assert [future.result(30) for _, future in accepted] == list(range(9))
+    assert holding.result(30) == -1 and [future.result(30) for future in accepted] == list(range(30))
     batcher.stop()
 
 
@@ -193,24 +207,6 @@ def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> 
     for thread in [holder, *waiters]:
         thread.join(5)
     assert admitted == [0, 2, 3, 1]
-
-
-def test_the_wait_estimate_takes_the_median_batch_not_the_fastest() -> None:
-    """One fast batch among slow ones made the fastest-batch estimate admit requests that then
-    waited past their deadline: a queue of slow batches is estimated at their median."""
-    clock = ManualClock()
-    durations = iter([0.0, 0.0, 0.0, 0.25, 0.25, 0.25, 0.25])  # the first is the warm-up, then one fast batch
-
-    def run(batch):
-        clock.advance(next(durations))
-        return batch
-
-    batcher, _ = make(fn=run, max_batch=1, max_wait_ms=0, clock=clock)
-    for n in range(7):
-        batcher.submit([n], later())[0].result(30)
-    with batcher._cond:
-        assert batcher.estimated_wait(clock() + 60, 1) == 0.25  # the fastest: 0.0
-    batcher.stop()
 
 
 def test_work_bytes_are_held_until_the_request_ends_and_refused_past_the_budget() -> None:

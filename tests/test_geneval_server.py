@@ -24,8 +24,7 @@ from PIL import Image, ImageDraw
 from requests.adapters import HTTPAdapter, Retry
 
 from testing import geneval_reference as reference
-from testing.clip_models import save_random_clip_model
-from testing.geneval_models import save_random_mask2former
+from testing.geneval_models import geneval_service_settings
 from testing.server import Server, gunicorn_server
 
 pytestmark = pytest.mark.integration
@@ -72,14 +71,7 @@ def jpeg(pixels: np.ndarray) -> bytes:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The service's settings for the tiny random models."""
-    directory = tmp_path_factory.mktemp("geneval-models")
-    return {
-        "SCORER_GENEVAL_DETECTOR": str(save_random_mask2former(directory / "detector")),
-        "SCORER_GENEVAL_CLIP": str(save_random_clip_model(directory / "clip")),
-        # The test scale of the tiny model (mmdet's 1333 x 800 costs a CPU seconds an image).
-        "SCORER_GENEVAL_MIN_SIZE": "96",
-        "SCORER_GENEVAL_MAX_SIZE": "128",
-    }
+    return geneval_service_settings(tmp_path_factory.mktemp("geneval-models"))
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +219,36 @@ def test_flow_grpos_own_client_unchanged(server: Server) -> None:
     assert set(groups) == set(strict_groups) == set(reference.GROUP_KEYS)
     direct = flow_grpo_post(server.url, [jpeg(p) for p in pixels], METADATAS, False)
     assert scores == direct["scores"] and groups == direct["group_rewards"]
+
+
+def test_multi_drops_an_optional_geneval_from_the_sample_it_refuses_alone(
+    server: Server, models: dict[str, str], tmp_path: Path
+) -> None:
+    """One sample's GenEval metadata names an unknown tag: GenEval, optional, is dropped from that
+    sample alone, counted there at its lowest score (2 - max_objects: 1 - 15/1 for one object of
+    a count of 1 with 16 found), so that no sample gains by making it fail; the others keep
+    GenEval's own scores. On 40d4ae2 it was dropped from every sample (``dropped: [0, 1, 2]``):
+    the samples left were checked, and prepared, against the wrong metadata entries."""
+    metadatas = [METADATAS[0], {"tag": "no such tag", "include": [{"class": "dog", "count": 1}]}, METADATAS[3]]
+    images = [jpeg(scene(seed)) for seed in range(3)]
+    prompts = ['a sign that says "dog"'] * 3
+    kept = {
+        "images": [images[0], images[2]],
+        "prompts": [""] * 2,
+        "metadata": {"geneval": [metadatas[0], metadatas[2]]},
+    }
+    alone = pickle.loads(requests.post(server.url, data=pickle.dumps(kept), timeout=120).content)["scores"]
+    body = {"images": images, "prompts": prompts, "metadata": {"geneval": metadatas}}
+    env = {**models, "SCORER_MULTI_REWARDS": "geneval,ocr", "SCORER_DEVICE": "cpu"}
+    with gunicorn_server("multi", env, threads=8, require_ready=False, log_dir=tmp_path) as multi:
+        multi.wait_ready(timeout=400)
+        response = requests.post(f"{multi.url}/?ocr=1&geneval=1!optional", data=pickle.dumps(body), timeout=120)
+        assert response.status_code == 200, response.content[:300]
+        answer = pickle.loads(response.content)
+        required = requests.post(f"{multi.url}/?ocr=1&geneval=1", data=pickle.dumps(body), timeout=120)
+    assert answer["dropped"] == [1], answer
+    details = answer["details"]
+    assert [details["geneval"][0], details["geneval"][2]] == alone and np.isnan(details["geneval"][1])
+    lowest = 2 - OPTIONS["max_objects"]
+    assert answer["scores"][1] == details["ocr"][1] + lowest, answer
+    assert required.status_code == 422 and "metadata['geneval'][1]" in pickle.loads(required.content)["error"]

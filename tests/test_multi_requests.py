@@ -101,23 +101,66 @@ def test_run_sh_builds_one_environment_of_the_listed_rewards_requirements() -> N
     assert shell.flags_shell("multi") == f"FLAGS=({flags})"
 
 
+UNIT = (0.0, 1.0)
+UNBOUNDED = (-math.inf, math.inf)
+
+
 def test_each_samples_result_from_its_images_results() -> None:
     wanted = {"ocr": Wanted(0.5, optional=True), "pickscore": Wanted(2.0)}
+    bounds = {"ocr": UNIT, "pickscore": UNBOUNDED}
     failure = PayloadTooLarge("too many quoted targets")
     images = [{"ocr": 1.0, "pickscore": 0.25}, {"ocr": failure, "pickscore": 0.5}]
-    first, second = combined_results(images, wanted, [range(0, 1), range(1, 2)], None)
+    first, second = combined_results(images, wanted, [range(0, 1), range(1, 2)], None, bounds)
     assert first == Combined(1.0, details={"ocr": 1.0, "pickscore": 0.25}, dropped=False)
+    # The dropped reward counts at its lowest score (0.5 x 0), the others as scored.
     assert isinstance(second, Combined) and second.score == 1.0 and second.dropped
     assert math.isnan(second.details["ocr"])
     # A video: each reward's frames by its rule, then the sum.
     frames = [{"ocr": 1.0, "pickscore": 0.0}, {"ocr": 0.0, "pickscore": 1.0}]
-    (video,) = combined_results(frames, wanted, [range(0, 2)], {"ocr": MEAN, "pickscore": MEAN})
+    (video,) = combined_results(frames, wanted, [range(0, 2)], {"ocr": MEAN, "pickscore": MEAN}, bounds)
     assert video.score == pytest.approx(0.5 * 0.5 + 2.0 * 0.5)
-    # A required reward's failure, or a sample every reward failed for, is the request's error.
+    # A required reward's error is the request's, as its own service's.
     with pytest.raises(PayloadTooLarge):
-        combined_results([{"ocr": 1.0, "pickscore": failure}], wanted, [range(0, 1)], None)
-    with pytest.raises(PayloadTooLarge):
-        combined_results([{"ocr": failure}], {"ocr": Wanted(1.0, optional=True)}, [range(0, 1)], None)
+        combined_results([{"ocr": 1.0, "pickscore": failure}], wanted, [range(0, 1)], None, bounds)
+
+
+def test_a_sample_with_nothing_left_to_measure_it_gets_nan_alone() -> None:
+    """A judge's parse failure under ``nan`` (or ``mean`` with no reply parsed) is its own
+    service's NaN for that sample: a required reward's makes that sample's sum NaN, never a 500
+    for the request; a sample every reward failed for, or that dropped a reward with no lowest
+    score, gets NaN, and the other samples their sums."""
+    failure = Unprocessable("prompts[1] has no other sample in the request")
+    required = {"judge": Wanted(1.0), "ocr": Wanted(1.0)}
+    bounds = {"judge": UNBOUNDED, "ocr": UNIT}
+    images = [{"judge": 0.5, "ocr": 1.0}, {"judge": math.nan, "ocr": 1.0}]
+    scored, unjudged = combined_results(images, required, [range(0, 1), range(1, 2)], None, bounds)
+    assert scored.score == 1.5 and math.isnan(unjudged.score) and not unjudged.dropped
+    optional = {"judge": Wanted(1.0, optional=True), "ocr": Wanted(1.0, optional=True)}
+    images = [{"judge": 0.5, "ocr": 1.0}, {"judge": failure, "ocr": failure}, {"judge": math.nan, "ocr": 0.25}]
+    first, failed, unbounded = combined_results(images, optional, [range(i, i + 1) for i in range(3)], None, bounds)
+    assert first.score == 1.5 and not first.dropped
+    assert math.isnan(failed.score) and failed.dropped  # nothing left: no sum, never 0
+    assert math.isnan(unbounded.score) and unbounded.dropped  # the judge declares no lowest score here
+    # No sample left anything (a bound on the request together): the request's error, as before.
+    with pytest.raises(Unprocessable):
+        combined_results([{"judge": failure, "ocr": failure}] * 2, optional, [range(0, 1), range(1, 2)], None, bounds)
+
+
+@pytest.mark.parametrize("weight", [2.0, -0.5, 0.0])
+@pytest.mark.parametrize("bounds", [UNIT, (-14.0, 1.0), (-3.5, 3.5)])
+def test_a_dropped_reward_never_raises_a_samples_sum(weight: float, bounds: tuple[float, float]) -> None:
+    """GenEval scores down to 2 - max_objects, CLIP scores are signed, weights may be negative:
+    whatever the dropped reward would have scored, the sample's sum with it dropped is no higher
+    than with it scored."""
+    wanted = {"geneval": Wanted(weight, optional=True), "ocr": Wanted(1.0)}
+    every = {"geneval": bounds, "ocr": UNIT}
+    failure = Unprocessable("metadata['geneval'][0]: unknown tag")
+    (dropped,) = combined_results([{"geneval": failure, "ocr": 0.5}], wanted, [range(0, 1)], None, every)
+    assert dropped.dropped
+    low, high = bounds
+    for score in [low, high, *(low + (high - low) * step / 8 for step in range(1, 8))]:
+        (scored,) = combined_results([{"geneval": score, "ocr": 0.5}], wanted, [range(0, 1)], None, every)
+        assert dropped.score <= scored.score, (score, dropped.score, scored.score)
 
 
 def test_each_samples_images_and_a_sample_alone() -> None:
@@ -128,5 +171,8 @@ def test_each_samples_images_and_a_sample_alone() -> None:
     assert videos.spans == [range(0, 2), range(2, 3)]
     alone = videos.sample(1)
     assert (alone.images, alone.names, alone.prompts, alone.frames) == ([b"c"], ["videos[1][0]"], ["q"], [[0]])
-    images = MediaRequest([b"a", b"b"], ["images[0]", "images[1]"], ["p", "q"], {}, None, MEAN)
-    assert images.spans == [range(0, 1), range(1, 2)] and images.sample(1).names == ["images[1]"]
+    images = MediaRequest([b"a", b"b", b"c"], ["images[0]", "images[1]", "images[2]"], ["p", "q", "r"], {}, None, MEAN)
+    assert images.spans == [range(0, 1), range(1, 2), range(2, 3)] and images.sample(1).names == ["images[1]"]
+    # Samples taken together keep their positions in the client's request, gaps included.
+    some = images.samples([0, 2])
+    assert list(some.sample_positions) == [0, 2] and some.samples([1]).first_prompt == 2

@@ -287,8 +287,10 @@ def test_a_request_that_can_never_fit_the_queue_is_413(tmp_path) -> None:
 @pytest.mark.timing
 def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -> None:
     """More one-image requests at once than a 6 s deadline lets the node score: each is answered
-    by its deadline (once, across both OCR stages), those it cannot serve with an early 503, and
-    the ones served are served in arrival order: three waves sent seconds apart (the order within
+    by its deadline (once, across both OCR stages), those it cannot serve with a 503 once their
+    deadline has passed, never earlier (an early 503 is a lost sample for VeRL-Omni's client,
+    which retries twice within 1.5 s, and a crash for flow_grpo's), and the ones served are
+    served in arrival order: three waves sent seconds apart (the order within
     a wave is the client's and the kernel's, not the test's to know). The waves are sized from
     the node's measured rate, three times what it can serve in the test's window, so a fast
     machine is overloaded as surely as a slow one."""
@@ -332,8 +334,8 @@ def test_an_overloaded_node_answers_by_the_deadline_in_arrival_order(tmp_path) -
     late = within(1.5)  # an answer's way back, after the deadline the node keeps
     assert slowest < timeout_s + late, f"an answer took {slowest:.1f}s, past the {timeout_s}s deadline"
     refusals = [took for _, status, _, took in outcomes if status == 503]
-    # Early: told the wait runs past the deadline, rather than told once it has passed (6 s on).
-    assert min(refusals) < timeout_s - 1.0, "no request was refused early"
+    # Held to the deadline, which runs from the request's arrival, after the client sent it.
+    assert min(refusals) >= timeout_s, f"a request was refused {timeout_s - min(refusals):.1f}s before its deadline"
     # A request served is done before those of a later wave (the queue admits later ones again
     # once it has drained; two decode slots and shared batches give some jitter).
     done = [(wave, sent + took) for wave, status, sent, took in outcomes if status == 200]

@@ -122,6 +122,11 @@ class ClipRewardScorer(ImageScorer):
         assert self.model is not None, "setup() has not run"
         return self.model.scores(batch)
 
+    def score_bounds(self) -> tuple[float, float]:
+        """A cosine of unit embeddings times the model's factor (``logit_scale.exp()`` over the divisor)."""
+        assert self.model is not None, "setup() has not run"
+        return -abs(self.model.factor), abs(self.model.factor)
+
     def info(self) -> dict[str, Any]:
         return {
             "model": self.settings.model,

@@ -74,17 +74,18 @@ def only_strict(metadata: dict[str, Any]) -> bool:
     return value
 
 
-def tasks(metadata: dict[str, Any], first: int, count: int) -> list[Task]:
-    """The GenEval tasks of samples ``first`` to ``first + count`` of a request; 422 naming a bad one."""
+def tasks(metadata: dict[str, Any], positions: Sequence[int]) -> list[Task]:
+    """The GenEval tasks of the samples at ``positions`` in a request; 422 naming a bad one."""
     entries = metadata.get(METADATA_KEY)
     if not isinstance(entries, (list, tuple)):
         raise Unprocessable(
             f"metadata[{METADATA_KEY!r}] must be a list of GenEval metadata dicts (tag, include, exclude), one an image"
         )
-    if len(entries) < first + count:
-        raise Unprocessable(f"metadata[{METADATA_KEY!r}] has {len(entries)} entries for {first + count} images")
+    needed = max(positions, default=-1) + 1
+    if len(entries) < needed:
+        raise Unprocessable(f"metadata[{METADATA_KEY!r}] has {len(entries)} entries for {needed} images")
     try:
-        return [parse_task(entries[i], f"metadata[{METADATA_KEY!r}][{i}]") for i in range(first, first + count)]
+        return [parse_task(entries[i], f"metadata[{METADATA_KEY!r}][{i}]") for i in positions]
     except TaskError as exc:
         raise Unprocessable(str(exc)) from None
 
@@ -142,7 +143,7 @@ class GenEvalScorer(ImageScorer):
         if request.frames is not None:
             raise Unprocessable("the geneval service judges images, not videos")
         only_strict(request.metadata)
-        judged = tasks(request.metadata, request.first_prompt, len(request.prompts))
+        judged = tasks(request.metadata, request.sample_positions)
         nbytes = 0
         for image, task in zip(images, judged):
             width, height = shown_size(image)
@@ -152,13 +153,26 @@ class GenEvalScorer(ImageScorer):
         hold_work(nbytes, "geneval inputs")
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
-        judged = tasks(metadata, 0, len(images))
+        judged = tasks(metadata, range(len(images)))
         if len(judged) != len(metadata[METADATA_KEY]):
             raise Unprocessable(
                 f"metadata[{METADATA_KEY!r}] has {len(metadata[METADATA_KEY])} entries for {len(images)} images"
             )
         strict = only_strict(metadata)
         return [GenEvalItem(image, np.array(image.convert("RGB")), task, strict) for image, task in zip(images, judged)]
+
+    def sample_metadata(self, metadata: dict[str, Any], positions: Sequence[int]) -> dict[str, Any]:
+        """The GenEval entries of the samples at ``positions``, in order (a bad list is left as
+        it is, for ``prepare_images`` to name)."""
+        entries = metadata.get(METADATA_KEY)
+        if not isinstance(entries, (list, tuple)) or len(entries) <= max(positions, default=-1):
+            return metadata
+        return {**metadata, METADATA_KEY: [entries[i] for i in positions]}
+
+    def score_bounds(self) -> tuple[float, float]:
+        """The partial score is the mean of terms of at most 1, the lowest a count clause's
+        ``1 - |count - found| / count`` with ``count`` 1 and ``max_objects`` found."""
+        return min(0.0, 2.0 - self.settings.max_objects), 1.0
 
     def score_request(self, items: Sequence[GenEvalItem]) -> list[Scored]:
         from services.geneval.detector import DetectorInput

@@ -12,13 +12,15 @@ A request names its rewards and weights in the URL's query (``?ocr=0.7&pickscore
 weight ending ``!optional`` marks its reward optional), else in ``metadata["rewards"]``
 (``{"ocr": 0.7, "pickscore": {"weight": 0.3, "optional": true}}``), else every served reward
 has weight 1. A required reward's failure fails the request as it would fail its own service's,
-its message naming the reward; an optional reward's failure drops its score from the samples it
-failed for (``dropped``): a sample whose own input it refuses (``check_images``, one sample at a
-time) alone; every sample of the request when a bound on the samples together refuses it (the
-work budget, the request's pixels: never some samples by their position), or when it fails
-while preparing or scoring. A refusal for
-the node's load (503) is never dropped, and a sample left with no weighted reward is never
-answered 0.
+its message naming the reward, and a required reward's score that is not a finite number (what
+its own service answers for that sample: a judge's parse failure under ``nan``) makes that
+sample's sum NaN. An optional reward's failure drops it from the samples it failed for
+(``dropped``): a sample whose own input it refuses (``check_images``, each prompt's group, then
+each sample alone) alone; every sample of the request when a bound on the samples together
+refuses it (the work budget, the request's pixels: never some samples by their position), or
+when it fails while preparing or scoring. A dropped reward counts at its worst score
+(``score_bounds``), so that no sample gains by making it fail. A refusal for the node's load
+(503) is never dropped, and a sample left with nothing to measure it by is NaN, never 0.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from PIL import Image
 from common import metrics, registry
 from common.budget import tentative_work, trial_work
 from common.config import ConfigError
-from common.errors import InternalError, NotReady, Overloaded, ScorerError, Unprocessable, quote
+from common.errors import NotReady, Overloaded, ScorerError, Unprocessable, quote
 from common.images import open_images
 from common.media import MEAN, MediaRequest, VideoRule, parse_media_request
 from common.rewards import Wanted, requested
@@ -103,9 +105,10 @@ class CombinedScorer(Scorer):
         for name, want in wanted.items():
             self._prepare(name, want, images, request, entries)
         rules = {name: self.rewards[name].video_rules.get(request.rule.name, MEAN) for name in wanted}
+        bounds = {name: self.rewards[name].score_bounds() for name in wanted}
 
         def combine(results: Sequence[Any]) -> list[Result]:  # each image's results by reward
-            return combined_results(results, wanted, spans, rules if request.frames is not None else None)
+            return combined_results(results, wanted, spans, rules if request.frames is not None else None, bounds)
 
         return Samples(entries, combine)
 
@@ -113,33 +116,57 @@ class CombinedScorer(Scorer):
         self, name: str, want: Wanted, opened: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
     ) -> None:
         """The reward's bounds on the request. An optional reward's refusal keeps nothing it
-        held, and is then looked for in each sample alone, holding nothing (``trial_work``): a
-        sample it refuses alone gets the error as its entry; the others are checked together
-        again, and a refusal there (a bound on the samples together) is every one's entry. Which
-        samples keep the reward never depends on their order, nor on another reward's checks."""
+        held, and is then looked for holding nothing (``trial_work``) in each prompt's group
+        (what a pairwise judge checks together), and in a refused group each sample alone: a
+        sample refused alone, and what is left of its group when that is refused again, get the
+        error as their entry. The others are checked together again, and a refusal there (a
+        bound on the samples together) is every one's entry. Which samples keep the reward
+        never depends on their order, nor on another reward's checks."""
         refusal = self._check_together(name, want, opened, request)
         if refusal is None:
             return
-        alone: list[int] = []
-        for index, span in enumerate(request.spans):
-            try:
-                with trial_work():
-                    self.rewards[name].check_images([opened[i] for i in span], request.sample(index))
-            except ScorerError as exc:
-                if isinstance(exc, FROM_THE_LOAD):
-                    raise from_reward(name, exc) from None
-                for i in span:
-                    entries[i][name] = from_reward(name, exc)
-                alone.append(index)
-        refused = set(alone)
+        refused: dict[int, ScorerError] = {}
+        groups: dict[str, list[int]] = {}
+        for index, prompt in enumerate(request.prompts):
+            groups.setdefault(prompt, []).append(index)
+        for group in groups.values():
+            group_refusal = self._trial(name, opened, request, group)
+            if group_refusal is None:
+                continue
+            for index in group:
+                error = group_refusal if len(group) == 1 else self._trial(name, opened, request, [index])
+                if error is not None:
+                    refused[index] = error
+            left = [index for index in group if index not in refused]
+            if len(left) == len(group):  # none refused alone: a bound on the group together, its own
+                refused.update(dict.fromkeys(group, group_refusal))
+            elif left and (error := self._trial(name, opened, request, left)) is not None:
+                refused.update(dict.fromkeys(left, error))
         rest = [index for index in range(len(request.spans)) if index not in refused]
-        if alone and rest:
+        if refused:
             images = [opened[i] for index in rest for i in request.spans[index]]
-            refusal = self._check_together(name, want, images, request.samples(rest))
-            if refusal is None:
-                return
-        for entry in entries:
-            entry.setdefault(name, refusal)
+            refusal = self._check_together(name, want, images, request.samples(rest)) if rest else None
+        for index, error in refused.items():
+            for i in request.spans[index]:
+                entries[i][name] = error
+        if refusal is not None:  # a bound on the samples together
+            for entry in entries:
+                entry.setdefault(name, refusal)
+
+    def _trial(
+        self, name: str, opened: list[Image.Image], request: MediaRequest, samples: list[int]
+    ) -> ScorerError | None:
+        """The reward's check of ``samples`` alone, holding nothing: None when it passes, else its
+        refusal (a refusal for the node's load is the request's)."""
+        try:
+            with trial_work():
+                images = [opened[i] for index in samples for i in request.spans[index]]
+                self.rewards[name].check_images(images, request.samples(samples))
+        except ScorerError as exc:
+            if isinstance(exc, FROM_THE_LOAD):
+                raise from_reward(name, exc) from None
+            return from_reward(name, exc)
+        return None
 
     def _check_together(
         self, name: str, want: Wanted, opened: list[Image.Image], request: MediaRequest
@@ -159,15 +186,21 @@ class CombinedScorer(Scorer):
     def _prepare(
         self, name: str, want: Wanted, images: list[Image.Image], request: MediaRequest, entries: list[dict[str, Any]]
     ) -> None:
-        """The reward's items of the images its check let through, in their entries."""
+        """The reward's items of the images its check let through, in their entries, with the
+        metadata of their samples alone (``sample_metadata``: GenEval's entry per sample)."""
         indices = [i for i in range(len(images)) if name not in entries[i]]
         if not indices:
             return
-        prompts = request.item_prompts
-        try:
-            items = self.rewards[name].prepare_images(
-                [images[i] for i in indices], [prompts[i] for i in indices], request.metadata
+        scorer, prompts = self.rewards[name], request.item_prompts
+        metadata = request.metadata
+        if len(indices) < len(images):
+            kept = set(indices)
+            metadata = scorer.sample_metadata(
+                metadata,
+                [request.sample_positions[s] for s, span in enumerate(request.spans) if span and span[0] in kept],
             )
+        try:
+            items = scorer.prepare_images([images[i] for i in indices], [prompts[i] for i in indices], metadata)
         except Exception as exc:
             if not want.optional or isinstance(exc, FROM_THE_LOAD):
                 raise from_reward(name, exc) from None
@@ -228,49 +261,81 @@ def combined_results(
     wanted: Mapping[str, Wanted],
     spans: Sequence[range],
     rules: Mapping[str, VideoRule] | None,
+    bounds: Mapping[str, tuple[float, float]],
 ) -> list[Result]:
     """Each image's results by reward -> each sample's ``Combined``: each reward's score (a
     video's by its rule for that reward, ``rules``; None for images, and a video's frames'
-    scores by reward, ``frame_details``), the weighted sum of those
-    that did not fail. A score that is not a finite number (a model's NaN) is its reward's
-    failure. A required reward's error is raised, and any reward's 503 (``FROM_THE_LOAD``); so
-    is the first error of a sample whose rewards left carry no weight (every one failed, or
-    those left weigh 0): there is nothing to measure it by. A sum past the largest float is a
-    422: the weights are too large."""
+    scores by reward, ``frame_details``) and their weighted sum. Each reward's failure for a
+    sample follows that reward's own policy, never another sample's:
+
+    - a required reward's error is raised, as its own service's is, and any reward's 503
+      (``FROM_THE_LOAD``: the load, not the sample);
+    - a score that is not a finite number is what the reward's own service answers for the
+      sample (a judge's parse failure under ``nan``, or under ``mean`` when no reply parsed):
+      a required reward's makes the sample's sum NaN, no verdict, as its own service's answer;
+    - an optional reward that failed for the sample, or gave it no finite score, is dropped
+      for that sample alone and counted at its worst score (``bounds``: its lowest for a
+      positive weight, its highest for a negative one), so that no sample gains by making it
+      fail; where that bound is infinite, or where none of the sample's weighted rewards is
+      left, the sum is NaN (never 0: there is nothing to measure it by), unless that is so of
+      every sample for an error (a bound on the request together): the request gets that error.
+
+    A sum past the largest float is a 422: the weights are too large."""
     combined: list[Result] = []
     dropped: dict[str, int] = dict.fromkeys(wanted, 0)
+    unmeasured: list[BaseException] = []  # each sample's error that left it nothing to measure it by
     for index, span in enumerate(spans):
         details: dict[str, float] = {}
         frames: dict[str, list[float]] = {}
-        errors: list[BaseException] = []
         weighted: list[float] = []
+        dropped_here = measured = False
+        verdict = True
+        failure: BaseException | None = None
         for name, want in wanted.items():
             values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
             frames[name] = [math.nan] * len(span)
+            details[name] = math.nan
             if error is None:
                 score, frames[name] = _score(values, rules[name] if rules is not None else None)
                 if math.isfinite(score):
                     details[name] = score
                     weighted.append(want.weight * score)
+                    measured = measured or want.weight != 0
                     continue
-                error = InternalError(f"{name} scored sample {index} {score}, not a finite number: its model's fault")
-            if not want.optional or isinstance(error, FROM_THE_LOAD):
+                if not want.optional:
+                    verdict = False
+                    continue
+            elif not want.optional or isinstance(error, FROM_THE_LOAD):
                 raise error
-            errors.append(error)
-            details[name] = math.nan
+            failure = failure or error
+            dropped_here = True
             dropped[name] += 1
-        if errors and not any(wanted[name].weight for name, score in details.items() if not math.isnan(score)):
-            raise errors[0]
-        combined.append(
-            Combined(
-                _sum(weighted, index), details=details, dropped=bool(errors), frame_details=frames if rules else None
-            )
-        )
+            worst = worst_term(want.weight, bounds[name])
+            if worst is None:
+                verdict = False
+            else:
+                weighted.append(worst)
+        if dropped_here and not measured and failure is not None:
+            unmeasured.append(failure)
+        total = _sum(weighted, index) if verdict and (measured or not dropped_here) else math.nan
+        combined.append(Combined(total, details=details, dropped=dropped_here, frame_details=frames if rules else None))
+    if unmeasured and len(unmeasured) == len(spans):
+        raise unmeasured[0]
     for name, count in dropped.items():
         if count:
             metrics.REWARD_DROPPED.labels(name).inc(count)
     return combined
+
+
+def worst_term(weight: float, bounds: tuple[float, float]) -> float | None:
+    """A dropped reward's term in the weighted sum: its weight times the score that makes the
+    term lowest (its lowest for a positive weight, its highest for a negative one); None when
+    that score is unbounded."""
+    if weight == 0:
+        return 0.0
+    bound = bounds[0] if weight > 0 else bounds[1]
+    return weight * bound if math.isfinite(bound) else None
 
 
 def _sum(weighted: Sequence[float], index: int) -> float:

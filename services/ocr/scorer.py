@@ -80,7 +80,7 @@ class OCRScorer(ImageScorer):
         are (413 past ``SCORER_MAX_REQUEST_PIXELS``); the work of each distinct image, which
         is prepared and read once (``once_per_image``), is held."""
         options = self.options.override(request.metadata.get("ocr"))
-        for index, prompt in enumerate(request.prompts, request.first_prompt):
+        for index, prompt in zip(request.sample_positions, request.prompts):
             self._targets(prompt, options, index)
         sizes = once_each(images, request.names, self._check_input_size)
         total, limit = 0, self.core.max_request_pixels
@@ -146,6 +146,10 @@ class OCRScorer(ImageScorer):
         )
         check_deadline("the reward rule")
         return [reward(item.targets, found, item.options, item.substring) for item, found in zip(items, lines)]
+
+    def score_bounds(self) -> tuple[float, float]:
+        """Each target's score is 1 - its capped edit distance over its length; a sample's their mean."""
+        return 0.0, 1.0
 
     def info(self) -> dict[str, Any]:
         return {
