@@ -1,14 +1,16 @@
 """A random Mask2Former of GenEval's architecture (Swin backbone, multi-scale deformable pixel
 decoder, masked-attention decoder, COCO's 80 classes) at tiny widths, saved with
 ``save_pretrained`` as a converted or downloaded detector is laid out: the service loads it by
-its own path."""
+its own path; and scenes for it of any size."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image, ImageDraw
 from transformers import Mask2FormerConfig, Mask2FormerForUniversalSegmentation, SwinConfig
 
 # Swin-S's layout (depths 2-2-18-2, heads 3-6-12-24, window 7, 224 pretraining) at tiny widths; the
@@ -91,3 +93,16 @@ def geneval_service_settings(directory: Path) -> dict[str, str]:
         "SCORER_GENEVAL_MIN_SIZE": "96",
         "SCORER_GENEVAL_MAX_SIZE": "128",
     }
+
+
+def ellipses(width: int, height: int, seed: int) -> Image.Image:
+    """Five coloured ellipses, a twelfth to a third of each side, on a coloured ground: at any
+    size, shapes that the tiny detector's masks follow."""
+    rng = np.random.default_rng(seed)
+    image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(0, 255, 3)))
+    draw = ImageDraw.Draw(image)
+    for _ in range(5):
+        w, h = int(rng.integers(width // 12, width // 3)), int(rng.integers(height // 12, height // 3))
+        x, y = int(rng.integers(0, width - w)), int(rng.integers(0, height - h))
+        draw.ellipse([x, y, x + w, y + h], fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+    return image

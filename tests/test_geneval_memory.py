@@ -1,5 +1,6 @@
 """The GenEval detector's post-processing memory, measured in a fresh interpreter: a 1.2-Mpx
-image's masks are upsampled in bounded chunks. Integration tier: a subprocess that loads torch
+image's masks (post-processed at its own size: ``own_size_pixels`` raised over it) are
+upsampled in bounded chunks. Integration tier: a subprocess that loads torch
 and a detector, some 15 s on a loaded machine."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import resource, sys
 import numpy as np, torch
 from services.geneval.detector import Detector, DetectorInput
 torch.set_num_threads(1)
-detector = Detector(sys.argv[1], "cpu", torch.float32, 96, 128, 100, bgr=False)
+detector = Detector(sys.argv[1], "cpu", torch.float32, 96, 128, 100, bgr=False, own_size_pixels=2_000_000)
 detector([DetectorInput(np.zeros((96, 128, 3), np.uint8), 0.0, frozenset({16}), 16)])
 pixels = np.random.default_rng(0).integers(0, 255, (1000, 1200, 3), dtype=np.uint8)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

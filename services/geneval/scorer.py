@@ -13,6 +13,7 @@ score is the reward server's partial score; the extras ``rewards`` (GenEval's co
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ log = logging.getLogger(__name__)
 METADATA_KEY = "geneval"
 ONLY_STRICT_KEY = "geneval_only_strict"
 LABELS = {name: index for index, name in enumerate(CLASSNAMES)}
+# An image's bytes a pixel: its RGB pixels (uint8) and their float32 copy the detector resizes.
+PIXEL_BYTES = 3 + 3 * 4
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,14 @@ class GenEvalScorer(ImageScorer):
         dtype = torch_dtype(s.precision, device)
         try:
             detector = Detector(
-                s.detector, device, dtype, s.min_size, s.max_size, s.max_detections, s.channels == "bgr"
+                s.detector,
+                device,
+                dtype,
+                s.min_size,
+                s.max_size,
+                s.max_detections,
+                s.channels == "bgr",
+                s.own_size_pixels,
             )
         except (OSError, ValueError) as exc:
             raise ConfigError(f"SCORER_GENEVAL_DETECTOR={s.detector!r} is not a Mask2Former: {exc}") from None
@@ -138,18 +148,24 @@ class GenEvalScorer(ImageScorer):
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         """Videos are refused (GenEval judges images); each sample needs its GenEval metadata
-        (422 naming a bad entry). Held: each image's pixels, the masks its colour clauses may
-        bring back and their crops."""
+        (422 naming a bad entry). Held: each image's pixels and their float copy for the
+        detector's resize, the masks its colour clauses may bring back (on the image's own
+        pixels, or on the detector's input for an image over ``own_size_pixels``) and their crops."""
+        from services.geneval.detector import scaled_size
+
         if request.frames is not None:
             raise Unprocessable("the geneval service judges images, not videos")
         only_strict(request.metadata)
         judged = tasks(request.metadata, request.sample_positions)
+        s = self.settings
         nbytes = 0
         for image, task in zip(images, judged):
             width, height = shown_size(image)
+            mask_pixels = width * height
+            if mask_pixels > s.own_size_pixels:
+                mask_pixels = math.prod(scaled_size(width, height, s.min_size, s.max_size))
             colored = sum(1 for clause in task.include if clause.color is not None)
-            nbytes += width * height * (3 + colored * self.settings.max_objects)
-            nbytes += colored * self.settings.max_objects * CROP_BYTES
+            nbytes += width * height * PIXEL_BYTES + colored * s.max_objects * (mask_pixels + CROP_BYTES)
         hold_work(nbytes, "geneval inputs")
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
@@ -194,10 +210,12 @@ class GenEvalScorer(ImageScorer):
         wanted: list[tuple[int, int]] = []
         crops: list[tuple[np.ndarray, int]] = []
         for index, (item, objects, detections) in enumerate(zip(items, kept, found)):
+            # The masks' grid: the image's own pixels, or the resized image the detector saw.
+            canvas = item.image if detections.canvas is None else Image.fromarray(detections.canvas)
             for classname, count in colors_needed(item.task, objects, item.only_strict).items():
                 for detection in objects[classname][:count]:
-                    mask = detections.masks[detection.key]
-                    crops.append((crop_pixels(masked_crop(item.image, mask, detection.box)), LABELS[classname]))
+                    mask, box = detections.masks[detection.key], detections.grid_boxes[detection.key]
+                    crops.append((crop_pixels(masked_crop(canvas, mask, box)), LABELS[classname]))
                     wanted.append((index, detection.key))
         colors = dict(zip(wanted, (COLORS[i] for i in self.classify(crops))))
         check_deadline("the rules")

@@ -15,6 +15,8 @@ from common.precision import Precision
 from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "geneval"
+# 1024 x 1024: the images trainers generate are post-processed at their own size, as mmdet does.
+OWN_SIZE_PIXELS = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,13 @@ class GenEvalSettings:
     )
     # Colour crops per CLIP call.
     color_batch: int = setting(64, "colour crops per CLIP call")
+    # The post-processing's cost bound: 100 masks upsampled to a 4096 x 4096 image's size are
+    # 1.7 G logits; past this size they stay on the detector's input (1333 x 800 at most).
+    own_size_pixels: int = setting(
+        OWN_SIZE_PIXELS,
+        "an image of up to this many pixels has its masks upsampled to its own size, as mmdet does; a larger "
+        "one's scores, boxes and colour crops come from its masks at the detector's input size",
+    )
 
 
 def read_settings() -> GenEvalSettings:
@@ -67,6 +76,8 @@ def read_settings() -> GenEvalSettings:
     for field in ("max_objects", "min_size", "max_size", "max_detections", "color_batch"):
         if getattr(settings, field) < 1:
             raise ConfigError(f"{env_name(SECTION, field)} must be at least 1")
+    if settings.own_size_pixels < 0:
+        raise ConfigError(f"{env_name(SECTION, 'own_size_pixels')} must be at least 0")
     for field in ("detector", "clip"):
         if not getattr(settings, field).strip():
             raise ConfigError(f"{env_name(SECTION, field)} is empty; give a directory or a hub id")
