@@ -10,6 +10,7 @@ import json
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -52,13 +53,17 @@ class StandInEngine:
     """Chat completions at ``/v1/chat/completions``, ``/v1/models`` and ``/health``.
 
     Each completion answers ``statuses`` in turn (200 after), ``body`` (a completion of ``reply``
-    unless set), after ``delay_s``, held until ``release`` is set, at ``bytes_per_s`` when set
+    unless set; of ``reply_for(text)`` when that is given, ``text`` the text parts of the call's
+    last message joined), after ``delay_s``, held until ``release`` is set, at ``bytes_per_s`` when set
     (its head too when ``slow_head``), on connections kept alive unless ``keep_alive`` is False."""
 
-    def __init__(self, reply: str = "The image matches.\nFinal Score: 4") -> None:
+    def __init__(
+        self, reply: str = "The image matches.\nFinal Score: 4", reply_for: Callable[[str], str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.body = completion(reply)
+        self.reply_for = reply_for
         self.statuses: list[int] = []
         self.delay_s = 0.0
         self.bytes_per_s: float | None = None
@@ -100,7 +105,7 @@ class StandInEngine:
                 self.wfile.write(body)
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers["Content-Length"]))
+                call = self.rfile.read(int(self.headers["Content-Length"]))
                 with engine.lock:
                     engine.calls += 1
                     engine.in_flight += 1
@@ -111,7 +116,7 @@ class StandInEngine:
                 try:
                     time.sleep(engine.delay_s)
                     engine.release.wait(60)
-                    body = engine.body if status == 200 else b'{"error": "busy"}'
+                    body = engine.answer_to(call) if status == 200 else b'{"error": "busy"}'
                     engine.send(self, status, body, record)
                 finally:
                     record.ended = time.monotonic()
@@ -130,6 +135,12 @@ class StandInEngine:
         self.server = _QuietServer(("127.0.0.1", self.port), Handler)
         # shutdown() waits out serve_forever's poll interval: 0.5 s at its default.
         threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True).start()
+
+    def answer_to(self, call: bytes) -> bytes:
+        if self.reply_for is None:
+            return self.body
+        content = json.loads(call)["messages"][-1]["content"]
+        return completion(self.reply_for("\n".join(part["text"] for part in content if part.get("type") == "text")))
 
     def send(self, handler: BaseHTTPRequestHandler, status: int, body: bytes, record: Sent) -> None:
         """The answer's head and body, at ``bytes_per_s`` when set; a client that hangs up ends it."""

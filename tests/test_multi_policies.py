@@ -1,5 +1,5 @@
 """Issue 39's multi findings against the running ``multi`` service, a judge beside OCR, its engine
-a stand-in answering chosen replies (``testing/chat_engine.py``): each reward's per-sample
+a stand-in answering chosen replies (``testing/engine_standin.py``): each reward's per-sample
 failure follows that reward's own policy, for that sample alone, never a 500 for the request.
 On 40d4ae2 a judge parse failure under ``mean`` with no reply parsed was a 500 ("judge scored
 sample 0 nan, not a finite number"), and a pairwise judge dropped from every sample for one
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from testing.chat_engine import MODEL, chat_engine
+from testing.clock import wait_until
+from testing.engine_standin import StandInEngine
 from testing.images import render_text
 from testing.server import Server, gunicorn_server
 
@@ -28,18 +29,23 @@ OPEN, CLOSED = 'a sign that says "Open"', 'a sign that says "Closed"'
 
 
 @contextlib.contextmanager
-def judge_beside_ocr(judge: str, policy: str, reply: Callable[[str], str], log_dir: Path) -> Iterator[Server]:
-    with chat_engine(reply) as engine:
+def judge_beside_ocr(
+    judge: str, policy: str, reply: Callable[[str], str], log_dir: Path
+) -> Iterator[tuple[Server, StandInEngine]]:
+    engine = StandInEngine(reply_for=reply)
+    try:
         env = {
             "SCORER_MULTI_REWARDS": "ocr,judge",
             "SCORER_DEVICE": "cpu",
             "SCORER_JUDGE_JUDGE": judge,
-            "SCORER_JUDGE_ENGINE": engine,
-            "SCORER_JUDGE_MODEL": MODEL,
+            "SCORER_JUDGE_ENGINE": engine.url,
+            "SCORER_JUDGE_MODEL": "stand-in",
             "SCORER_JUDGE_PARSE_FAILURE_SCORE": policy,
         }
         with gunicorn_server("multi", env, threads=16, log_dir=log_dir) as server:
-            yield server
+            yield server, engine
+    finally:
+        engine.close()
 
 
 def post(server: Server, query: str, prompts: list[str]) -> tuple[int, dict]:
@@ -53,7 +59,7 @@ def test_no_judge_reply_parsing_under_mean_is_the_judges_nan_not_a_500(tmp_path:
     """``mean`` with no reply parsed leaves the judge nothing to take the mean of: its own
     service answers NaN. Required, the samples' sums are NaN (no verdict); optional, the judge is
     dropped from each sample, which keeps no sum (the judge declares no lowest score)."""
-    with judge_beside_ocr("unifiedreward-v1", "mean", lambda _: UNREADABLE, tmp_path) as server:
+    with judge_beside_ocr("unifiedreward-v1", "mean", lambda _: UNREADABLE, tmp_path) as (server, _):
         status, answer = post(server, "?ocr=1&judge=1", [OPEN, CLOSED])
         assert status == 200, answer
         assert all(math.isnan(score) for score in answer["scores"] + answer["details"]["judge"]), answer
@@ -65,7 +71,10 @@ def test_no_judge_reply_parsing_under_mean_is_the_judges_nan_not_a_500(tmp_path:
 def test_one_unparsed_reply_under_nan_is_that_samples_alone(tmp_path: Path) -> None:
     """Under ``nan`` a reply that does not parse is its sample's NaN in the judge's own service;
     the other samples keep their sums."""
-    with judge_beside_ocr("unifiedreward-v1", "nan", lambda p: UNREADABLE if "Closed" in p else SCORED, tmp_path) as s:
+    with judge_beside_ocr("unifiedreward-v1", "nan", lambda p: UNREADABLE if "Closed" in p else SCORED, tmp_path) as (
+        s,
+        _,
+    ):
         status, answer = post(s, "?ocr=1&judge=1", [OPEN, CLOSED, OPEN])
         assert status == 200, answer
         assert answer["scores"][0] == answer["scores"][2] == pytest.approx(1.8), answer
@@ -79,7 +88,10 @@ def test_a_prompt_with_one_sample_drops_the_pairwise_judge_from_it_alone(tmp_pat
     """The pairwise judge scores a sample by its wins in its prompt's group: a prompt sent once
     cannot be judged, which drops the judge from that sample alone; the complete groups keep it.
     Required, the request is the judge's own 422."""
-    with judge_beside_ocr("unifiedreward-think", "nan", lambda _: "<answer>Image 1 is better</answer>", tmp_path) as s:
+    with judge_beside_ocr("unifiedreward-think", "nan", lambda _: "<answer>Image 1 is better</answer>", tmp_path) as (
+        s,
+        _,
+    ):
         prompts = [OPEN, OPEN, CLOSED, OPEN]
         status, answer = post(s, "?ocr=1&judge=1!optional", prompts)
         assert status == 200 and answer["dropped"] == [2], answer
@@ -88,3 +100,19 @@ def test_a_prompt_with_one_sample_drops_the_pairwise_judge_from_it_alone(tmp_pat
         assert [answer["scores"][i] for i in (0, 1, 3)] == [1.0 + wins[i] for i in (0, 1, 3)]
         status, answer = post(s, "?ocr=1&judge=1", prompts)
         assert status == 422 and "prompts[2] has no other sample" in answer["error"], answer
+
+
+def test_multi_is_not_ready_while_a_rewards_engine_is_down(tmp_path: Path) -> None:
+    """A balancer sends a multi node's requests elsewhere while its judge's engine is down, and
+    back once it answers again (the judge's own probe, not one call per /ready)."""
+    with judge_beside_ocr("unifiedreward-v1", "nan", lambda _: SCORED, tmp_path) as (server, engine):
+        assert requests.get(server.url + "/ready", timeout=30).status_code == 200
+        engine.down()
+        status, _ = post(server, "?ocr=1&judge=1", [OPEN])  # a call that finds the engine down
+        assert status == 503
+        ready = requests.get(server.url + "/ready", timeout=30)
+        assert ready.status_code == 503 and "judge" in ready.json()["reason"], ready.text
+        engine.up()
+        wait_until(
+            lambda: requests.get(server.url + "/ready", timeout=30).status_code == 200, "ready again", pause_s=0.5
+        )

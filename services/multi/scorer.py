@@ -231,6 +231,15 @@ class CombinedScorer(Scorer):
             future.result()
         return results
 
+    def ready_problem(self) -> str | None:
+        """A reward that cannot serve now (the judge's engine down) makes the node not ready: a
+        balancer sends its requests to a node where every reward answers."""
+        for name, scorer in self.rewards.items():
+            problem = scorer.ready_problem()
+            if problem:
+                return f"{name}: {problem}"
+        return None
+
     def info(self) -> dict[str, Any]:
         return {
             "rewards": {
