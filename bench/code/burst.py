@@ -7,7 +7,7 @@ graded first (its warm-up). The client is OpenRLHF's: one request per sample, al
 180 s per attempt, 5 attempts 1 s apart, any failure retried; a sample left without a reward
 after them, or rewarded NaN (no verdict), is lost. The base's service is also asked by a
 client that retries, 1 s apart, until it is served. Rows per round: this checkout's service,
-DeepGym's router (local mode, ``max_parallel`` 32), then the checkout ``--before``. Usage:
+DeepGym's router (local mode, ``max_parallel`` 32), then the checkout ``before``. Usage:
 
     git worktree add /tmp/before-37 40d4ae2
     python -m bench.code.burst /tmp/before-37 --requests 256 --rounds 3
@@ -55,11 +55,10 @@ SERVE = (
 )
 
 
-def post(url: str) -> float | None:
-    """One attempt: the sample's reward, or ``None`` for any failure (refused, an error
-    status, a connection that failed)."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=ATTEMPT_S)
+def post(port: int) -> float | None:
+    """One attempt at the server on ``port``: the sample's reward, or ``None`` for any failure
+    (refused, an error status, a connection that failed)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=ATTEMPT_S)
     try:
         conn.request("POST", "/reward/score", BODY, {"Content-Type": "application/json"})
         response = conn.getresponse()
@@ -71,30 +70,30 @@ def post(url: str) -> float | None:
         conn.close()
 
 
-def ask(url: str, attempts: int | None) -> tuple[float | None, int]:
+def ask(port: int, attempts: int | None) -> tuple[float | None, int]:
     """One sample, retried ``PAUSE_S`` apart up to ``attempts`` times (``None``: until served);
     its reward (``None`` if never served) and the attempts it took."""
     given_up = time.monotonic() + UNTIL_SERVED_S
     tries = 0
     while True:
         tries += 1
-        reward = post(url)
+        reward = post(port)
         if reward is not None or tries == attempts or time.monotonic() > given_up:
             return reward, tries
         time.sleep(PAUSE_S)
 
 
-def burst(url: str, requests: int, attempts: int | None) -> dict[str, float]:
-    """``requests`` samples at once; what came of them, and when the last came back."""
-    ask(url, None)  # the warm-up sample
+def burst(port: int, count: int, attempts: int | None) -> dict[str, float]:
+    """``count`` samples at once; what came of them, and when the last came back."""
+    ask(port, None)  # the warm-up sample
     started = time.perf_counter()
-    with ThreadPoolExecutor(requests) as pool:
-        answers = list(pool.map(lambda _: ask(url, attempts), range(requests)))
+    with ThreadPoolExecutor(count) as pool:
+        answers = list(pool.map(lambda _: ask(port, attempts), range(count)))
     seconds = time.perf_counter() - started
     rewards = [reward for reward, _ in answers]
     lost = sum(reward is None or math.isnan(reward) for reward in rewards)
     return {"correct": rewards.count(1.0), "lost": lost, "seconds": seconds,
-            "per_s": (requests - lost) / seconds, "attempts": sum(tries for _, tries in answers)}  # fmt: skip
+            "per_s": (count - lost) / seconds, "attempts": sum(tries for _, tries in answers)}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -142,29 +141,24 @@ def deepgym_router(port: int) -> contextlib.AbstractContextManager[None]:
     return pinned([*command, str(port)], ROOT, {}, listening)
 
 
-def one_round(before: Path, requests: int) -> dict[str, dict[str, float]]:
+def one_round(before: Path, count: int) -> dict[str, dict[str, float]]:
+    """Each server afresh on a port of its own, the same burst at each."""
     rows = {}
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with code_service(ROOT, port):
-        rows["this service, OpenRLHF's 5 attempts"] = burst(url, requests, ATTEMPTS)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with deepgym_router(port):
-        rows["DeepGym 0.6.2 OpenRLHF router, 5 attempts"] = burst(url, requests, ATTEMPTS)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with code_service(before, port):
-        rows["before, retried until served"] = burst(url, requests, None)
-        rows["before, OpenRLHF's 5 attempts"] = burst(url, requests, ATTEMPTS)
+    with code_service(ROOT, port := free_port()):
+        rows["this service, OpenRLHF's 5 attempts"] = burst(port, count, ATTEMPTS)
+    with deepgym_router(port := free_port()):
+        rows["DeepGym 0.6.2 OpenRLHF router, 5 attempts"] = burst(port, count, ATTEMPTS)
+    with code_service(before, port := free_port()):
+        rows["before, retried until served"] = burst(port, count, None)
+        rows["before, OpenRLHF's 5 attempts"] = burst(port, count, ATTEMPTS)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("before", type=Path, help="a checkout of the service before admission by measured rate")
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=256, help="one-sample requests sent at once")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every row; medians")
     args = parser.parse_args()
     if not (ROOT / ".venv-deepgym" / "bin" / "uvicorn").exists():
         sys.exit("build .venv-deepgym with deepgym[server] first (see bench/code/README.md)")
