@@ -139,8 +139,8 @@ def check_trainer_arguments(words: list[str]) -> None:
 
 # A trainer's command-line flag (OpenRLHF's): ``--key.path``, its value the next word if any.
 FLAG = re.compile(r"--[a-z][\w.]*")
-# A pinned requirement, as a pip command names one.
-PIN = re.compile(r"[A-Za-z0-9][\w.-]*==[\w.]+")
+# A pinned requirement, as a pip command names one, its extras included (``deepgym[server]==0.6.2``).
+PIN = re.compile(r"[A-Za-z0-9][\w.-]*(?:\[[\w,-]+\])?==[\w.]+")
 # The interpreters a command may name: the test environment's, and those ``bash run.sh`` builds.
 PYTHONS = {"python", "python3", ".venv/bin/python"} | {
     f"{install.setup_of(name, {}).venv}/bin/python" for name in registry.SERVICES if name != "multi"
