@@ -58,7 +58,7 @@ def post(server: Server, query: str, prompts: list[str]) -> tuple[int, dict]:
 def test_no_judge_reply_parsing_under_mean_is_the_judges_nan_not_a_500(tmp_path: Path) -> None:
     """``mean`` with no reply parsed leaves the judge nothing to take the mean of: its own
     service answers NaN. Required, the samples' sums are NaN (no verdict); optional, the judge is
-    dropped from each sample, which keeps no sum (the judge declares no lowest score)."""
+    dropped from each sample and counted at its lowest score, 0: a drop never raises a sum."""
     with judge_beside_ocr("unifiedreward-v1", "mean", lambda _: UNREADABLE, tmp_path) as (server, _):
         status, answer = post(server, "?ocr=1&judge=1", [OPEN, CLOSED])
         assert status == 200, answer
@@ -66,6 +66,7 @@ def test_no_judge_reply_parsing_under_mean_is_the_judges_nan_not_a_500(tmp_path:
         assert answer["details"]["ocr"] == [1.0, 1.0] and answer["dropped"] == []
         status, answer = post(server, "?ocr=1&judge=1!optional", [OPEN, CLOSED])
         assert status == 200 and answer["dropped"] == [0, 1], answer
+        assert answer["scores"] == [1.0, 1.0], answer  # OCR's 1.0 and the judge's lowest, 0
 
 
 def test_one_unparsed_reply_under_nan_is_that_samples_alone(tmp_path: Path) -> None:

@@ -105,6 +105,11 @@ class JudgeScorer(ImageScorer):
                 raise ConfigError(f"the engine at {s.engine} serves no model")
             self.model = served[0]
 
+    def score_bounds(self) -> tuple[float, float]:
+        """Every judge's score is in [0, 1]: a 1-5 score over 5 or rescaled, a win rate, the OCR
+        rule's score; a parse failure's fill (0, or the request's mean) is too."""
+        return 0.0, 1.0
+
     def ready_problem(self) -> str | None:
         """The engine down, as its calls and an occasional probe show."""
         return self.engine.health.problem() if self.engine is not None else None
