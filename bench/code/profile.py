@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.code.bench import CLIENTS, ENV, SOLUTIONS, samples  # noqa: E402
+from bench.code.bench import CLIENTS, ENV, SOLUTIONS, assert_labels, samples  # noqa: E402
 from testing.server import gunicorn_server  # noqa: E402
 
 FREQUENCY = 4000
@@ -47,17 +47,19 @@ ISOLATION = {
     "cgroup: made, joined, removed": ("cgroup_mkdir", "__cgroup_procs_write", "cgroup_rmdir", "cgroup1_procs_write"),
     "cgroup: freed (kernel workers)": ("css_free_rwork_fn", "css_killed_work_fn", "css_release_work_fn"),
 }
+# The label styles ``bench.code.bench`` grades.
+LABELS = {"call-based": {}, **assert_labels()}
 HEADER = re.compile(r"^\s*(\d+)\s*$")
 FRAME = re.compile(r"^\s+[0-9a-f]+ (\S+)")
 FORK = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")
 
 
-def load(url: str, stop: threading.Event, done: list[float]) -> None:
-    """64 samples at once, one per request (``bench.code.bench``'s client), until ``stop``;
-    each answer's time in ``done``."""
+def load(url: str, label: dict, stop: threading.Event, done: list[float]) -> None:
+    """64 samples at once, one per request (``bench.code.bench``'s client), each with
+    ``label``, until ``stop``; each answer's time in ``done``."""
 
     def one(name: str) -> None:
-        body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [{}]}
+        body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [label]}
         CLIENTS[os.environ.get("BENCH_CODE_CLIENT", "http.client")](url, body)
         done.append(time.monotonic())
 
@@ -115,12 +117,14 @@ def stacks(script: str) -> Iterator[tuple[int, set[str]]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--label", choices=list(LABELS), default="call-based", help="the label style graded")
+    parser.add_argument("--functions", type=int, default=0, help="per role, the functions most often on its stacks")
     args = parser.parse_args()
     # The grader's throughput past what admission would take on (services/code/README.md#admission).
     env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV, "SCORER_CODE_ADMISSION": "off"}
     with gunicorn_server("code", env, threads=256) as server, tempfile.TemporaryDirectory() as tmp:
         stop, done = threading.Event(), []
-        loader = threading.Thread(target=load, args=(server.url + "/reward/score", stop, done))
+        loader = threading.Thread(target=load, args=(server.url + "/reward/score", LABELS[args.label], stop, done))
         loader.start()
         time.sleep(3)  # warm
         data = f"{tmp}/perf.data"
@@ -140,17 +144,20 @@ def main() -> None:
     named = roles(script, client=os.getpid())
     by_role: collections.Counter[str] = collections.Counter()
     by_step: collections.Counter[str] = collections.Counter()
+    by_function: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for pid, symbols in stacks(script):
         if pid == 0:
             continue  # idle
-        by_role[named.get(pid) or "other"] += 1
+        role = named.get(pid) or "other"
+        by_role[role] += 1
+        by_function[role].update(symbols)
         for step, functions in ISOLATION.items():
             if symbols & set(functions):
                 by_step[step] += 1
     rate = graded / (ended - began)  # perf records ``--seconds`` of this span
     per_sample = 1000 / FREQUENCY / max(rate * args.seconds, 1)
     total = sum(by_role.values())
-    print(f"{graded} samples graded in {ended - began:.1f} s ({rate:.1f}/s); CPU per sample:")
+    print(f"{args.label}: {graded} samples graded in {ended - began:.1f} s ({rate:.1f}/s); CPU per sample:")
     print("| role | ms per sample | share |\n|---|---|---|")
     for role, count in by_role.most_common():
         print(f"| {role} | {count * per_sample:.2f} | {100 * count / total:.1f}% |")
@@ -158,6 +165,11 @@ def main() -> None:
     print("\n| isolation step | ms per sample |\n|---|---|")
     for step in ISOLATION:
         print(f"| {step} | {by_step[step] * per_sample:.3f} |")
+    for role in by_role:
+        if args.functions and role != "other":
+            print(f"\n{role}: the functions on most of its stacks (ms per sample, on the stack)")
+            for function, on in by_function[role].most_common(args.functions):
+                print(f"  {on * per_sample:7.3f}  {function}")
 
 
 if __name__ == "__main__":
