@@ -207,12 +207,12 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
            ANSWER_FD: answer, EXECUTABLE_FD: executable}  # fmt: skip
     if job.interactor_protocol == "kattis":
         fds[FEEDBACK_FD] = feedback
-    interactor = confine.spawn(own, job.test_uid, fds, "/", _interactor_body(job), tests=1)
+    interactor = confine.spawn(own, job.test_uid, fds, "/", _interactor_body(job), tests=1, new_processes=False)
     if job.interactor_protocol == "kattis":
         os.close(feedback)
     fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
     body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
-    graded = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
+    graded = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1, new_processes=compiled.may_start_processes(job))
     sides = (
         _Process(graded, os.dup(to_program[0]), os.dup(to_interactor[1])),
         _Process(interactor, os.dup(to_interactor[0]), os.dup(to_program[1])),
@@ -224,7 +224,6 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
 
 def _interactor_body(job: Job) -> typing.Callable[[], None]:
     def run() -> None:
-        confine.forbid_new_processes()
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         argv = interactor_argv(job)
         try:
