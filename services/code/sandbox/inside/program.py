@@ -279,12 +279,16 @@ def serve_calls(source: str, prelude: str = "") -> None:
 
     A call is a line ``["call", name, args, kwargs]`` or ``["describe", names]`` in plain data.
     First line out: ``["loaded"]`` or ``["compile_error", message]``; then one per call:
-    ``["result", value]`` or ``["error", exception type, message]``. Everything here is the
-    candidate's to tamper with: it decides only what it answers.
+    ``["result", value]`` or ``["error", exception type, message]``. The code runs once the
+    first call has come: a candidate may be started before it is needed (ended by the end of
+    its calls pipe if it never is). Everything here is the candidate's to tamper with: it
+    decides only what it answers.
     """
     calls = os.fdopen(CALLS_FD, "rb", buffering=1 << 16)
     out = os.fdopen(ANSWERS_FD, "w", closefd=True)
     _fresh_interpreter()
+    if not calls.peek(1):  # started ahead (``supervisor._serve_candidates``): the program runs once called
+        os._exit(0)
     code = _compile_or_exit(source, out, lambda message: ["compile_error", message])
     try:
         namespace, given = _start_program_module(prelude)
