@@ -123,10 +123,11 @@ def _fork_candidate(job: Job, workdir: str) -> tuple[bytes, list[int]]:
 
 
 def _candidate_body(job: Job) -> typing.Callable[[], None]:
-    """What a candidate's process runs: the code, answering calls (no new process: ``spawn``'s filter)."""
+    """What a candidate's process runs: the code, answering calls (no new process: ``spawn``'s
+    filter), maybe started ahead of its first call."""
 
     def body() -> None:
-        program.serve_calls(job.code, job.prelude)
+        program.serve_calls(job.code, job.prelude, ahead=True)
 
     return body
 
