@@ -589,8 +589,10 @@ CANDIDATE_PROBE = (
     "import ctypes, os, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
     "def probe():\n"
     "    made = [flag for flag in (0x10000000, 0x00020000, 0x40000000) if libc.unshare(flag) == 0]\n"
-    "    done = []\n    thread = threading.Thread(target=done.append, args=[1])\n    thread.start()\n    thread.join()\n"
-    "    try:\n        pid = os.fork()\n    except OSError:\n        return ['made ' + str(made) if made else 'refused', done, 'no fork']\n"
+    "    done = []\n    thread = threading.Thread(target=done.append, args=[1])\n"
+    "    thread.start()\n    thread.join()\n"
+    "    try:\n        pid = os.fork()\n    except OSError:\n"
+    "        return ['made ' + str(made) if made else 'refused', done, 'no fork']\n"
     "    if pid == 0:\n        os._exit(0)\n    return 'forked'\n"
 )
 EXPECTED_PROBE = ["refused", [1], "no fork"]
