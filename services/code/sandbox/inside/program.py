@@ -274,21 +274,17 @@ def _resolve(namespace: dict, name: str, instances: dict, given: dict) -> typing
     raise NameError(f"function {name!r} is not defined")
 
 
-def serve_calls(source: str, prelude: str = "", ahead: bool = False) -> None:
+def serve_calls(source: str, prelude: str = "") -> None:
     """Body of the candidate's process: run the code, then answer each call from fd 3 on fd 4.
 
     A call is a line ``["call", name, args, kwargs]`` or ``["describe", names]`` in plain data.
     First line out: ``["loaded"]`` or ``["compile_error", message]``; then one per call:
-    ``["result", value]`` or ``["error", exception type, message]``. A candidate started
-    ``ahead`` of its first call runs the code once that call has come (so that its CPU counts
-    for the first test), or ends at the end of its calls pipe. Everything here is the
+    ``["result", value]`` or ``["error", exception type, message]``. Everything here is the
     candidate's to tamper with: it decides only what it answers.
     """
     calls = os.fdopen(CALLS_FD, "rb", buffering=1 << 16)
     out = os.fdopen(ANSWERS_FD, "w", closefd=True)
     _fresh_interpreter()
-    if ahead and not calls.peek(1):
-        os._exit(0)
     code = _compile_or_exit(source, out, lambda message: ["compile_error", message])
     try:
         namespace, given = _start_program_module(prelude)

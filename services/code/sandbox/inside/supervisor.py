@@ -87,47 +87,33 @@ SOURCE_FDS = ("calls", "answers", "stdout", "stderr")
 
 
 def _serve_candidates(job: Job, workdir: str, sock: socket.socket) -> None:
-    """The body of the candidates' source (``CandidateSource``): a candidate per byte read. The
-    first is forked at once, so that its start (two forks, its confinement) overlaps the tests'
-    process's instead of following the first call; it runs the program only once called
-    (``program.serve_calls``). The others are forked when asked."""
-    ready: tuple[bytes, list[int]] | None = _fork_candidate(job, workdir)
+    """The body of the candidates' source (``CandidateSource``): a candidate per byte read."""
     while sock.recv(1):
-        packed, theirs = ready or _fork_candidate(job, workdir)
-        ready = None
+        calls_pipe, answers, out, err, told = os.pipe(), os.pipe(), os.pipe(), os.pipe(), os.pipe()
+        null = os.open("/dev/null", os.O_RDONLY)
+        middle = os.fork()
+        if middle == 0:
+            try:
+                fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
+                body = _candidate_body(job)
+                pid = confine.spawn(job, job.uid, fds, workdir, body, len(job.tests), new_processes=False)
+                os.write(told[1], struct.pack("i", pid))
+            finally:
+                os._exit(0)
+        os.waitpid(middle, 0)
+        packed = os.read(told[0], PID_BYTES)
+        theirs = [calls_pipe[1], answers[0], out[0], err[0]]
         if len(packed) == PID_BYTES:
             socket.send_fds(sock, [packed], theirs)
-        for fd in theirs:
+        for fd in (null, calls_pipe[0], answers[1], out[1], err[1], *told, *theirs):
             os.close(fd)
 
 
-def _fork_candidate(job: Job, workdir: str) -> tuple[bytes, list[int]]:
-    """Fork a candidate (through a process that exits at once: the candidate is then the
-    init's child); its packed pid (empty if it failed) and the supervisor's ends of its pipes."""
-    calls_pipe, answers, out, err, told = os.pipe(), os.pipe(), os.pipe(), os.pipe(), os.pipe()
-    null = os.open("/dev/null", os.O_RDONLY)
-    middle = os.fork()
-    if middle == 0:
-        try:
-            fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
-            body = _candidate_body(job)
-            pid = confine.spawn(job, job.uid, fds, workdir, body, len(job.tests), new_processes=False)
-            os.write(told[1], struct.pack("i", pid))
-        finally:
-            os._exit(0)
-    os.waitpid(middle, 0)
-    packed = os.read(told[0], PID_BYTES)
-    for fd in (null, calls_pipe[0], answers[1], out[1], err[1], *told):
-        os.close(fd)
-    return packed, [calls_pipe[1], answers[0], out[0], err[0]]
-
-
 def _candidate_body(job: Job) -> typing.Callable[[], None]:
-    """What a candidate's process runs: the code, answering calls (no new process: ``spawn``'s
-    filter), maybe started ahead of its first call."""
+    """What a candidate's process runs: the code, answering calls (no new process: ``spawn``'s filter)."""
 
     def body() -> None:
-        program.serve_calls(job.code, job.prelude, ahead=True)
+        program.serve_calls(job.code, job.prelude)
 
     return body
 
