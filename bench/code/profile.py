@@ -1,17 +1,20 @@
-"""Where a call-based sample's CPU goes through HTTP: by process role, and what its isolation
+"""Where a sample's CPU goes through HTTP: by process role, by stage, and what its isolation
 costs in the kernel (root, Linux ``perf``).
 
-    .venv/bin/python -m bench.code.profile [--seconds 4]     # as root
+    .venv/bin/python -m bench.code.profile [--seconds 4] [--label "assert, one check()"] [--functions 40]
 
 Runs the code service under gunicorn and keeps it busy with ``bench.code.bench``'s 64
-coin_change samples (one per request, all at once, again and again), while ``perf record -a
+coin_change samples (one per request, all at once, again and again; call-based labels unless
+``--label`` names another of the bench's styles), while ``perf record -a
 -g`` samples every CPU's stack for ``--seconds`` (``cpu-clock``, 4 kHz: each sample is 0.25
 ms of a CPU). Each stack is given to a role by the process that ran it, found from the fork
 tree perf recorded: the client (this process), the server's worker, the zygote, a sample's
 init (for call-based tests it becomes the candidate), a process it forked, the kernel's own
 threads. Isolation: the CPU under the kernel functions that make and tear down a sample's
-namespaces and cgroup, wherever they ran (the exiting init, the kernel's workers). Figures are
-milliseconds of CPU per sample graded while recording.
+namespaces and cgroup, wherever they ran (the exiting init, the kernel's workers). Stages: per
+role, the CPU under what forks, tears down, faults pages in, compiles seccomp filters, moves
+calls and answers, or runs Python. ``--functions N``: per role, the N functions most often on
+its stacks. Figures are milliseconds of CPU per sample graded while recording.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.code.bench import CLIENTS, ENV, SOLUTIONS, samples  # noqa: E402
+from bench.code.bench import CLIENTS, ENV, SOLUTIONS, assert_labels, samples  # noqa: E402
 from testing.server import gunicorn_server  # noqa: E402
 
 FREQUENCY = 4000
@@ -47,17 +50,35 @@ ISOLATION = {
     "cgroup: made, joined, removed": ("cgroup_mkdir", "__cgroup_procs_write", "cgroup_rmdir", "cgroup1_procs_write"),
     "cgroup: freed (kernel workers)": ("css_free_rwork_fn", "css_killed_work_fn", "css_release_work_fn"),
 }
+# What else a test's processes spend their CPU on, by the functions under it: per role.
+STAGES = {
+    "fork (the address space copied)": ("dup_mmap",),
+    "exit (the address space torn down)": ("exit_mmap",),
+    "page faults (copy-on-write mostly)": ("asm_exc_page_fault",),
+    "seccomp filters compiled (BPF JIT)": ("bpf_prog_create_from_user",),
+    "namespaces made (unshare)": ("create_new_namespaces",),
+    "pipes and sockets (calls, answers, messages)": (
+        "pipe_read", "pipe_write", "unix_stream_sendmsg", "unix_stream_recvmsg", "unix_stream_read_generic",
+    ),
+    "rlimits, uids, session (confinement)": (
+        "__x64_sys_prlimit64", "__sys_setuid", "ksys_setsid", "__x64_sys_setgroups",
+    ),
+    "Python (the interpreter's own loop)": ("_PyEval_EvalFrameDefault",),
+}  # fmt: skip
+STAGE_ROLES = ("sample's init", "its children", "zygote", "server worker")
+# The label styles ``bench.code.bench`` grades.
+LABELS = {"call-based": {}, **assert_labels()}
 HEADER = re.compile(r"^\s*(\d+)\s*$")
 FRAME = re.compile(r"^\s+[0-9a-f]+ (\S+)")
 FORK = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")
 
 
-def load(url: str, stop: threading.Event, done: list[float]) -> None:
-    """64 samples at once, one per request (``bench.code.bench``'s client), until ``stop``;
-    each answer's time in ``done``."""
+def load(url: str, label: dict, stop: threading.Event, done: list[float]) -> None:
+    """64 samples at once, one per request (``bench.code.bench``'s client), each with
+    ``label``, until ``stop``; each answer's time in ``done``."""
 
     def one(name: str) -> None:
-        body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [{}]}
+        body = {"outputs": [f"```python\n{SOLUTIONS[name]}```"], "prompts": ["p"], "labels": [label]}
         CLIENTS[os.environ.get("BENCH_CODE_CLIENT", "http.client")](url, body)
         done.append(time.monotonic())
 
@@ -115,12 +136,14 @@ def stacks(script: str) -> Iterator[tuple[int, set[str]]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--label", choices=list(LABELS), default="call-based", help="the label style graded")
+    parser.add_argument("--functions", type=int, default=0, help="per role, the functions most often on its stacks")
     args = parser.parse_args()
     # The grader's throughput past what admission would take on (services/code/README.md#admission).
     env = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan", "SCORER_CODE_ENV": ENV, "SCORER_CODE_ADMISSION": "off"}
     with gunicorn_server("code", env, threads=256) as server, tempfile.TemporaryDirectory() as tmp:
         stop, done = threading.Event(), []
-        loader = threading.Thread(target=load, args=(server.url + "/reward/score", stop, done))
+        loader = threading.Thread(target=load, args=(server.url + "/reward/score", LABELS[args.label], stop, done))
         loader.start()
         time.sleep(3)  # warm
         data = f"{tmp}/perf.data"
@@ -140,17 +163,24 @@ def main() -> None:
     named = roles(script, client=os.getpid())
     by_role: collections.Counter[str] = collections.Counter()
     by_step: collections.Counter[str] = collections.Counter()
+    by_function: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    by_stage: collections.Counter[tuple[str, str]] = collections.Counter()
     for pid, symbols in stacks(script):
         if pid == 0:
             continue  # idle
-        by_role[named.get(pid) or "other"] += 1
+        role = named.get(pid) or "other"
+        by_role[role] += 1
+        by_function[role].update(symbols)
         for step, functions in ISOLATION.items():
             if symbols & set(functions):
                 by_step[step] += 1
+        for stage, functions in STAGES.items():
+            if symbols & set(functions):
+                by_stage[role, stage] += 1
     rate = graded / (ended - began)  # perf records ``--seconds`` of this span
     per_sample = 1000 / FREQUENCY / max(rate * args.seconds, 1)
     total = sum(by_role.values())
-    print(f"{graded} samples graded in {ended - began:.1f} s ({rate:.1f}/s); CPU per sample:")
+    print(f"{args.label}: {graded} samples graded in {ended - began:.1f} s ({rate:.1f}/s); CPU per sample:")
     print("| role | ms per sample | share |\n|---|---|---|")
     for role, count in by_role.most_common():
         print(f"| {role} | {count * per_sample:.2f} | {100 * count / total:.1f}% |")
@@ -158,6 +188,15 @@ def main() -> None:
     print("\n| isolation step | ms per sample |\n|---|---|")
     for step in ISOLATION:
         print(f"| {step} | {by_step[step] * per_sample:.3f} |")
+    print(f"\n| stage (ms per sample, a stack in each stage it is under) | {' | '.join(STAGE_ROLES)} |")
+    print(f"|---|{'---|' * len(STAGE_ROLES)}")
+    for stage in STAGES:
+        print(f"| {stage} | {' | '.join(f'{by_stage[role, stage] * per_sample:.3f}' for role in STAGE_ROLES)} |")
+    for role in by_role:
+        if args.functions and role != "other":
+            print(f"\n{role}: the functions on most of its stacks (ms per sample, on the stack)")
+            for function, on in by_function[role].most_common(args.functions):
+                print(f"  {on * per_sample:7.3f}  {function}")
 
 
 if __name__ == "__main__":

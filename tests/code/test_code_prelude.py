@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from services.code.preludes import PRELUDES
 from testing.server import Server, gunicorn_server
 
 ENV = {
@@ -100,3 +101,31 @@ def test_an_unknown_prelude_is_a_422(server: Server) -> None:
         body = {"outputs": ["x"], "prompts": ["p"], "labels": [{**CALLS, "prelude": bad}]}
         response = requests.post(server.url + "/reward/score", json=body, timeout=30)
         assert response.status_code == 422 and "prelude" in response.text, (bad, response.text[:200])
+
+
+# Runs the prelude itself and says which names its candidate's namespace binds otherwise than
+# that run does: the standard streams and ``argv`` its process made, ``exit`` as a fresh
+# ``python3`` has it, and whatever the prelude's statements after its imports did.
+SAME_AS_RUN = """
+import sys as _sys
+
+_ran = {{}}
+exec(compile({prelude!r}, "<prelude>", "exec"), _ran)
+
+
+def differs():
+    found = globals()
+    names = set(_ran) - {{"__builtins__"}}
+    return sorted(n for n in names if n not in found or found[n] is not _ran[n]) + [_sys.getrecursionlimit()]
+"""
+
+
+@pytest.mark.parametrize("name", sorted(PRELUDES))
+def test_each_prelude_binds_what_running_it_in_the_candidate_binds(server: Server, name: str) -> None:
+    """The zygote runs a prelude's imports once for every candidate (``program.prepare_preludes``):
+    each name it binds is the object running the prelude in the candidate binds, the standard
+    streams, ``argv`` and ``exit`` included, and its ``sys.setrecursionlimit`` holds."""
+    limit = 50000 if name == "lcb" else 1000
+    label = {"fn_name": "differs", "inputs": [[]], "outputs": [[limit]], "prelude": name}
+    out = score(server.url, [SAME_AS_RUN.format(prelude=PRELUDES[name])], label)
+    assert out["rewards"] == [1.0], out

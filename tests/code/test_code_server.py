@@ -587,3 +587,31 @@ def test_programs_cannot_make_namespaces(server: Server) -> None:
     )
     out = grade(server.url, [code], {"inputs": [""], "outputs": ["refused [1] spawned"]})
     assert out["rewards"] == [1.0], out
+
+
+CANDIDATE_PROBE = (
+    "import ctypes, os, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "def probe():\n"
+    "    made = [flag for flag in (0x10000000, 0x00020000, 0x40000000) if libc.unshare(flag) == 0]\n"
+    "    done = []\n    thread = threading.Thread(target=done.append, args=[1])\n"
+    "    thread.start()\n    thread.join()\n"
+    "    try:\n        pid = os.fork()\n    except OSError:\n"
+    "        return ['made ' + str(made) if made else 'refused', done, 'no fork']\n"
+    "    if pid == 0:\n        os._exit(0)\n    return 'forked'\n"
+)
+EXPECTED_PROBE = ["refused", [1], "no fork"]
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        {"fn_name": "probe", "inputs": [[]], "outputs": [EXPECTED_PROBE]},
+        {"test": [f"assert probe() == {EXPECTED_PROBE!r}"]},
+    ],
+    ids=["call-based (the init become candidate)", "assert (a forked candidate)"],
+)
+def test_a_candidate_starts_threads_but_no_process_and_no_namespace(server: Server, label: dict) -> None:
+    """A candidate's one seccomp filter (``confine.forbid_shared_kernel_state`` without new
+    processes) refuses what its two did: namespaces, and any process but a thread."""
+    out = grade(server.url, [CANDIDATE_PROBE], label)
+    assert out["rewards"] == [1.0], out

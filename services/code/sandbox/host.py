@@ -46,6 +46,7 @@ from typing import Any
 
 from services.code import cgroups
 from services.code.packages import SANDBOX_PATH
+from services.code.preludes import PRELUDES
 from services.code.sandbox import inside
 from services.code.sandbox.inside import messages, relay
 from services.code.sandbox.inside.confine import SampleCgroup
@@ -310,7 +311,14 @@ class Sandbox:
         # bwrap's --die-with-parent follows the *thread* that spawned it, so the zygote is
         # spawned by a thread that lives exactly as long as the zygote.
         # One prepared init per slot: a full wave of samples starts without waiting for one.
-        arguments = [str(listener.fileno()), spec, self._packages_path(), str(min(len(self.uids), MAX_SPARES))]
+        preludes = json.dumps(sorted(set(PRELUDES.values()) - {""}))
+        arguments = [
+            str(listener.fileno()),
+            spec,
+            self._packages_path(),
+            str(min(len(self.uids), MAX_SPARES)),
+            preludes,
+        ]
         threading.Thread(
             target=self._keep, args=([*command, *arguments], listener, spawned), name="code-zygote", daemon=True,
         ).start()  # fmt: skip

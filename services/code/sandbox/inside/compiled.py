@@ -19,7 +19,7 @@ import stat
 import time
 import typing
 
-from services.code.sandbox.inside import confine, messages
+from services.code.sandbox.inside import messages
 from services.code.sandbox.inside.messages import RESULT_FD, Job, Skipped, StdinOutcome
 
 # Where a sample's build is shown to its tests, read-only (in the sample's /tmp, mounted by its
@@ -55,15 +55,19 @@ def _mount(source: bytes, target: bytes, flags: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
+def may_start_processes(job: Job) -> bool:
+    """Whether a test process of ``job`` may start processes: a compiled program (not its
+    compiler) may start threads but no process; a Python program may fork."""
+    return not job.command or job.kind == "build"
+
+
 def body(job: Job) -> typing.Callable[[], None]:
     """What a test process of a compiled program (or a build's compiler) runs: it execs the
-    job's command, with no fd but its stdin, stdout and stderr; a program (not a compiler)
-    may start threads but no process."""
+    job's command, with no fd but its stdin, stdout and stderr (started by ``confine.spawn``
+    with ``may_start_processes``)."""
 
     def run() -> None:
         os.close(RESULT_FD)
-        if job.kind != "build":
-            confine.forbid_new_processes()
         os.environ.update(job.env)
         try:
             os.execve(job.command[0], job.command, dict(os.environ))

@@ -5,8 +5,9 @@ Each sample gets mount, IPC, network, UTS and PID namespaces and a cgroup of its
 (``private_namespaces``, ``SampleCgroup``), made for it ahead of it and never reused. Each
 process that runs a program or a label's code is forked by ``spawn``: it drops to an
 unprivileged uid of the slot, no groups, no new privileges, rlimits (``limit``), and a seccomp
-filter that refuses namespaces (``forbid_shared_kernel_state``); the candidate's process also refuses
-new processes (``forbid_new_processes``). ``clean_up`` kills whatever a test left running.
+filter that refuses namespaces (``forbid_shared_kernel_state``); the candidate's process (and a
+compiled program's, an interactor's) also refuses new processes, in the same filter. ``clean_up``
+kills whatever a test left running.
 """
 
 from __future__ import annotations
@@ -183,15 +184,7 @@ SECCOMP_EPERM, SECCOMP_ENOSYS = 0x50000 | EPERM, 0x50000 | ENOSYS
 SECCOMP_PRETEND = 0x50000
 
 
-def forbid_new_processes() -> None:
-    """A seccomp filter: no fork, vfork or clone without ``CLONE_THREAD`` (``clone3`` answers
-    ENOSYS, so threads fall back to ``clone``). The candidate's process is then the only one
-    its code runs in, and its CPU time, threads included, is all in its process CPU clock
-    (``cpu_seconds``)."""
-    _install(_new_processes_filter())
-
-
-def forbid_shared_kernel_state(memfd: bool) -> None:
+def forbid_shared_kernel_state(memfd: bool, new_processes: bool) -> None:
     """A seccomp filter: no ``unshare``, ``setns`` or ``clone`` into new namespaces, no key
     management (``add_key``, ``request_key``, ``keyctl``), and ``memfd_create`` only with
     ``memfd`` (a cgroup counts its pages; no rlimit does); ``clone3`` answers ENOSYS, so
@@ -202,16 +195,22 @@ def forbid_shared_kernel_state(memfd: bool) -> None:
     And ``SIGCHLD`` keeps its default action: setting it (``rt_sigaction`` with an action)
     succeeds without effect. A parent that ignores it has its exited children reaped by the
     kernel, their CPU time added to no process's (``sample_cpu_seconds`` would lose it); no
-    runtime a program starts here needs to handle it (only Python's may fork)."""
-    _install(_kernel_state_filter(memfd))
+    runtime a program starts here needs to handle it (only Python's may fork).
+
+    Without ``new_processes``, also no fork, vfork or clone without ``CLONE_THREAD``: the
+    process (a candidate, a compiled program, an interactor) is then the only one its code
+    runs in, and its CPU time, threads included, is all in its process CPU clock
+    (``cpu_seconds``). One filter, not two: the kernel compiles each filter a process
+    installs (its BPF JIT: 0.2-0.5 ms of CPU and a cross-CPU call per filter here)."""
+    _install(_kernel_state_filter(memfd, new_processes))
 
 
 def build_filters() -> None:
     """Build every seccomp filter once, in the zygote: each process forked after only installs
     one (building one costs more than forking a process)."""
-    _new_processes_filter()
     for memfd in (False, True):
-        _kernel_state_filter(memfd)
+        for new_processes in (False, True):
+            _kernel_state_filter(memfd, new_processes)
 
 
 class _Instruction(ctypes.Structure):
@@ -223,53 +222,44 @@ class _Program(ctypes.Structure):
 
 
 @functools.cache
-def _new_processes_filter() -> _Program:
-    return _compiled(_refusing(("fork", "vfork"), clone_allowed_only_with=CLONE_THREAD))
-
-
-@functools.cache
-def _kernel_state_filter(memfd: bool) -> _Program:
+def _kernel_state_filter(memfd: bool, new_processes: bool) -> _Program:
     refused = ("unshare", "setns", "add_key", "request_key", "keyctl") + (() if memfd else ("memfd_create",))
-    return _compiled(_refusing(refused, clone_refused_with=CLONE_NEW_ANY, keep_sigchld=True))
+    if not new_processes:
+        refused += ("fork", "vfork")
+    return _compiled(_refusing(refused, clone_needs_thread=not new_processes))
 
 
-def _refusing(
-    refused: tuple[str, ...], clone_refused_with: int = 0, clone_allowed_only_with: int = 0, keep_sigchld: bool = False
-) -> list[tuple[int, int, int, int]]:
+def _refusing(refused: tuple[str, ...], clone_needs_thread: bool) -> list[tuple[int, int, int, int]]:
     """A filter's BPF program: this ABI only (another is killed), ``refused`` calls answer
-    EPERM, ``clone3`` ENOSYS, ``clone`` EPERM with any flag of ``clone_refused_with`` or
-    without every flag of ``clone_allowed_only_with``, ``rt_sigaction`` of ``SIGCHLD`` with
-    an action pretends to succeed with ``keep_sigchld``; all else is allowed."""
+    EPERM, ``clone3`` ENOSYS, ``clone`` EPERM with any ``CLONE_NEW*`` flag or, with
+    ``clone_needs_thread``, without ``CLONE_THREAD``; ``rt_sigaction`` of ``SIGCHLD`` with an
+    action pretends to succeed; all else is allowed."""
     machine = os.uname().machine
     numbers = SYSCALLS[machine]
     ld, jeq, jge, jset, ret = BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET
     checks = [(jeq, numbers[name]) for name in refused]
-    # Layout: header (5), the SIGCHLD check (7, with ``keep_sigchld``), one jeq per refused
-    # call, clone3, clone, load flags, test flags, then the verdicts ALLOW, EPERM, ENOSYS, KILL,
-    # PRETEND. Jumps count from the next instruction.
-    sigchld = 7 if keep_sigchld else 0
-    first_check = 5 + sigchld
+    # Layout: header (5), the SIGCHLD check (7), one jeq per refused call, clone3, clone, load
+    # flags, test flags (once or twice), then the verdicts ALLOW, EPERM, ENOSYS, KILL, PRETEND.
+    # Jumps count from the next instruction.
+    first_check = 12
     clone3_at = first_check + len(checks)
-    allow_at = clone3_at + 4
+    allow_at = clone3_at + 4 + clone_needs_thread
     eperm_at, enosys_at, kill_at, pretend_at = allow_at + 1, allow_at + 2, allow_at + 3, allow_at + 4
     program = [
         (ld, 0, 0, 4), (jeq, 1, 0, AUDIT_ARCH[machine]), (ret, 0, 0, SECCOMP_KILL),
         (ld, 0, 0, 0), (jge, kill_at - 5, 0, X32_SYSCALL_BIT),
+        # rt_sigaction(SIGCHLD, act, ...): act (a pointer, two words) not NULL
+        (jeq, 0, 6, numbers["rt_sigaction"]), (ld, 0, 0, 16), (jeq, 0, allow_at - 8, signal.SIGCHLD),
+        (ld, 0, 0, 24), (jeq, 0, pretend_at - 10, 0), (ld, 0, 0, 28), (jeq, allow_at - 12, pretend_at - 12, 0),
     ]  # fmt: skip
-    if keep_sigchld:  # rt_sigaction(SIGCHLD, act, ...): act (a pointer, two words) not NULL
-        program += [
-            (jeq, 0, sigchld - 1, numbers["rt_sigaction"]), (ld, 0, 0, 16), (jeq, 0, allow_at - 8, signal.SIGCHLD),
-            (ld, 0, 0, 24), (jeq, 0, pretend_at - 10, 0), (ld, 0, 0, 28), (jeq, allow_at - 12, pretend_at - 12, 0),
-        ]  # fmt: skip
     for at, (code, number) in enumerate(checks, start=first_check):
         program.append((code, eperm_at - at - 1, 0, number))
     program.append((jeq, enosys_at - clone3_at - 1, 0, numbers["clone3"]))
     program.append((jeq, 0, allow_at - clone3_at - 2, numbers["clone"]))
     program.append((ld, 0, 0, 16))  # clone's first argument: its flags
-    if clone_allowed_only_with:
-        program.append((jset, 0, 1, clone_allowed_only_with))  # set: allow; else EPERM
-    else:
-        program.append((jset, 1, 0, clone_refused_with))  # set: EPERM; else allow
+    program.append((jset, eperm_at - clone3_at - 4, 0, CLONE_NEW_ANY))  # set: EPERM
+    if clone_needs_thread:
+        program.append((jset, 0, 1, CLONE_THREAD))  # set: allow; else EPERM
     program += [(ret, 0, 0, SECCOMP_ALLOW), (ret, 0, 0, SECCOMP_EPERM), (ret, 0, 0, SECCOMP_ENOSYS),
                 (ret, 0, 0, SECCOMP_KILL), (ret, 0, 0, SECCOMP_PRETEND)]  # fmt: skip
     return program
@@ -286,11 +276,12 @@ def _install(program: _Program) -> None:
         raise OSError(ctypes.get_errno(), "seccomp filter refused")
 
 
-def limit(job: Job, tests: int) -> None:
+def limit(job: Job, tests: int, new_processes: bool) -> None:
     """Resource limits of a test process running ``tests`` tests (set before dropping root).
 
     Its OOM score is the highest: if the node runs out of memory, a test dies, not the server.
-    It cannot make namespaces (``forbid_shared_kernel_state``).
+    It cannot make namespaces, nor without ``new_processes`` start processes
+    (``forbid_shared_kernel_state``).
     """
     with open("/proc/self/oom_score_adj", "w") as oom:
         oom.write("1000")
@@ -310,33 +301,42 @@ def limit(job: Job, tests: int) -> None:
         (resource.RLIMIT_STACK, (STACK_BYTES, resource.RLIM_INFINITY)),  # the program may raise it
     ):
         resource.setrlimit(res, value)
-    forbid_shared_kernel_state(memfd=bool(job.cgroup_version))
+    forbid_shared_kernel_state(bool(job.cgroup_version), new_processes)
 
 
-def spawn(job: Job, uid: int, fds: dict[int, int], cwd: str, body: typing.Callable[[], None], tests: int) -> int:
+def spawn(
+    job: Job,
+    uid: int,
+    fds: dict[int, int],
+    cwd: str,
+    body: typing.Callable[[], None],
+    tests: int,
+    new_processes: bool = True,
+) -> int:
     """Fork a process that confines itself (``confine_self``) and runs ``body``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         try:
-            confine_self(job, uid, fds, cwd, tests)
+            confine_self(job, uid, fds, cwd, tests, new_processes)
             body()
         finally:
             os._exit(70)
     return pid
 
 
-def confine_self(job: Job, uid: int, fds: dict[int, int], cwd: str, tests: int) -> None:
+def confine_self(job: Job, uid: int, fds: dict[int, int], cwd: str, tests: int, new_processes: bool = True) -> None:
     """Make this process a test process: a session of its own, only ``fds`` kept (its number:
     ours), dropped to ``uid`` with the rlimits of ``tests`` tests, no groups, no new
-    privileges, a clean environment."""
+    privileges, a clean environment; without ``new_processes``, the only process its code
+    runs in (``forbid_shared_kernel_state``)."""
     os.setsid()
     high = {target: fcntl.fcntl(source, fcntl.F_DUPFD, 256) for target, source in fds.items()}
     for target, source in high.items():
         os.dup2(source, target)
     os.closerange(max(fds) + 1, 65536)
-    limit(job, tests)
+    limit(job, tests, new_processes)
     os.chdir(cwd)
     os.setgroups([])
     os.setgid(uid)

@@ -232,12 +232,12 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
            ANSWER_FD: answer, EXECUTABLE_FD: executable}  # fmt: skip
     if job.interactor_protocol == "kattis":
         fds[FEEDBACK_FD] = feedback
-    interactor = confine.spawn(own, job.test_uid, fds, "/", _interactor_body(job), tests=1)
+    interactor = confine.spawn(own, job.test_uid, fds, "/", _interactor_body(job), tests=1, new_processes=False)
     if job.interactor_protocol == "kattis":
         os.close(feedback)
     fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
     body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
-    graded = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1)
+    graded = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1, new_processes=compiled.may_start_processes(job))
     own_files = os.fstat(test_input).st_size + os.fstat(answer).st_size + OWN_READS_BYTES
     sides = (
         _Process(graded, os.dup(to_program[0]), os.dup(to_interactor[1])),
@@ -250,7 +250,6 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
 
 def _interactor_body(job: Job) -> typing.Callable[[], None]:
     def run() -> None:
-        confine.forbid_new_processes()
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         argv = interactor_argv(job)
         try:

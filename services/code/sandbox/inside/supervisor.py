@@ -50,7 +50,7 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
     body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
-    pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1)
+    pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1, new_processes=compiled.may_start_processes(job))
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
@@ -95,7 +95,8 @@ def _serve_candidates(job: Job, workdir: str, sock: socket.socket) -> None:
         if middle == 0:
             try:
                 fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
-                pid = confine.spawn(job, job.uid, fds, workdir, _candidate_body(job), len(job.tests))
+                body = _candidate_body(job)
+                pid = confine.spawn(job, job.uid, fds, workdir, body, len(job.tests), new_processes=False)
                 os.write(told[1], struct.pack("i", pid))
             finally:
                 os._exit(0)
@@ -109,10 +110,9 @@ def _serve_candidates(job: Job, workdir: str, sock: socket.socket) -> None:
 
 
 def _candidate_body(job: Job) -> typing.Callable[[], None]:
-    """What a candidate's process runs: the code, answering calls, refused new processes."""
+    """What a candidate's process runs: the code, answering calls (no new process: ``spawn``'s filter)."""
 
     def body() -> None:
-        confine.forbid_new_processes()
         program.serve_calls(job.code, job.prelude)
 
     return body
@@ -175,8 +175,7 @@ def _become_candidate(job: Job, conn: socket.socket, cgroup: confine.SampleCgrou
     null = os.open("/dev/null", os.O_RDONLY)
     fds = {0: null, 1: out[1], 2: err[1], CALLS_FD: calls_pipe[0], ANSWERS_FD: answers[1]}
     try:
-        confine.confine_self(job, job.uid, fds, "/tmp", len(job.tests))
-        confine.forbid_new_processes()
+        confine.confine_self(job, job.uid, fds, "/tmp", len(job.tests), new_processes=False)
         program.serve_calls(job.code, job.prelude)
     finally:
         os._exit(70)

@@ -1,10 +1,11 @@
 """The warm fork server that runs inside the sandbox's namespaces (stdlib only).
 
 Started once per worker (by ``host.Sandbox``) as ``python -I -S -c <the package's LOADER>
-<fd> <cgroups> <packages> <spares>``, the package's bundle on its stdin, where ``fd`` is a
-listening Unix socket made by the server, ``cgroups`` the JSON of its cgroups, ``packages``
-the directory of the packages programs may import ("" for none) and ``spares`` how many
-inits to keep prepared. Forking a warm interpreter costs a few milliseconds where a fresh
+<fd> <cgroups> <packages> <spares> <preludes>``, the package's bundle on its stdin, where ``fd``
+is a listening Unix socket made by the server, ``cgroups`` the JSON of its cgroups,
+``packages`` the directory of the packages programs may import ("" for none), ``spares`` how
+many inits to keep prepared and ``preludes`` the JSON list of the preludes to prepare
+(``program.prepare_preludes``). Forking a warm interpreter costs a few milliseconds where a fresh
 ``python3`` costs over 100 ms (docs/ARCHITECTURE.md §8). It keeps ``spares`` samples' inits
 forked ahead, each the first process of a PID
 namespace of its own, with its other namespaces and its cgroup made
@@ -22,7 +23,7 @@ import socket
 import sys
 import time
 
-from services.code.sandbox.inside import confine
+from services.code.sandbox.inside import confine, program
 from services.code.sandbox.inside.supervisor import prepare_and_supervise
 
 # The pause after an init that failed to prepare.
@@ -46,6 +47,7 @@ def main() -> None:
     sys.set_int_max_str_digits(0)  # the server's jobs hold the integers its labels may (scorer.INT_MAX_DIGITS)
     for name in WARM_MODULES:
         __import__(name)
+    program.prepare_preludes(json.loads(sys.argv[5]))
     confine.build_filters()
     gc.collect()
     confine.trim_heap()
