@@ -127,11 +127,13 @@ def _run_once(
             raise SandboxFailure("the run could not have its time limit before the client's timeout")
         job = dataclasses.replace(job, sample_s=max(0.1, min(job.sample_s, deadline - started)))
         messages = list(runner.sandbox.run(job, uid))
-        rates.measured(language, time.monotonic() - started, 1)
+        slot_s = time.monotonic() - started
     fetched = next((m.files for m in messages if isinstance(m, Fetched)), {})
     runs = [m for m in messages if not isinstance(m, Fetched)]
     if len(runs) != 1 or not isinstance(runs[0], StdinOutcome):
         raise SandboxFailure(f"a run answered {runs}")
+    if not runs[0].timed_out:  # as a graded test's: a run stopped at a limit says nothing of what one costs
+        rates.measured(language, slot_s, 1)
     if cut_short(runs[0], job):
         raise SandboxFailure("the client's timeout would have cut the run short of its own time limits")
     return Trial(None, built_s, runs[0], fetched)
