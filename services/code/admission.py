@@ -215,9 +215,10 @@ class Admission:
                 waiting = [c.floor for r in self._admitted for c in r.waiting()]  # this sample's among them
                 running = [max(0.0, s + p - now) for r in self._admitted for s, p in r.running.values()]
                 slack = self.slots * left - sum(waiting) - sum(running)
-                # Half a part each, at most: the slots do not free all at once, and the samples
-                # of a burst still on their way (about a slot's worth) have a part too.
-                share = max(0.0, slack) / (2 * len(waiting) + self.slots)
+                # A quarter of a part each, at most: a sample holds its slot for more than its plan
+                # (its start and end), the slots do not free all at once, and the samples of a
+                # burst still on their way (about a slot's worth) have a part too.
+                share = max(0.0, slack) / (4 * len(waiting) + self.slots)
                 # Its floor is its own, late or not; its share of the slack ends by its deadline.
                 most = left if alone else min(left, PLAN_STRETCH * cost.floor)
                 plan = max(cost.floor, min(cost.floor + share, most))
