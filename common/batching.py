@@ -132,6 +132,18 @@ class DynamicBatcher:
             heapq.heapify(self._waiting)
             self._cond.notify_all()  # the next in line may fit now
 
+    def withdraw(self, futures: Sequence[Future]) -> None:
+        """Take the items of ``futures`` (a request that gave up) out of the queue now: the
+        request's inputs are not held until the thread would have reached them."""
+        gone = set(map(id, futures))
+        with self._cond:
+            kept = [entry for entry in self._queue if id(entry.future) not in gone]
+            if len(kept) < len(self._queue):
+                self._queue = kept
+                heapq.heapify(self._queue)
+                if self._waiting:
+                    self._cond.notify_all()  # room for those waiting
+
     def _take_batch(self) -> list[_Entry] | None:
         with self._cond:
             while not self._queue and not self._stopped:
@@ -196,6 +208,7 @@ class BatchedCall:
         except FutureTimeout:
             for future in futures:
                 future.cancel()
+            self.batcher.withdraw(futures)
             raise Overloaded(
                 f"no result within the request's {deadline.seconds:.0f}s; the model is saturated, retry later"
             ) from None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -119,6 +121,30 @@ def test_cancelled_items_are_not_scored() -> None:
     assert batcher.submit([3], later())[0].result(5) == 3
     assert [2] not in calls
     batcher.stop()
+
+
+def test_a_withdrawn_requests_items_are_let_go_before_the_thread_reaches_them() -> None:
+    """A request past its deadline withdraws its queued items: its inputs (a burst's prepared
+    detector inputs are gigabytes) are not held until the busy thread would have got to them."""
+    scoring, gate = threading.Event(), threading.Event()
+    batcher, _ = make(fn=lambda b: (scoring.set(), gate.wait(60), [0] * len(b))[2], max_batch=1)
+    batcher.submit([object()], later())
+    assert scoring.wait(60)
+    item = Item()
+    held = weakref.ref(item)
+    futures = batcher.submit([item], later())
+    del item
+    for future in futures:
+        future.cancel()
+    batcher.withdraw(futures)
+    gc.collect()
+    assert held() is None
+    gate.set()
+    batcher.stop()
+
+
+class Item:
+    """An item a weak reference can follow."""
 
 
 def test_items_are_served_earliest_deadline_first() -> None:
