@@ -132,6 +132,10 @@ class Admitted:
     def waiting(self) -> list[Cost]:
         return [cost for index, cost in self.costs.items() if index not in self.running]
 
+    def plans_left(self, now: float) -> list[float]:
+        """Of each running sample, the seconds of its plan still to come."""
+        return [max(0.0, start + plan - now) for start, plan in self.running.values()]
+
     def started(self, index: int) -> float:
         """Sample ``index`` took its slot: its plan, in seconds of wall time from now."""
         return self._admission.start(self, index)
@@ -188,7 +192,7 @@ class Admission:
         running: dict[str, list[float]] = defaultdict(list)  # client -> its running samples' plans left
         for request in requests:
             waiting[request.client] += [cost.floor for cost in request.waiting()]
-            running[request.client] += [max(0.0, start + plan - now) for start, plan in request.running.values()]
+            running[request.client] += request.plans_left(now)
         total = {name: sum(waiting[name]) + sum(running[name]) for name in {*waiting, *running}}
         ahead = sum(min(work, total[client]) for name, work in total.items() if name != client)
         # A waiting sample starts once the work before it has filled every slot (Graham's bound).
@@ -212,8 +216,7 @@ class Admission:
             if alone and self._fits_at_limits(request, now):
                 plan = cost.worst
             else:
-                waiting = [c.floor for r in self._admitted for c in r.waiting()]  # this sample's among them
-                running = [max(0.0, s + p - now) for r in self._admitted for s, p in r.running.values()]
+                waiting, running = self._queued(now)  # this sample's floor among the waiting
                 slack = self.slots * left - sum(waiting) - sum(running)
                 # A quarter of a part each, at most: a sample holds its slot for more than its plan
                 # (its start and end), the slots do not free all at once, and the samples of a
@@ -230,9 +233,14 @@ class Admission:
         return all(not other.costs for other in self._admitted if other is not request)
 
     def _fits_at_limits(self, request: Admitted, now: float) -> bool:
-        running = [max(0.0, s + p - now) for s, p in request.running.values()]
         worst = [cost.worst for cost in request.waiting()]
-        return _finish([*running, *worst], self.slots) <= ADMITTED_SHARE * (request.expires - now)
+        return _finish([*request.plans_left(now), *worst], self.slots) <= ADMITTED_SHARE * (request.expires - now)
+
+    def _queued(self, now: float) -> tuple[list[float], list[float]]:
+        """Every admitted sample's floor while it waits, and what is left of its plan while it runs."""
+        waiting = [cost.floor for request in self._admitted for cost in request.waiting()]
+        running = [left for request in self._admitted for left in request.plans_left(now)]
+        return waiting, running
 
     def give_back(self, request: Admitted, index: int) -> None:
         with self._lock:
@@ -242,8 +250,7 @@ class Admission:
     def stats(self) -> dict[str, float]:
         with self._lock:
             now = self.clock()
-            waiting = [c.floor for r in self._admitted for c in r.waiting()]
-            running = [max(0.0, s + p - now) for r in self._admitted for s, p in r.running.values()]
+            waiting, running = self._queued(now)
             return {
                 "requests": len(self._admitted),
                 "clients": len({r.client for r in self._admitted}),
