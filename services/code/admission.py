@@ -19,12 +19,13 @@ node to itself and fits there at them (what a quiet node always gave); else its 
 share of the slack the node has before its deadline beyond every waiting sample's floor (up to
 ``PLAN_STRETCH`` floors beside other requests): a burst shares the node between its samples.
 The plan is the sample's wall time (``Job.sample_s``): a sample still running at its plan
-has spent it (``timeout``, the program's verdict); one cut earlier by the deadline ran late
-through no choice of its own (no verdict). Everything it was counted for is given back when
-it ends, and its slot time over the tests that ended on their own is measured into ``Rates``
-(a spinner's tests never end on their own: spinners raise no one's floor, and the plans they
-hold while they run are what tightens admission; a heavy program's completed tests raise the
-rate within a few samples).
+has spent it (``timeout``, the program's verdict), unless the node has since learned the plan
+was short (``floor_shown``, ``Grader._run``): then it is run once more at a new plan; one cut
+earlier by the deadline ran late through no choice of its own (no verdict). Everything it was
+counted for is given back when it ends, and its slot time over the tests that ended on their
+own is measured into ``Rates`` (a spinner's tests never end on their own: spinners raise no
+one's floor, and the plans they hold while they run are what tightens admission; a heavy
+program's completed tests raise the rate within a few samples).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from common.errors import Overloaded, PayloadTooLarge
 
 # A sample's floor: this many times its tests' measured cost, at least this many seconds.
-PLAN_MARGIN = 3.0
+PLAN_MARGIN = 1.5
 PLAN_FLOOR_S = 1.5
 # A sample beside others is planned no more than this many floors.
 PLAN_STRETCH = 3.0
@@ -78,10 +79,14 @@ class Rates:
     def measured(self, language: str, slot_s: float, tests: int, build_s: float | None = None) -> None:
         """A sample of ``language`` held its slot ``slot_s`` for ``tests`` tests (those it reached)."""
         with self._lock:
+            # A language's first measurement replaces the guess it started from: a burst's first
+            # wave is planned at the guess, and its samples cut short re-run at what it showed.
             if tests > 0:
-                self._test_s[language] = _decayed(self._test_s.get(language, self._first[0]), slot_s / tests)
+                old = self._test_s.get(language)
+                self._test_s[language] = slot_s / tests if old is None else _decayed(old, slot_s / tests)
             if build_s is not None:
-                self._build_s[language] = _decayed(self._build_s.get(language, self._first[1]), build_s)
+                old = self._build_s.get(language)
+                self._build_s[language] = build_s if old is None else _decayed(old, build_s)
 
     def stats(self) -> dict[str, dict[str, float]]:
         with self._lock:
@@ -136,9 +141,14 @@ class Admitted:
         """Of each running sample, the seconds of its plan still to come."""
         return [max(0.0, start + plan - now) for start, plan in self.running.values()]
 
-    def started(self, index: int) -> float:
-        """Sample ``index`` took its slot: its plan, in seconds of wall time from now."""
-        return self._admission.start(self, index)
+    def started(self, index: int, at_least: float = 0.0) -> float:
+        """Sample ``index`` took its slot: its plan, in seconds of wall time from now (on a
+        re-run, ``at_least`` what its first run showed it needs, within its limits)."""
+        return self._admission.start(self, index, at_least)
+
+    def floor(self, index: int) -> float:
+        """Sample ``index``'s floor at the rate measured now."""
+        return self.costs[index].floor
 
     def done(self, index: int) -> None:
         self._admission.give_back(self, index)
@@ -201,7 +211,7 @@ class Admission:
         expires = min(request.expires for request in requests if request.client == client)
         return ends - ADMITTED_SHARE * (expires - now)
 
-    def start(self, request: Admitted, index: int) -> float:
+    def start(self, request: Admitted, index: int, at_least: float = 0.0) -> float:
         """The plan of sample ``index`` as it takes its slot: its full limits when its request is
         alone on the node and all of it fits there at them; else its floor and a share of the
         slack beyond every queued sample's floor before its deadline (ending by it, and beside
@@ -225,7 +235,7 @@ class Admission:
                 # Its floor is its own, late or not; its share of the slack ends by its deadline.
                 most = left if alone else min(left, PLAN_STRETCH * cost.floor)
                 plan = max(cost.floor, min(cost.floor + share, most))
-            plan = min(cost.worst, plan)
+            plan = min(cost.worst, max(plan, at_least))
             request.running[index] = (now, plan)
             return plan
 
@@ -267,6 +277,12 @@ class Admission:
                     "admitted_share": ADMITTED_SHARE,
                 },
             }
+
+
+def floor_shown(slot_s: float, tests: int, ended: int) -> float:
+    """The floor a sample's own run showed it needs when its plan cut it: its slot time over the
+    tests that ended on their own and the one cut, for all ``tests``. A spinner shows nothing."""
+    return PLAN_MARGIN * slot_s * tests / (ended + 1) if ended else 0.0
 
 
 def _finish(seconds: Sequence[float], slots: int) -> float:

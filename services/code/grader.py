@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from common import metrics
 from common.deadlines import Deadline
 from services.code import interactive
-from services.code.admission import Admission, Admitted, Cost, Rates
+from services.code.admission import Admission, Admitted, Cost, Rates, floor_shown
 from services.code.compile_cache import Builds
 from services.code.grading import checking, trials
 from services.code.grading.building import built
@@ -47,6 +47,16 @@ log = logging.getLogger(__name__)
 
 MASK_BLOCK = 100
 MASK_WARN_ABOVE = 5
+
+
+class Replan(Exception):
+    """A sample's plan ran out, and the node's floor for it now, or what its own tests that ended
+    showed (``floor_shown``), is more than that plan: it is run once more, planned at least
+    ``needed_s`` (``Grader._run``)."""
+
+    def __init__(self, needed_s: float) -> None:
+        super().__init__(f"a code sample's plan was short: it needs {needed_s:.1f} s")
+        self.needed_s = needed_s
 
 
 @dataclass(frozen=True)
@@ -159,20 +169,23 @@ class Grader:
             return Verdict("invalid_label", 0, total, 0.0)
         if not sample.code:
             return Verdict("no_code", 0, total, 0.0)
-        for attempt in range(2):
+        failures, needed_s = 0, 0.0
+        while True:
             try:
                 if sample.language != PYTHON:
-                    return self._run_built(sample, deadline, owner, admitted, index)
-                return self._run(sample.suite, sample.code, deadline, owner, admitted, index)
+                    return self._run_built(sample, deadline, owner, admitted, index, needed_s)
+                return self._run(sample.suite, sample.code, deadline, owner, admitted, index, None, needed_s)
+            except Replan as replan:
+                needed_s = replan.needed_s
             except SandboxFailure as exc:
-                log.warning("code sandbox failed a run (attempt %d): %s", attempt + 1, exc)
-                if attempt == 0 and deadline - time.monotonic() > self.settings.retry_pause_s + 1.0:
-                    time.sleep(self.settings.retry_pause_s)
-                    continue
-        return Verdict("sandbox_error", 0, total, None)
+                failures += 1
+                log.warning("code sandbox failed a run (attempt %d): %s", failures, exc)
+                if failures > 1 or deadline - time.monotonic() <= self.settings.retry_pause_s + 1.0:
+                    return Verdict("sandbox_error", 0, total, None)
+                time.sleep(self.settings.retry_pause_s)
 
     def _run_built(
-        self, sample: Sample, deadline: float, owner: Owner, admitted: Admitted | None, index: int
+        self, sample: Sample, deadline: float, owner: Owner, admitted: Admitted | None, index: int, needed_s: float
     ) -> Verdict:
         """A program in a compiled language: its build (once per source, ``compile_cache``),
         then its tests, each running the build."""
@@ -188,7 +201,7 @@ class Grader:
             self.rates.measured(sample.language, 0.0, 0, time.monotonic() - started)
             if error is not None:
                 return Verdict("compile_error", 0, total, 0.0)
-            return self._run(suite, sample.code, deadline, owner, admitted, index, program)
+            return self._run(suite, sample.code, deadline, owner, admitted, index, program, needed_s)
 
     def _run(
         self,
@@ -199,7 +212,15 @@ class Grader:
         admitted: Admitted | None = None,
         index: int = 0,
         program: Program | None = None,
+        needed_s: float = 0.0,
     ) -> Verdict:
+        """The sample's tests in one slot, within its plan (at least ``needed_s`` on its re-run).
+        Raises ``Replan``, once, when the plan ran out before its tests did and the node's floor
+        for it now, or what its tests that ended on their own showed, is more: the plan was the
+        node's estimate running behind (a burst's first wave, a problem heavier than its
+        language's mean), not the program's own spending. A spinner's tests never end on their
+        own: it is never re-run; one that spins after quick tests is re-run once, within its
+        limits, and counted as it runs."""
         statuses = ["timeout"] * len(suite.tests)
         outputs: dict[int, str] = {}  # what the custom checker judges
         cut = False
@@ -207,7 +228,7 @@ class Grader:
         with contextlib.ExitStack() as stack:
             uid = stack.enter_context(self.runner.slot(owner, deadline))
             slot_taken = time.monotonic()
-            plan = admitted.started(index) if admitted is not None else math.inf
+            plan = admitted.started(index, needed_s) if admitted is not None else math.inf
             # A label's checker is built, and its time kept, before the program runs: whatever
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             by = suite.interactor or suite.checker  # the label's checker or interactor
@@ -223,7 +244,8 @@ class Grader:
             if runs_by <= now:
                 raise SandboxFailure("no time left before the request deadline for the program and its checker")
             # The sample's own time: its limits, and its plan (``admission``) where that is less.
-            limit_s = min(self.runner.own_sample_s(suite, language), plan)
+            own_s = self.runner.own_sample_s(suite, language)
+            limit_s = min(own_s, plan)
             job = self.runner.job(suite, code, runs_by, language, plan)
             # A sample the request's deadline ends before its own time ran late through no choice
             # of its program: a test cut short is no verdict, never its timeout. One that ran to its
@@ -243,12 +265,15 @@ class Grader:
             # which of its answers were right.
             runs = self.sandbox.run(job, uid, trusted, held_bytes=answers_needed(suite))
             interacted: dict[int, float] = {}  # the points of each interactive test
+            plan_cut = False  # a test the plan's end stopped (the node's time, not its own limits)
             try:
                 held = 0  # characters of output waiting for the checker
                 for run in runs:
-                    if deadline_cuts and cut_short(run, job):
-                        cut = True
-                        continue
+                    if cut_short(run, job):
+                        cut = cut or deadline_cuts
+                        plan_cut = plan_cut or plan < own_s
+                        if deadline_cuts:
+                            continue
                     if isinstance(run, InteractOutcome):
                         assert suite.interactor is not None
                         found = interactive.verdict(run, suite.interactor.protocol)
@@ -273,6 +298,14 @@ class Grader:
                     "the request's deadline cut a code sample's test short (no verdict): a node behind its plan"
                 )
                 return Verdict("deadline", 0, len(statuses), None, job.sample_s)
+            # Measured before the sample is judged: a cut sample's floor then counts what it showed.
+            slot_s = time.monotonic() - slot_taken
+            self._measure(language, slot_s, statuses)
+            if plan_cut and not needed_s and admitted is not None:
+                ended = sum(status != "timeout" for status in statuses)
+                needed = max(admitted.floor(index), floor_shown(slot_s, len(statuses), ended))
+                if needed > plan:
+                    raise Replan(needed)
             points = [interacted.get(index, float(status == "passed")) for index, status in enumerate(statuses)]
             if outputs:
                 assert checker is not None
@@ -283,7 +316,6 @@ class Grader:
                 except JudgeFailure as exc:
                     log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                     return Verdict("judge_failure", 0, len(statuses), None)
-            self._measure(language, time.monotonic() - slot_taken, statuses)
         return self._score(suite, statuses, points, job.sample_s)
 
     def _measure(self, language: str, slot_s: float, statuses: list[str]) -> None:

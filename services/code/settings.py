@@ -68,8 +68,8 @@ class CodeSettings:
     admission: Literal["measured", "off"] = setting(
         "measured",
         "`measured`: take on the requests the node can grade before their deadline at the rate it measures, each "
-        "sample planned no less than 3x its measured cost and 1.5 s (its full limits when the node has room; else 503 "
-        "with `Retry-After` before any work); `off`: every request, at full limits",
+        "sample planned no less than 1.5x its measured cost and 1.5 s (its full limits when the node has room; else "
+        "503 with `Retry-After` before any work); `off`: every request, at full limits",
     )
     # Limits of each test process.
     memory_mb: int = setting(

@@ -224,3 +224,13 @@ def test_spinners_mixed_with_correct_samples_never_cost_the_correct_ones_a_zero(
     no_verdict = [r for r in correct if r is None or math.isnan(r)]
     assert [r for r in correct if r is not None and not math.isnan(r)] == [1.0] * (len(correct) - len(no_verdict))
     assert len(no_verdict) <= BURST // 32, f"{len(no_verdict)} correct samples without a verdict"
+
+
+def test_a_heavier_correct_burst_is_never_cut_at_a_plan_made_before_its_rate_was_known(fresh_server: Server) -> None:
+    """64 one-sample requests of a correct program whose tests cost about 0.15 s of CPU each,
+    on a node whose rate was measured on quicker ones: the first wave's plans are made at that
+    rate; a sample cut at one is run once more at what the node has learned since. Without the
+    re-run, 5 of 64 got a false 0.9 here."""
+    heavy = APLUSB.replace("print(", "sum(i * i for i in range(1_500_000))\nprint(")
+    rewards = burst(fresh_server.url, [heavy] * 64)
+    assert rewards == [1.0] * 64, sorted(map(str, rewards))

@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict, namedtuple
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -236,13 +237,20 @@ class LateSandbox(FailingSandbox):
 
 
 class Planned:
-    """An admitted request whose samples are each planned ``plan_s`` (``Admission.start``)."""
+    """An admitted request whose samples are each planned ``plan_s`` (``Admission.start``), or
+    ``plans`` one after the other, with the floor the node measures meanwhile."""
 
-    def __init__(self, plan_s: float) -> None:
-        self.plan_s = plan_s
+    def __init__(self, plan_s: float, floor_s: float = 0.0, plans: Sequence[float] = ()) -> None:
+        self.plans = list(plans) or [plan_s]
+        self.floor_s = floor_s
+        self.given: list[float] = []
 
-    def started(self, index: int) -> float:
-        return self.plan_s
+    def started(self, index: int, at_least: float = 0.0) -> float:
+        self.given.append(max(at_least, self.plans[min(len(self.given), len(self.plans) - 1)]))
+        return self.given[-1]
+
+    def floor(self, index: int) -> float:
+        return self.floor_s
 
 
 @pytest.mark.parametrize(
@@ -264,6 +272,34 @@ def test_a_sample_cut_within_its_plan_is_no_verdict_and_one_cut_at_it_the_progra
     assert (verdict.status, verdict.score) == (status, score)
     assert verdict.budget_s == sandbox.jobs[0].sample_s < settings.sample_wall_s
     assert (verdict.budget_s == plan_s) == (plan_s == 2.0)
+
+
+class CutOnceSandbox(FailingSandbox):
+    """Its first run is cut by the sample's time after one test (``Skipped``); later ones pass."""
+
+    def run(self, job, uid, trusted=None, held_bytes=0):
+        self.jobs.append(job)
+        yield StdinOutcome(0, 0, False, False, False, 0.0, 0.0, stdout="ok", stderr="", result="")
+        first = len(self.jobs) == 1
+        for index in range(1, len(job.tests)):
+            yield Skipped(index) if first else StdinOutcome(index, 0, False, False, False, 0.0, 0.0, "ok", "", "")
+
+
+@pytest.mark.parametrize(("floor_s", "runs", "score"), [(3.0, 2, 1.0), (1.5, 1, 0.5)])
+def test_a_sample_cut_at_a_plan_below_the_floor_measured_since_is_run_once_more(floor_s, runs, score) -> None:
+    """Planned 2 s before the node measured what a test costs (a burst's first wave), a sample
+    cut at its plan is run again at a new plan once the node's floor for it is above 2 s: the
+    cut was the node's estimate, not its program (a false 0.5 without it). With a floor at or
+    under its plan, the cut was its own: its timeout, run once."""
+    sandbox = CutOnceSandbox(0)
+    sandbox.jobs = []
+    settings = CodeSettings(infra_failure_score="nan", test_cpu_s=2, test_wall_s=4, admission="measured")
+    planned = Planned(0.0, floor_s, plans=[2.0, 6.0])
+    verdict = Grader(settings, sandbox, 60.0).grade_one(
+        Sample("print('ok')", SUITE), Deadline(60.0).expires, ("client", object()), planned
+    )
+    assert (verdict.score, len(sandbox.jobs)) == (score, runs)
+    assert [job.sample_s for job in sandbox.jobs] == [2.0, 6.0][:runs] == planned.given
 
 
 def test_slots_keep_one_from_a_client_and_go_round_robin() -> None:
