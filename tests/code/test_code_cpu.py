@@ -184,3 +184,11 @@ def test_a_fork_bomb_uses_at_most_one_and_a_half_times_its_limit(server: Server)
             break
         used = now
     assert 1.0 <= used <= 1.5 * 1.0 + 0.5, used
+
+
+def test_a_program_runs_below_its_supervisor_and_the_server_in_priority(server: Server) -> None:
+    """Niced (``PROGRAM_NICE``): where the kernel does not group each session's processes
+    (autogroup off, RHEL's kernels), a fork bomb's processes weighed each as much as the
+    supervisor that stops it, which read its CPU too late (5.9 s against a 1 s limit here)."""
+    probe = "import os\nprint('done' if os.getpriority(os.PRIO_PROCESS, 0) == 19 else 'not niced')"
+    assert verdict(server.url, probe) == (1.0, None)
