@@ -35,7 +35,7 @@ COMPRESSIBILITY_DIVISOR = 500
 
 class _ByteCount:
     """A file that keeps only how many bytes were written: Pillow writes the same bytes to it as
-    to flow_grpo's ``BytesIO``, without holding a second copy of the image in memory."""
+    to flow_grpo's ``BytesIO``, and the JPEG is never held in memory."""
 
     def __init__(self) -> None:
         self.written = 0
@@ -62,7 +62,7 @@ class JpegScorer(ImageScorer):
     """The JPEG size of each image, turned into the reward by ``reward`` (each rule a subclass)."""
 
     batched = False  # no model call to batch: each request's images are encoded on its thread
-    # The rule's name in flow_grpo (its function, and its ``multi_score`` key).
+    # The rule, as ``/info`` shows it.
     rule: ClassVar[str]
 
     def setup(self, device: str) -> None:
@@ -73,11 +73,11 @@ class JpegScorer(ImageScorer):
 
     def prepare_images(self, images: list[Image.Image], prompts: list[str], metadata: dict[str, Any]) -> list[Any]:
         def encode(distinct: list[Image.Image]) -> list[float]:
-            sizes = []
+            rewards = []
             for image in distinct:
                 check_deadline("encoding its images as JPEG")
-                sizes.append(self.reward(jpeg_kb(image)))
-            return sizes
+                rewards.append(self.reward(jpeg_kb(image)))
+            return rewards
 
         return once_per_image(images, encode)
 
