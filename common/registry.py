@@ -153,6 +153,22 @@ SERVICES: dict[str, Service] = {
             preflight="services.judge.settings:preflight",
             image=True,
         ),
+        *(
+            Service(
+                name=name,
+                port=port,
+                scorer=f"services.jpeg.scorer:{scorer}",
+                # No model: the JPEG encoding runs on the CPU, one worker.
+                uses_gpu=False,
+                requirements=("requirements.txt",),
+                venv="jpeg",
+                image=True,
+            )
+            for name, port, scorer in (
+                ("jpeg_compressibility", 18091, "JpegCompressibilityScorer"),
+                ("jpeg_incompressibility", 18092, "JpegIncompressibilityScorer"),
+            )
+        ),
         Service(
             name="multi",
             port=18100,

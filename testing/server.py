@@ -189,3 +189,10 @@ def metric_total(url: str, name: str) -> float:
     """A metric's samples summed over their labels, from /metrics (``scorer_images_decoded_total``)."""
     text = requests.get(url + "/metrics", timeout=10).text
     return sum(float(value) for value in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

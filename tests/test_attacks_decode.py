@@ -21,7 +21,7 @@ from PIL import Image, PngImagePlugin
 from common.client import ScorerClient
 from testing.images import render_text
 from testing.ocr import OCR_LIMITS, bounded, memory_kb, peak_memory_reset, timed_post
-from testing.server import Server, gunicorn_server
+from testing.server import Server, cpu_seconds, gunicorn_server
 
 GOOD = render_text("Hello")  # JPEG, 512x512, scores 1.0
 
@@ -32,13 +32,6 @@ def fresh_ocr(tmp_path) -> Iterator[Server]:
     that heap freed by an earlier request (reused without raising the peak) does not hide one."""
     with gunicorn_server("ocr", OCR_LIMITS, threads=128, log_dir=tmp_path) as server:
         yield server
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process so far (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def chunk(kind: bytes, data: bytes) -> bytes:

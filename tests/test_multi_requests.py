@@ -13,6 +13,7 @@ from common.errors import PayloadTooLarge, Unprocessable
 from common.media import MEAN, MediaRequest
 from common.rewards import Wanted, from_query, requested, rewards_url
 from common.scorer import Combined, ImageScorer
+from common.settings import CoreSettings
 from services.multi.scorer import combined_results
 
 pytestmark = pytest.mark.unit
@@ -85,7 +86,10 @@ def test_which_rewards_a_node_serves_together() -> None:
 def test_the_image_entries_are_image_scorers() -> None:
     """What the multi service may list: each is an ``ImageScorer`` (one decode shared by all)."""
     images = [name for name, service in registry.SERVICES.items() if service.image]
-    assert images == ["ocr", "aesthetic", "pickscore", "clipscore", "hpsv2", "hpsv3", "geneval", "judge"]
+    assert images == [
+        *("ocr", "aesthetic", "pickscore", "clipscore", "hpsv2", "hpsv3", "geneval", "judge"),
+        *("jpeg_compressibility", "jpeg_incompressibility"),
+    ]
     assert all(issubclass(registry.load_scorer_class(name), ImageScorer) for name in images)
 
 
@@ -161,6 +165,27 @@ def test_a_dropped_reward_never_raises_a_samples_sum(weight: float, bounds: tupl
     for score in [low, high, *(low + (high - low) * step / 8 for step in range(1, 8))]:
         (scored,) = combined_results([{"geneval": score, "ocr": 0.5}], wanted, [range(0, 1)], None, every)
         assert dropped.score <= scored.score, (score, dropped.score, scored.score)
+
+
+@pytest.mark.parametrize("weight", [2.0, -0.5, 0.0])
+@pytest.mark.parametrize("name", ["jpeg_compressibility", "jpeg_incompressibility"])
+def test_a_dropped_jpeg_reward_never_raises_a_samples_sum(name: str, weight: float) -> None:
+    """flow_grpo's JPEG compressibility (-kB / 500) is always negative and has no lowest score
+    short of the pixel limit's worst case; its incompressibility (kB) no highest. Dropped where
+    its worst term is unbounded (compressibility under a positive weight, incompressibility
+    under a negative one), the sample gets no sum (NaN, no verdict); elsewhere its term is the
+    weight times 0. Never above the sum with it scored, whatever size the JPEG would have had."""
+    scorer = registry.load_scorer_class(name)(CoreSettings())
+    wanted = {name: Wanted(weight, optional=True), "ocr": Wanted(1.0)}
+    every = {name: scorer.score_bounds(), "ocr": UNIT}
+    failure = Unprocessable("the JPEG encoder failed")
+    (dropped,) = combined_results([{name: failure, "ocr": 0.5}], wanted, [range(0, 1)], None, every)
+    assert dropped.dropped
+    unbounded = weight > 0 if name == "jpeg_compressibility" else weight < 0
+    assert math.isnan(dropped.score) if unbounded else dropped.score == 0.5
+    for kb in [0.631, 5.3, 616.0, 40_000.0]:  # a 1x1 image's JPEG, ..., noise at the pixel limit
+        (scored,) = combined_results([{name: scorer.reward(kb), "ocr": 0.5}], wanted, [range(0, 1)], None, every)
+        assert unbounded or dropped.score <= scored.score, (kb, dropped.score, scored.score)
 
 
 def test_each_samples_images_and_a_sample_alone() -> None:
