@@ -37,6 +37,9 @@ V1_SIZE = (512, 512)
 # flow_grpo's Qwen-VL judge hands its images to qwen_vl_utils, whose fetch_image resizes each
 # (bicubic) to Qwen2-VL's smart size between these bounds before the processor sees it.
 QWENVL_PIXELS = (4 * qwen_resize.FACTOR**2, 16384 * qwen_resize.FACTOR**2)
+# flow_grpo's reward names (``multi_score`` in flow_grpo/rewards.py) of the judges it calls: its
+# ``unifiedreward`` is UnifiedReward v1, not the 2.0 judge named ``unifiedreward`` here.
+FLOW_GRPO_NAMES = {"qwenvl": "qwenvl", "unifiedreward-v1": "unifiedreward"}
 PARSE_FAILURE = "parse_failure"
 # Set while the judge's own service prepares a request: only there are a video's frames made one
 # item (``video_samples``); the multi service would judge them one by one.
@@ -124,6 +127,10 @@ class JudgeScorer(ImageScorer):
             if not served:
                 raise ConfigError(f"the engine at {s.engine} serves no model")
             self.model = served[0]
+
+    def aliases(self) -> tuple[str, ...]:
+        """flow_grpo's name of this judge in a multi request (``multi_score``'s keys)."""
+        return (FLOW_GRPO_NAMES[self.settings.judge],) if self.settings.judge in FLOW_GRPO_NAMES else ()
 
     def score_bounds(self) -> tuple[float, float]:
         """Every judge's score is in [0, 1]: a 1-5 score over 5 or rescaled, a win rate, the OCR

@@ -69,6 +69,14 @@ def test_pointwise_failure_scores_by_the_setting(monkeypatch: pytest.MonkeyPatch
     assert results[2].score == failed or (math.isnan(failed) and math.isnan(results[2].score))
 
 
+def test_flow_grpos_names_of_the_judges_it_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi request may name a judge as flow_grpo's ``multi_score`` does: its ``unifiedreward``
+    is UnifiedReward v1, never the 2.0 judge of that name here."""
+    names = {judge: scorer(monkeypatch, judge, "nan", None).aliases() for judge in ("qwenvl", "unifiedreward-v1")}
+    assert names == {"qwenvl": ("qwenvl",), "unifiedreward-v1": ("unifiedreward",)}
+    assert scorer(monkeypatch, "unifiedreward", "nan", None).aliases() == ()
+
+
 def test_tie_is_for_the_pairwise_judge_only(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="pairwise"):
         scorer(monkeypatch, "unifiedreward", "tie", None)
