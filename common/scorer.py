@@ -202,6 +202,11 @@ class ImageScorer(Scorer):
         scorer whose metadata holds an entry per sample (GenEval's) keeps theirs. Default: as it is."""
         return metadata
 
+    def aliases(self) -> tuple[str, ...]:
+        """Other names a multi request may give this reward, once set up from its settings:
+        flow_grpo's for it (``multi_score``'s keys), where they are not its service's. Default: none."""
+        return ()
+
     def score_bounds(self) -> tuple[float, float]:
         """The lowest and highest score the scorer can give, once set up: what a sample that drops
         it as an optional reward of the multi service is counted at, so that a drop never raises a

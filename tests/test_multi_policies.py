@@ -117,3 +117,17 @@ def test_multi_is_not_ready_while_a_rewards_engine_is_down(tmp_path: Path) -> No
         wait_until(
             lambda: requests.get(server.url + "/ready", timeout=30).status_code == 200, "ready again", pause_s=0.5
         )
+
+
+def test_a_flow_grpo_reward_fn_names_the_judge_by_flow_grpos_name(tmp_path: Path) -> None:
+    """flow_grpo's ``reward_fn = {"ocr": 1, "qwenvl": 0.5}`` is one URL, ``details`` keyed by its
+    names; the judge named twice, or by a name of a judge it is not, is a 422."""
+    reply = "<Thought>\nSharp.\n</Thought>\n<Score>4</Score>"
+    with judge_beside_ocr("qwenvl", "nan", lambda _: reply, tmp_path) as (s, _):
+        status, answer = post(s, "?ocr=1&qwenvl=0.5", [OPEN, CLOSED])
+        assert status == 200 and answer["details"] == {"ocr": [1.0, 1.0], "qwenvl": [0.8, 0.8]}, answer
+        assert answer["scores"] == [pytest.approx(1.4)] * 2, answer
+        status, answer = post(s, "?qwenvl=1&judge=1", [OPEN])
+        assert status == 422 and "gives 'judge' twice" in answer["error"], answer
+        status, answer = post(s, "?unifiedreward=1", [OPEN])
+        assert status == 422 and "it serves ocr, judge (also by the names qwenvl)" in answer["error"], answer

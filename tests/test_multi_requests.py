@@ -59,6 +59,27 @@ def test_bad_metadata_weights_are_refused(weight: object) -> None:
         requested([], {"rewards": {"ocr": weight}}, SERVED)
 
 
+def test_a_reward_named_by_its_alias_is_that_reward_keyed_by_the_alias() -> None:
+    """flow_grpo's names of the judges (``qwenvl``; ``unifiedreward``, UnifiedReward v1): the
+    served reward, its ``details`` keyed by the name the request gave."""
+    aliases = {"qwenvl": "judge"}
+    served = ["ocr", "judge"]
+    assert requested([("qwenvl", "0.5!optional")], {}, served, aliases) == {"judge": Wanted(0.5, True, "qwenvl")}
+    assert requested([], {"rewards": {"ocr": 1, "qwenvl": 2}}, served, aliases) == {
+        "ocr": Wanted(1.0),
+        "judge": Wanted(2.0, alias="qwenvl"),
+    }
+    with pytest.raises(Unprocessable, match=r"gives 'judge' twice \(as 'qwenvl'\)"):
+        requested([], {"rewards": {"judge": 1, "qwenvl": 2}}, served, aliases)
+    with pytest.raises(Unprocessable, match=r"names 'unifiedreward'.*serves ocr, judge \(also by the names qwenvl\)"):
+        requested([("unifiedreward", "1")], {}, served, aliases)
+    images = [{"ocr": 1.0, "judge": 0.8}]
+    (result,) = combined_results(
+        images, {"ocr": Wanted(1.0), "judge": Wanted(0.5, alias="qwenvl")}, [range(1)], None, {}
+    )
+    assert isinstance(result, Combined) and result.details == {"ocr": 1.0, "qwenvl": 0.8} and result.score == 1.4
+
+
 def test_the_clients_query() -> None:
     assert rewards_url("http://node:18100") == "http://node:18100/"
     url = rewards_url("http://node:18100/", {"ocr": 0.7, "pickscore": 0.3}, optional=["pickscore"])

@@ -19,7 +19,6 @@ NumPy, PIL and tokenizers only: no torch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,19 +26,19 @@ import numpy as np
 from PIL import Image
 from tokenizers import Tokenizer
 
+from common import qwen_resize
+
 REWARD_TOKEN = "<|Reward|>"
 IMAGE_TOKEN = "<|image_pad|>"
 # Qwen2-VL's vision input: 14-pixel patches merged 2 x 2, so each LLM token covers 28 x 28 pixels.
 PATCH = 14
-FACTOR = 2 * PATCH
+FACTOR = qwen_resize.FACTOR
 # A patch's pixel values: 3 channels x 2 frames (an image repeated in time) x 14 x 14, float32.
 PATCH_BYTES = 3 * 2 * PATCH * PATCH * 4
 # A token id in an item's tuple: the slot, and the int object when not shared.
 ID_BYTES = 8 + 28
 # HPSv3 reads every image at 256 tokens' worth of pixels (min_pixels = max_pixels).
 PIXELS = 256 * FACTOR * FACTOR
-# Qwen2-VL's smart resize refuses more extreme shapes.
-MAX_RATIO = 200
 
 # HPSv3's instruction (``hpsv3.dataset.data_collator_qwen.INSTRUCTION``), trailing spaces included.
 INSTRUCTION = (
@@ -90,19 +89,7 @@ def smart_resize(height: int, width: int, pixels: int = PIXELS) -> tuple[int, in
     """Qwen2-VL's smart resize with min = max = ``pixels``: (height, width), each a multiple of
     28, their product near ``pixels`` (above or below it by the rounding, so the number of
     tokens depends on the aspect ratio: 256 for a square)."""
-    if max(height, width) / min(height, width) > MAX_RATIO:
-        raise ValueError(f"aspect ratio over {MAX_RATIO}")
-    h_bar = max(FACTOR, round(height / FACTOR) * FACTOR)
-    w_bar = max(FACTOR, round(width / FACTOR) * FACTOR)
-    if h_bar * w_bar > pixels:
-        beta = math.sqrt(height * width / pixels)
-        h_bar = math.floor(height / beta / FACTOR) * FACTOR
-        w_bar = math.floor(width / beta / FACTOR) * FACTOR
-    elif h_bar * w_bar < pixels:
-        beta = math.sqrt(pixels / (height * width))
-        h_bar = math.ceil(height * beta / FACTOR) * FACTOR
-        w_bar = math.ceil(width * beta / FACTOR) * FACTOR
-    return h_bar, w_bar
+    return qwen_resize.smart_resize(height, width, pixels, pixels)
 
 
 def image_tokens(height: int, width: int) -> int:

@@ -23,14 +23,17 @@ class ParseFailure(ValueError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """The published sampling parameters of a judge's chat completion."""
+    """The published sampling parameters of a judge's chat completion; one left None is not
+    sent, so the engine applies the model's own generation config, as ``generate`` does."""
 
-    temperature: float
+    temperature: float | None
     max_tokens: int
     top_p: float | None = None
 
     def body(self) -> dict[str, float | int]:
-        body: dict[str, float | int] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        body: dict[str, float | int] = {"max_tokens": self.max_tokens}
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
         if self.top_p is not None:
             body["top_p"] = self.top_p
         return body
@@ -44,6 +47,8 @@ UNIFIED_REWARD_V1_SAMPLING = Sampling(temperature=0.0, max_tokens=512)
 THINK_SAMPLING = Sampling(temperature=0.0, max_tokens=4096)
 # VeRL-Omni's genrm_ocr.py.
 VLM_OCR_SAMPLING = Sampling(temperature=0.7, top_p=0.8, max_tokens=4096)
+# flow_grpo's qwenvl.py: ``generate(max_new_tokens=2048)``, the rest the model's generation config.
+QWENVL_SAMPLING = Sampling(temperature=None, max_tokens=2048)
 
 
 def unified_reward_prompt(caption: str) -> str:
@@ -225,6 +230,28 @@ def think_video_prompt(caption: str) -> str:
     return _THINK_VIDEO_TEMPLATE.replace("{caption}", caption)
 
 
+# flow_grpo's Qwen2.5-VL aesthetic task (``QwenVLScorer.task`` in flow_grpo/qwenvl.py), word for
+# word, its line breaks included; sent after the image, the caption not at all.
+QWENVL_TASK = """
+Your role is to evaluate the aesthetic quality score of given images.
+1. Bad: Extremely blurry, underexposed with significant noise, indiscernible
+subjects, and chaotic composition.
+2. Poor: Noticeable blur, poor lighting, washed-out colors, and awkward
+composition with cut-off subjects.
+3. Fair: In focus with adequate lighting, dull colors, decent composition but
+lacks creativity.
+4. Good: Sharp, good exposure, vibrant colors, thoughtful composition with
+a clear focal point.
+5. Excellent: Exceptional clarity, perfect exposure, rich colors, masterful
+composition with emotional impact.
+
+Please first provide a detailed analysis of the evaluation process, including the criteria for judging aesthetic quality, within the <Thought> tag. Then, give a final score from 1 to 5 within the <Score> tag.
+<Thought>
+[Analyze the evaluation process in detail here]
+</Thought>
+<Score>X</Score>
+"""  # noqa: E501  (the published text)
+
 VLM_OCR_SYSTEM = "You are a helpful assistant."
 VLM_OCR_PROMPT = "Please output only the text content from the image without any additional descriptions or formatting."
 
@@ -234,6 +261,8 @@ _AXIS = re.compile(rf"(Alignment|Coherence|Style)\s+Score\s*(?:\(1-5\))?\s*:\s*(
 AXES = ("alignment", "coherence", "style")
 # flow_grpo's ``Final Score:`` label, followed by the whole number written after it.
 _FINAL = re.compile(rf"Final Score:\s*({_NUMBER})")
+# flow_grpo's qwenvl.py ``extract_scores`` pattern: whole numbers only (``<Score>3.5</Score>`` is none).
+_SCORE_TAG = re.compile(r"<Score>(\d+)</Score>")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_CLOSE = "</think>"
 
@@ -281,6 +310,13 @@ def parse_unified_reward_v1(reply: str) -> float:
     10`` is 1) and scores a reply without one 0."""
     _check_length(reply)
     return _on_scale(_one_value(_FINAL.findall(reply), "final score"), 1, 5, "final score")
+
+
+def parse_qwenvl(reply: str) -> float:
+    """The 1-5 ``<Score>N</Score>`` of a Qwen-VL aesthetic reply. flow_grpo's ``extract_scores``
+    takes the first tag, scores a reply without one 0 and one out of range unbounded (``9``: 1.8)."""
+    _check_length(reply)
+    return _on_scale(_one_value(_SCORE_TAG.findall(reply), "<Score>"), 1, 5, "<Score>")
 
 
 def parse_think(reply: str, subject: str = "Image") -> int:

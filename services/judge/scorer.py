@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from common import qwen_resize
 from common.clients import current_client
 from common.config import ConfigError, describe, env_name, from_env
 from common.deadlines import current_deadline
 from common.errors import PayloadTooLarge, Unprocessable
-from common.images import once_per_image
+from common.images import once_per_image, shown_size
 from common.media import MediaRequest, VideoRule
 from common.scorer import ImageScorer, Query, Samples, Scored
 from common.settings import CoreSettings
@@ -33,6 +34,12 @@ from services.ocr.reward import RuleOptions, check_targets, reward
 
 # flow_grpo resizes each image to 512x512 before sending it to UnifiedReward v1.
 V1_SIZE = (512, 512)
+# flow_grpo's Qwen-VL judge hands its images to qwen_vl_utils, whose fetch_image resizes each
+# (bicubic) to Qwen2-VL's smart size between these bounds before the processor sees it.
+QWENVL_PIXELS = (4 * qwen_resize.FACTOR**2, 16384 * qwen_resize.FACTOR**2)
+# flow_grpo's reward names (``multi_score`` in flow_grpo/rewards.py) of the judges it calls: its
+# ``unifiedreward`` is UnifiedReward v1, not the 2.0 judge named ``unifiedreward`` here.
+FLOW_GRPO_NAMES = {"qwenvl": "qwenvl", "unifiedreward-v1": "unifiedreward"}
 PARSE_FAILURE = "parse_failure"
 # Set while the judge's own service prepares a request: only there are a video's frames made one
 # item (``video_samples``); the multi service would judge them one by one.
@@ -56,6 +63,22 @@ def data_url(image: Image.Image) -> str:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def qwenvl_sized(image: Image.Image) -> Image.Image:
+    """The image as qwen_vl_utils hands it to the processor in flow_grpo's Qwen-VL judge: resized
+    to its smart size, bicubic (the engine's processor then leaves a size it already fits)."""
+    height, width = qwen_resize.smart_resize(image.height, image.width, *QWENVL_PIXELS)
+    return image.resize((width, height), Image.Resampling.BICUBIC)
+
+
+def _sent(judge: str, image: Image.Image) -> Image.Image:
+    """The image as the judge's published client sends it."""
+    if judge == "unifiedreward-v1":
+        return image.resize(V1_SIZE)
+    if judge == "qwenvl":
+        return qwenvl_sized(image)
+    return image
 
 
 def _show_reply(metadata: dict[str, Any]) -> bool:
@@ -105,6 +128,10 @@ class JudgeScorer(ImageScorer):
                 raise ConfigError(f"the engine at {s.engine} serves no model")
             self.model = served[0]
 
+    def aliases(self) -> tuple[str, ...]:
+        """flow_grpo's name of this judge in a multi request (``multi_score``'s keys)."""
+        return (FLOW_GRPO_NAMES[self.settings.judge],) if self.settings.judge in FLOW_GRPO_NAMES else ()
+
     def score_bounds(self) -> tuple[float, float]:
         """Every judge's score is in [0, 1]: a 1-5 score over 5 or rescaled, a win rate, the OCR
         rule's score; a parse failure's fill (0, or the request's mean) is too."""
@@ -116,6 +143,13 @@ class JudgeScorer(ImageScorer):
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:
         _show_reply(request.metadata)
+        if self.settings.judge == "qwenvl":
+            for image, name in zip(images, request.names):
+                width, height = shown_size(image)
+                try:
+                    qwen_resize.smart_resize(height, width, *QWENVL_PIXELS)
+                except ValueError as exc:
+                    raise Unprocessable(f"{name} is {width}x{height}: Qwen2.5-VL takes no {exc}") from None
         if self.settings.judge == "vlm-ocr":
             for index, prompt in enumerate(request.prompts, request.first_prompt):
                 check_targets(prompt, self.ocr_options, index)
@@ -144,10 +178,9 @@ class JudgeScorer(ImageScorer):
 
     def prepare_images(self, images: list[Image.Image], prompts_: list[str], metadata: dict[str, Any]) -> list[Any]:
         show = _show_reply(metadata)
-        resize = self.settings.judge == "unifiedreward-v1"
 
         def encode(batch: list[Image.Image]) -> list[str]:
-            return [data_url(image.resize(V1_SIZE) if resize else image) for image in batch]
+            return [data_url(_sent(self.settings.judge, image)) for image in batch]
 
         urls = once_per_image(images, encode)
         targets: dict[str, list[str] | None] = {}
@@ -205,7 +238,9 @@ class JudgeScorer(ImageScorer):
                 {"role": "user", "content": [image, {"type": "text", "text": prompts.VLM_OCR_PROMPT}]},
             ]
             return self._body(messages, prompts.VLM_OCR_SAMPLING)
-        if judge == "unifiedreward-v1":
+        if judge == "qwenvl":
+            text, sampling = prompts.QWENVL_TASK, prompts.QWENVL_SAMPLING
+        elif judge == "unifiedreward-v1":
             text, sampling = prompts.unified_reward_v1_prompt(item.prompt), prompts.UNIFIED_REWARD_V1_SAMPLING
         else:
             text, sampling = prompts.unified_reward_prompt(item.prompt), prompts.UNIFIED_REWARD_SAMPLING
@@ -222,6 +257,9 @@ class JudgeScorer(ImageScorer):
             if judge == "unifiedreward-v1":
                 final = prompts.parse_unified_reward_v1(reply.text)
                 return Scored(final / 5.0, {**extras, "final_score": final})
+            if judge == "qwenvl":
+                rating = prompts.parse_qwenvl(reply.text)
+                return Scored(rating / 5.0, {**extras, "rating": rating})
             axes = prompts.parse_unified_reward(reply.text)
             return Scored(prompts.unified_reward_score(axes), {**extras, **axes})
         except ParseFailure as exc:

@@ -22,7 +22,7 @@ PARSE_FAILURE_HELP = (
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    judge: Literal["unifiedreward", "unifiedreward-v1", "unifiedreward-think", "vlm-ocr"] = setting(
+    judge: Literal["unifiedreward", "unifiedreward-v1", "unifiedreward-think", "vlm-ocr", "qwenvl"] = setting(
         "unifiedreward", "which judge: the published prompt and reply rule", flag=True
     )
     engine: str = setting(

@@ -70,6 +70,8 @@ class CombinedScorer(Scorer):
             raise ConfigError(str(exc)) from None
         self.rewards: dict[str, ImageScorer] = {name: registry.load_scorer_class(name)(core) for name in names}
         self.runtimes = {name: ScorerRuntime(scorer) for name, scorer in self.rewards.items()}
+        # flow_grpo's names of the rewards, where they are not the services' (the judge's ``qwenvl``).
+        self.aliases = {alias: name for name, scorer in self.rewards.items() for alias in scorer.aliases()}
         # The rules a request may name: any reward's; one that a reward does not offer is the mean for it.
         self.video_rules: dict[str, VideoRule] = {
             rule.name: rule for scorer in self.rewards.values() for rule in scorer.video_rules.values()
@@ -94,7 +96,7 @@ class CombinedScorer(Scorer):
 
     def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
         request = parse_media_request(payload, self.core, self.video_rules)
-        wanted = requested(query, request.metadata, list(self.rewards))
+        wanted = requested(query, request.metadata, list(self.rewards), self.aliases)
         opened = open_images(request.images, self.core, request.names)
         spans = request.spans
         entries: list[dict[str, Any]] = [{} for _ in request.images]
@@ -272,7 +274,8 @@ def combined_results(
     rules: Mapping[str, VideoRule] | None,
     bounds: Mapping[str, tuple[float, float]],
 ) -> list[Result]:
-    """Each image's results by reward -> each sample's ``Combined``: each reward's score (a
+    """Each image's results by reward -> each sample's ``Combined``: each reward's score, keyed
+    by the name the request gave it (a
     video's by its rule for that reward, ``rules``; None for images, and a video's frames'
     scores by reward, ``frame_details``) and their weighted sum. Each reward's failure for a
     sample follows that reward's own policy, never another sample's:
@@ -301,14 +304,15 @@ def combined_results(
         verdict = True
         failure: BaseException | None = None
         for name, want in wanted.items():
+            key = want.alias or name
             values = [images[i][name] for i in span]
             error = next((value for value in values if isinstance(value, BaseException)), None)
-            frames[name] = [math.nan] * len(span)
-            details[name] = math.nan
+            frames[key] = [math.nan] * len(span)
+            details[key] = math.nan
             if error is None:
-                score, frames[name] = _score(values, rules[name] if rules is not None else None)
+                score, frames[key] = _score(values, rules[name] if rules is not None else None)
                 if math.isfinite(score):
-                    details[name] = score
+                    details[key] = score
                     weighted.append(want.weight * score)
                     measured = measured or want.weight != 0
                     continue

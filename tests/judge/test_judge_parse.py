@@ -114,3 +114,27 @@ def test_think_reads_a_video_comparisons_answer() -> None:
     assert prompts.parse_think(video, "Video") == 2
     with pytest.raises(ParseFailure, match="Video 1 is better"):
         prompts.parse_think(THINK, "Video")  # an image's answer to a video comparison
+
+
+def test_qwenvl_reads_the_score_tag() -> None:
+    reply = "<Thought>\nSharp, rich colours.\n</Thought>\n<Score>4</Score>"
+    assert prompts.parse_qwenvl(reply) == 4.0
+    assert prompts.parse_qwenvl("<Score>05</Score> ... <Score>5</Score>") == 5.0  # the same score twice
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "",
+        "<Score>X</Score>",  # the task's own template, echoed
+        "<Score>3.5</Score>",  # flow_grpo's pattern takes whole numbers only: 0 there
+        "<score>4</score>",
+        "<Score>0</Score>",
+        "<Score>9</Score>",  # flow_grpo: 1.8
+        "<Score>2</Score><Score>4</Score>",  # flow_grpo: the first
+        "<Score>4</Score>" + " " * prompts.MAX_REPLY_CHARS,
+    ],
+)
+def test_qwenvl_calls_a_reply_without_a_1_to_5_score_a_failure(reply: str) -> None:
+    with pytest.raises(ParseFailure):
+        prompts.parse_qwenvl(reply)

@@ -4,6 +4,7 @@ pairwise groups, with the engine's replies given (the engine itself: test_judge_
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import math
 from typing import Any
@@ -15,6 +16,7 @@ from common.config import ConfigError
 from common.errors import PayloadTooLarge, Unprocessable
 from common.media import parse_media_request
 from common.settings import CoreSettings
+from services.judge import prompts
 from services.judge.engine import Reply
 from services.judge.scorer import JudgeItem, JudgeScorer
 
@@ -65,6 +67,14 @@ def test_pointwise_failure_scores_by_the_setting(monkeypatch: pytest.MonkeyPatch
     assert [r.score for r in results[:2]] == [1.0, 0.6]
     assert results[2].extras["error_types"] == "parse_failure"
     assert results[2].score == failed or (math.isnan(failed) and math.isnan(results[2].score))
+
+
+def test_flow_grpos_names_of_the_judges_it_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi request may name a judge as flow_grpo's ``multi_score`` does: its ``unifiedreward``
+    is UnifiedReward v1, never the 2.0 judge of that name here."""
+    names = {judge: scorer(monkeypatch, judge, "nan", None).aliases() for judge in ("qwenvl", "unifiedreward-v1")}
+    assert names == {"qwenvl": ("qwenvl",), "unifiedreward-v1": ("unifiedreward",)}
+    assert scorer(monkeypatch, "unifiedreward", "nan", None).aliases() == ()
 
 
 def test_tie_is_for_the_pairwise_judge_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,3 +179,53 @@ def test_pairwise_videos_outside_the_judges_own_service_are_refused(monkeypatch:
 def _shades(urls: tuple[str, ...]) -> list[int]:
     """The grey level of each frame a data URL carries."""
     return [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).getpixel((0, 0))[0] for url in urls]
+
+
+def _image(url: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+
+def test_qwenvl_sends_flow_grpos_chat_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flow_grpo's qwenvl.py: one user message, the image (qwen_vl_utils' smart size, bicubic)
+    then the task, no caption, no system message; 2,048 new tokens, the rest the model's own."""
+    judge = scorer(monkeypatch, "qwenvl", "nan", lambda urls: "<Thought>fine</Thought>\n<Score>4</Score>")
+    noise = Image.frombytes("RGB", (512, 384), bytes(range(256)) * (512 * 384 * 3 // 256))
+    samples = judge.prepare_samples({"images": [_png(noise), png()], "prompts": ["a cat", "a dog"]})
+    results = samples.results(judge.score_request(samples.items))
+    assert [(r.score, r.extras["rating"]) for r in results] == [(0.8, 4.0), (0.8, 4.0)]
+    first, second = judge.engine.bodies
+    assert set(first) == {"model", "messages", "max_tokens"} and first["max_tokens"] == 2048
+    (message,) = first["messages"]
+    image, task = message["content"]
+    assert message["role"] == "user" and task == {"type": "text", "text": prompts.QWENVL_TASK}
+    sent = _image(image["image_url"]["url"])
+    # 512x384 rounds to 504x392 (multiples of 28); the 32x32 image is brought up to 56x56 (4 tokens).
+    assert sent.size == (504, 392) and _image(second["messages"][0]["content"][0]["image_url"]["url"]).size == (56, 56)
+    assert sent.tobytes() == noise.resize((504, 392), Image.Resampling.BICUBIC).tobytes()
+    assert "a cat" not in str(first) and "a dog" not in str(second)
+
+
+@pytest.mark.parametrize(("policy", "failed"), [("nan", math.nan), ("zero", 0.0), ("mean", 1.0)])
+def test_qwenvl_refuses_scores_outside_1_to_5(monkeypatch: pytest.MonkeyPatch, policy: str, failed: float) -> None:
+    """flow_grpo scores ``<Score>9</Score>`` 1.8 and a reply without a score 0: parse failures here."""
+    replies = {"a": "<Score>5</Score>", "b": "<Score>9</Score>", "c": "<Score>0</Score>", "d": "<Score>3.5</Score>"}
+    judge = scorer(monkeypatch, "qwenvl", policy, lambda urls: replies[urls[0]])
+    results = judge.score_request(items(["a", "b", "c", "d"]))
+    assert results[0].score == 1.0
+    for result in results[1:]:
+        assert result.extras["error_types"] == "parse_failure", result
+        assert result.score == failed or (math.isnan(failed) and math.isnan(result.score))
+
+
+def test_qwenvl_refuses_an_image_qwen2_vl_cannot_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the core's own bound (50 by default), Qwen2-VL's: a 422, not the engine's 400 (a 503)."""
+    judge = scorer(monkeypatch, "qwenvl", "nan", None)
+    judge.core = dataclasses.replace(judge.core, max_aspect_ratio=1000.0)
+    with pytest.raises(Unprocessable, match=r"images\[0\] is 402x2: Qwen2\.5-VL takes no aspect ratio over 200"):
+        judge.prepare_samples({"images": [_png(Image.new("RGB", (402, 2)))], "prompts": ["p"]})
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()

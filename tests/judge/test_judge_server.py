@@ -32,6 +32,8 @@ REPLIES = {
     "think": "<think>\nTotal score:\nImage 1: 9+8=17\nImage 2: 7+8=15\n</think>\n<answer>Image 1 is better</answer>",
     "ocr": "HELLO\nWORLD",
     "think-video": "<think>\nVideo 1: 9+8=17\nVideo 2: 7+8=15\n</think>\n<answer>Video 1 is better</answer>",
+    "qwenvl": "<Thought>\nSharp, good exposure.\n</Thought>\n<Score>4</Score>",
+    "qwenvl-9": "<Thought>\nExceptional.\n</Thought>\n<Score>9</Score>",
 }
 
 
@@ -86,6 +88,22 @@ def test_pointwise_scores_the_engines_reply_by_the_published_rule(
 def test_v1_scores_the_final_score_over_5(engine_url: str, models: dict[str, Path], tmp_path: Path) -> None:
     with judge(engine_url, models["v1"], "unifiedreward-v1", tmp_path) as server:
         assert ScorerClient(server.url).scores([blank(64)], ["a cat"]) == [0.8]
+
+
+def test_qwenvl_scores_the_score_tag_over_5_and_refuses_one_out_of_range(
+    engine_url: str, models: dict[str, Path], tmp_path: Path
+) -> None:
+    """flow_grpo's Qwen-VL judge through the engine's chat template and image processor; its
+    ``<Score>9</Score>`` (1.8 in flow_grpo) a parse failure."""
+    images, captions = [blank(512), blank(30)], ["a cat", ""]
+    with judge(engine_url, models["qwenvl"], "qwenvl", tmp_path) as server:
+        answer = ScorerClient(server.url).score(images, captions, {"judge": {"reply": True}})
+        assert answer["scores"] == [0.8, 0.8] and answer["rating"] == [4.0, 4.0], answer
+        assert answer["reply"] == [REPLIES["qwenvl"]] * 2, answer
+    with judge(engine_url, models["qwenvl-9"], "qwenvl", tmp_path) as server:
+        answer = ScorerClient(server.url).score(images, captions)
+        assert all(math.isnan(score) for score in answer["scores"]), answer
+        assert answer["error_types"] == ["parse_failure"] * 2, answer
 
 
 def test_a_reply_that_does_not_parse_is_nan_with_its_error_never_0(

@@ -10,7 +10,6 @@ the modules' transport imports (aiohttp, torch, openai, transformers) are not ne
 
 from __future__ import annotations
 
-import ast
 import math
 import os
 import random
@@ -23,6 +22,7 @@ import pytest
 from services.judge import prompts
 from services.judge.prompts import ParseFailure
 from services.ocr.reward import RuleOptions, check_targets, reward
+from testing import fetched
 
 VERL_OMNI = os.environ.get("SCORER_TEST_VERL_OMNI")
 pytestmark = [
@@ -35,17 +35,7 @@ REPLIES = 3000
 def load(module: str, functions: set[str]) -> dict[str, Any]:
     """The module-level constants and the named functions of VeRL-Omni's reward_score/<module>.py."""
     path = Path(VERL_OMNI or "") / "verl_omni" / "utils" / "reward_score" / f"{module}.py"
-    tree = ast.parse(path.read_text(), str(path))
-    kept = [
-        node
-        for node in tree.body
-        if (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets))
-        or (isinstance(node, ast.FunctionDef) and node.name in functions)
-    ]
-    assert {node.name for node in kept if isinstance(node, ast.FunctionDef)} == functions, path
-    namespace: dict[str, Any] = {"re": re, "os": os}
-    exec(compile(ast.Module(kept, type_ignores=[]), str(path), "exec"), namespace)
-    return namespace
+    return fetched.load(path, functions, {"re": re, "os": os})
 
 
 @pytest.fixture(scope="module")
