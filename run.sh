@@ -382,7 +382,7 @@ case $command in
     fi
     if [ -z "${SCORER_TEST_SKIP_REFERENCE:-}" ] || [ -z "${SCORER_TEST_SKIP_ENGINE:-}" ]; then
       # One environment on torch 2.14.1 with its torchvision: open_clip and torchvision, the CLIP
-      # reward tests' reference libraries (tests/clip_reference.py), and transformers serve, the
+      # reward tests' reference libraries (testing/clip_reference.py), and transformers serve, the
       # judge tests' OpenAI-compatible engine (testing/judge_engine.py).
       ensure_venv reference
       [ -n "${SCORER_TEST_SKIP_REFERENCE:-}" ] || export SCORER_TEST_REFERENCE_PYTHON=$VENV/bin/python

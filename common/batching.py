@@ -74,20 +74,10 @@ class DynamicBatcher:
         self._sequence = itertools.count()
         self._window_start = 0.0
         self._cond = threading.Condition()
-        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the batch in progress; waiting items fail with a retryable error."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        self._thread.join(timeout=5)
-        while self._queue:
-            heapq.heappop(self._queue).future.set_exception(Overloaded("scorer is shutting down"))
 
     def submit(self, items: Sequence[Any], deadline: Deadline) -> list[Future]:
         """Queue all ``items`` or none, waiting for room in deadline order; one future per item,
@@ -98,8 +88,6 @@ class DynamicBatcher:
             )
         futures = [Future() for _ in items]
         with self._cond:
-            if self._stopped:
-                raise Overloaded("scorer is shutting down")
             if deadline.remaining() <= 0:
                 raise Overloaded(f"the request's deadline passed before {self.name}; retry later")
             if self._waiting or len(self._queue) + len(items) > self.max_queue:
@@ -113,14 +101,12 @@ class DynamicBatcher:
 
     def _wait_for_room(self, count: int, deadline: Deadline) -> None:
         """Wait, under the lock, until ``count`` items fit and no request due earlier waits; a
-        retryable 503 when the deadline passes first or the scorer stops."""
+        retryable 503 when the deadline passes first."""
         turn = (deadline.expires, next(self._sequence))
         heapq.heappush(self._waiting, turn)
         try:
             while self._waiting[0] is not turn or len(self._queue) + count > self.max_queue:
                 remaining = deadline.remaining()
-                if self._stopped:
-                    raise Overloaded("scorer is shutting down")
                 if remaining <= 0:
                     raise Overloaded(
                         f"the request's deadline passed while it waited for room in the batch queue at {self.name} "
@@ -144,14 +130,12 @@ class DynamicBatcher:
                 if self._waiting:
                     self._cond.notify_all()  # room for those waiting
 
-    def _take_batch(self) -> list[_Entry] | None:
+    def _take_batch(self) -> list[_Entry]:
         with self._cond:
-            while not self._queue and not self._stopped:
+            while not self._queue:
                 self._cond.wait()
-            if self._stopped:
-                return None
             closes = self._window_start + self.max_wait_s
-            while len(self._queue) < self.max_batch and not self._stopped:
+            while len(self._queue) < self.max_batch:
                 remaining = closes - self._clock()
                 if remaining <= 0:
                     break
@@ -163,9 +147,9 @@ class DynamicBatcher:
             return batch
 
     def _loop(self) -> None:
-        while (taken := self._take_batch()) is not None:
+        while True:
             # Items whose request gave up (deadline passed, cancelled) are not scored.
-            batch = [entry for entry in taken if entry.future.set_running_or_notify_cancel()]
+            batch = [entry for entry in self._take_batch() if entry.future.set_running_or_notify_cancel()]
             if not batch:
                 continue
             started = self._clock()

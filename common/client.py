@@ -16,17 +16,19 @@ import io
 import json
 import pickle
 import sys
-import time
-from collections.abc import Collection, Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
-import requests
 
 from common.retry import Answer, RetryPolicy, ScorerRequestError, post_async
 from common.rewards import rewards_url
 from common.wire import SafeUnpickler, WireFormat
+
+T = TypeVar("T")
 
 __all__ = ["AsyncScorerClient", "RetryPolicy", "ScorerClient", "ScorerRequestError", "settle"]
 
@@ -88,30 +90,34 @@ class _Client:
 
 
 class ScorerClient(_Client):
-    """Blocking client: ``scores(images, prompts)`` returns one float per image."""
+    """Blocking client: ``scores(images, prompts)`` returns one float per image. Its calls run
+    the async client's ``post_async`` on an event loop of its own (one thread, one connection
+    pool), so that both clients have one retry loop and an attempt is bounded whole by its
+    timeout, however slowly a server sends (``requests``' timeout bounds each read only).
+    ``close()`` (or ``with``) ends the loop; an unreferenced client closes itself."""
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
-        self.session = requests.Session()
-        self.session.headers.update(self.auth)
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="scorer-client", daemon=True).start()
+        self._session = self._run(_open_session(self.auth))
+        self._finalizer = weakref.finalize(self, _close, self._loop, self._session)
+
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
     def post(self, body: bytes, headers: dict[str, str]) -> Answer:
-        """``common.retry.post_async``'s blocking twin: the same policy, the same body each attempt."""
-        policy = self.policy
-        for attempt in range(policy.attempts):
-            try:
-                response = self.session.post(self.url, data=body, headers=headers, timeout=policy.attempt_timeout_s)
-            except (requests.ConnectionError, requests.Timeout):
-                if attempt == policy.retries:
-                    raise
-            else:
-                answer = Answer(
-                    response.status_code, response.content, response.headers.get("Content-Type", ""), attempt + 1
-                )
-                if not policy.retryable(answer.status) or attempt == policy.retries:
-                    return answer
-            time.sleep(policy.delay(attempt))
-        raise AssertionError("unreachable")
+        """``common.retry.post_async``, the async client's, on this client's loop."""
+        return self._run(post_async(self._session, self.url, body, self.policy, headers))
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> ScorerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def score(
         self, images: Sequence[bytes], prompts: Sequence[str], metadata: dict[str, Any] | None = None
@@ -125,6 +131,16 @@ class ScorerClient(_Client):
         return self.score(images, prompts, metadata)["scores"]
 
 
+async def _open_session(headers: dict[str, str], connections: int = 100) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=connections))
+
+
+def _close(loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> None:
+    """A blocking client's end: its session closed on its loop, then the loop stopped."""
+    asyncio.run_coroutine_threadsafe(session.close(), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+
+
 class AsyncScorerClient(_Client):
     """asyncio client, shaped like VeRL-Omni's: one request per image, gathered."""
 
@@ -134,9 +150,7 @@ class AsyncScorerClient(_Client):
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AsyncScorerClient:
-        self._session = aiohttp.ClientSession(
-            headers=self.auth, connector=aiohttp.TCPConnector(limit=self._connections)
-        )
+        self._session = await _open_session(self.auth, self._connections)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -175,10 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     weights = json.loads(args.weights) if args.weights else None
-    client = ScorerClient(args.url, fmt="json" if args.json else "pickle", token=args.token, weights=weights)
     try:
-        score = client.scores([args.image.read_bytes()], [args.prompt], json.loads(args.metadata))[0]
-    except (ScorerRequestError, requests.RequestException, OSError) as exc:
+        with ScorerClient(args.url, fmt="json" if args.json else "pickle", token=args.token, weights=weights) as client:
+            score = client.scores([args.image.read_bytes()], [args.prompt], json.loads(args.metadata))[0]
+    except (ScorerRequestError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(score)

@@ -7,21 +7,11 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from common.config import env_name
 from common.errors import PayloadTooLarge, Unprocessable, quote
 from common.settings import CoreSettings
-
-
-@dataclass(frozen=True)
-class ImageRequest:
-    """A validated image request: raw image bytes, prompts and the free-form metadata."""
-
-    images: list[bytes]
-    prompts: list[str]
-    metadata: dict[str, Any]
 
 
 def encoded_image(value: Any, name: str) -> bytes:
@@ -80,21 +70,6 @@ def check_items(count: int, what: str, core: CoreSettings) -> None:
         raise PayloadTooLarge(
             f"{count} {what} in one request; the limit is {core.max_items} ({env_name('', 'max_items')})"
         )
-
-
-def parse_image_request(payload: dict[str, Any], core: CoreSettings) -> ImageRequest:
-    """Check the shape and limits of an image request; raise a clear 413/422 otherwise."""
-    images = payload.get("images")
-    if not isinstance(images, (list, tuple)):
-        raise Unprocessable("'images' must be a list of encoded images")
-    metadata = check_metadata(payload)
-    check_items(len(images), "images", core)
-    prompts = check_prompts(payload.get("prompts"), len(images), "image", core)
-    return ImageRequest(
-        images=encoded_images(images, image_names(len(images))),
-        prompts=prompts,
-        metadata=metadata,
-    )
 
 
 def image_names(count: int) -> list[str]:

@@ -288,18 +288,6 @@ def load_images(images: Sequence[Image.Image], names: Sequence[str] | None = Non
     return once_each(images, names, load)
 
 
-def decode_images(data: Sequence[bytes], core: CoreSettings, names: Sequence[str] | None = None) -> list[Image.Image]:
-    """Decode a request's images to RGB once all their headers are within the limits."""
-    return load_images(open_images(data, core, names), names)
-
-
-def decode_image(data: bytes, max_pixels: int, name: str = "images[0]") -> Image.Image:
-    """Decode one image to RGB; the size is checked from the header first."""
-    image = open_image(data, name)
-    _check_pixels(image, max_pixels, name)
-    return load_image(image, name)
-
-
 def _check_pixels(image: Image.Image, max_pixels: int, name: str) -> None:
     width, height = image.size
     if width * height > max_pixels:

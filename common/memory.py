@@ -15,6 +15,7 @@ import ctypes.util
 import gc
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 log = logging.getLogger(__name__)
@@ -35,13 +36,21 @@ def _malloc_trim() -> Callable[[], object] | None:
 
 class Reclaimer:
     """Counts the requests in flight; a daemon thread reclaims memory once they are none for
-    ``quiet_s`` seconds (``reclaim``: the collection and trim, by default)."""
+    ``quiet_s`` seconds on ``clock`` (``reclaim``: the collection and trim, by default)."""
 
-    def __init__(self, quiet_s: float = 0.5, reclaim: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        quiet_s: float = 0.5,
+        reclaim: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.quiet_s = quiet_s
         self._reclaim = reclaim or reclaim_memory
+        self._clock = clock  # a test's own, to move by hand
         self._active = 0
         self._ended = 0  # requests ended, so that the thread sees one that came and went
+        self._reclaimed = 0  # of those, how many had ended when memory was last reclaimed
+        self._last_end = 0.0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -58,27 +67,27 @@ class Reclaimer:
             with self._cond:
                 self._active -= 1
                 self._ended += 1
+                self._last_end = self._clock()
                 self._cond.notify_all()
 
+    def due_in(self) -> float | None:
+        """Seconds until memory is due to be reclaimed (0: now); None while a request is in
+        flight or none has ended since the last reclaim, when only a request's end changes it."""
+        with self._cond:
+            if self._active or self._ended == self._reclaimed:
+                return None
+            return max(0.0, self._last_end + self.quiet_s - self._clock())
+
     def _loop(self) -> None:
-        reclaimed = 0
         while True:
-            reclaimed = self._quiet_after(reclaimed)
+            with self._cond:
+                while (wait_s := self.due_in()) != 0:
+                    self._cond.wait(wait_s)
+                self._reclaimed = self._ended
             try:
                 self._reclaim()
             except Exception:  # never the worker's end: the memory stays as it was
                 log.exception("reclaiming memory failed")
-
-    def _quiet_after(self, reclaimed: int) -> int:
-        """Wait until a request has ended since ``reclaimed`` (a count of ended requests), then
-        until none is in flight and none has ended for ``quiet_s``; the count then."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._ended != reclaimed)
-            while True:
-                seen = self._ended
-                if not self._cond.wait_for(lambda seen=seen: self._active > 0 or self._ended != seen, self.quiet_s):
-                    return seen
-                self._cond.wait_for(lambda: self._active == 0)
 
 
 _TRIM = _malloc_trim()

@@ -5,9 +5,16 @@ client (services/judge/engine.py). Scoring is safe to repeat, so what VeRL-Omni'
 408, 429 and any 5xx, ``retries`` times after ``backoff`` seconds, doubling (up to
 ``backoff_max``); every attempt sends the same body. Any other status is final.
 
-Imports the standard library and aiohttp only (the drop-in runs in the trainer's environment);
-the blocking twin of ``post_async`` is ``common.client.ScorerClient.post``, and
-``call_before`` is the loop of a caller that must answer by a deadline.
+``Attempts`` is the policy applied to one call: each attempt gets the policy's time, cut to what
+is left before the call's deadline, and no pause ends past it, so a whole call is bounded by
+its deadline, however slowly a server sends (an attempt's time bounds it whole: aiohttp's
+``total``, or the judge's exchange, never a per-read timeout). Its two loops are ``post_async``
+(the clients; the blocking client runs it too) and ``call_before`` (a caller that must answer
+by a deadline). Neither urllib3's ``Retry`` nor tenacity fits: ``Retry`` drives only urllib3's
+own blocking requests, pauses 0 s before the first retry (VeRL-Omni's client, 0.5 s) and knows no
+deadline for a call; tenacity would be a new dependency of the drop-in's environment.
+
+Imports the standard library and aiohttp only (the drop-in runs in the trainer's environment).
 """
 
 from __future__ import annotations
@@ -82,37 +89,6 @@ class RetryPolicy:
         return not outcome.isdigit() or self.retryable(int(outcome))
 
 
-async def post_async(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    policy: RetryPolicy,
-    headers: dict[str, str] | None = None,
-    observe: Callable[[str], None] | None = None,
-) -> Answer:
-    """POST ``body`` until an attempt is final by ``policy``; the last attempt's answer. The last
-    attempt's error is raised when it got none. ``observe`` is told each attempt's outcome."""
-    timeout = aiohttp.ClientTimeout(total=policy.attempt_timeout_s)
-    for attempt in range(policy.attempts):
-        try:
-            async with session.post(url, data=body, headers=headers, timeout=timeout) as response:
-                answer = Answer(
-                    response.status, await response.read(), response.headers.get("Content-Type", ""), attempt + 1
-                )
-        except ASYNC_TRANSIENT as exc:
-            if observe is not None:
-                observe(type(exc).__name__)
-            if attempt == policy.retries:
-                raise
-        else:
-            if observe is not None:
-                observe(str(answer.status))
-            if not policy.retryable(answer.status) or attempt == policy.retries:
-                return answer
-        await asyncio.sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")
-
-
 class Retryable(Exception):
     """An attempt that got no usable answer: its outcome (a status, or the name of the error it
     failed with), which the policy judges, and what went wrong, in words."""
@@ -133,6 +109,77 @@ class GaveUp(Exception):
         self.problem = problem
 
 
+class Attempts:
+    """``policy`` applied to one call that must end by ``expires`` (on ``clock``; none by default)."""
+
+    def __init__(self, policy: RetryPolicy, expires: float = math.inf, clock: Callable[[], float] = time.monotonic):
+        self.policy = policy
+        self.expires = expires
+        self.clock = clock
+        self.failed = 0
+
+    def time_for_next(self) -> float:
+        """Seconds the next attempt may take, whole: the policy's, cut to what is left of the
+        call; ``GaveUp("deadline")`` when nothing is left."""
+        remaining = self.expires - self.clock()
+        if remaining <= 0:
+            raise GaveUp("deadline", "did not answer within the deadline")
+        return min(self.policy.attempt_timeout_s, remaining)
+
+    def pause_after(self, outcome: str, problem: str) -> float:
+        """Seconds to pause after an attempt failed with ``outcome``; ``GaveUp`` when the policy
+        does not retry it, the retries ran out or the pause would end past the deadline."""
+        if not self.policy.retried(outcome) or self.failed == self.policy.retries:
+            raise GaveUp("final", problem)
+        delay = self.policy.delay(self.failed)
+        if self.clock() + delay >= self.expires:
+            raise GaveUp("deadline", f"{problem}; no time left to retry")
+        self.failed += 1
+        return delay
+
+
+async def post_async(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    policy: RetryPolicy,
+    headers: dict[str, str] | None = None,
+    observe: Callable[[str], None] | None = None,
+    expires: float = math.inf,
+) -> Answer:
+    """POST ``body`` until an attempt is final by ``policy``, by ``expires`` (``time.monotonic``);
+    the last attempt's answer. The last attempt's error is raised when it got none
+    (``asyncio.TimeoutError`` when the deadline passed first). ``observe`` is told each
+    attempt's outcome."""
+    attempts = Attempts(policy, expires)
+    while True:
+        try:
+            timeout = aiohttp.ClientTimeout(total=attempts.time_for_next())
+        except GaveUp as exc:
+            raise asyncio.TimeoutError(exc.problem) from None
+        answer, error = None, None
+        try:
+            async with session.post(url, data=body, headers=headers, timeout=timeout) as response:
+                answer = Answer(
+                    response.status,
+                    await response.read(),
+                    response.headers.get("Content-Type", ""),
+                    attempts.failed + 1,
+                )
+            outcome = str(answer.status)
+        except ASYNC_TRANSIENT as exc:
+            error, outcome = exc, type(exc).__name__
+        if observe is not None:
+            observe(outcome)
+        try:
+            delay = attempts.pause_after(outcome, outcome)
+        except GaveUp:
+            if answer is None:
+                raise error from None
+            return answer
+        await asyncio.sleep(delay)
+
+
 def call_before(
     attempt: Callable[[float], T],
     policy: RetryPolicy,
@@ -145,19 +192,13 @@ def call_before(
     ``clock``): each ``Retryable`` it raises is retried after the policy's pause when the policy
     retries its outcome, retries are left and the pause ends before ``expires``; ``GaveUp``
     after. ``observe`` is told ``retried`` before each pause."""
-    for number in range(policy.attempts):
-        remaining = expires - clock()
-        if remaining <= 0:
-            raise GaveUp("deadline", "did not answer within the deadline")
+    attempts = Attempts(policy, expires, clock)
+    while True:
         try:
-            return attempt(remaining)
+            return attempt(attempts.time_for_next())
         except Retryable as failure:
-            if not policy.retried(failure.outcome) or number == policy.retries:
-                raise GaveUp("final", failure.problem) from None
-            delay = policy.delay(number)
-            if clock() + delay >= expires:
-                raise GaveUp("deadline", f"{failure.problem}; no time left to retry") from None
+            outcome, problem = failure.outcome, failure.problem
+        delay = attempts.pause_after(outcome, problem)
         if observe is not None:
             observe("retried")
         sleep(delay)
-    raise AssertionError("unreachable")

@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from common.images import load_images, open_images
+from common.settings import CoreSettings
+
 # flow_grpo's OCR test prompts (tests/data/README.md: origin and licence).
 OCR_PROMPTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "flow_grpo_ocr_test_prompts.txt"
 
@@ -19,6 +22,13 @@ def encode(image: Image.Image, fmt: str = "JPEG", **params: object) -> bytes:
     out = io.BytesIO()
     image.save(out, fmt, **params)
     return out.getvalue()
+
+
+def decoded(data: bytes, core: CoreSettings | None = None) -> Image.Image:
+    """The RGB image a scorer is handed for ``data``: the services' own path (``open_images``,
+    then ``load_images``) at ``core``'s limits (the defaults unless given)."""
+    (image,) = load_images(open_images([data], core or CoreSettings()))
+    return image
 
 
 def render_text(text: str, size: int = 512, fmt: str = "JPEG") -> bytes:

@@ -18,10 +18,10 @@ needs_reference = pytest.mark.skipif(
 
 
 def run_reference(script: str, job: dict) -> dict:
-    """``job`` (JSON) through ``tests/<script>`` in the reference environment; its JSON answer."""
+    """``job`` (JSON) through ``testing/<script>`` in the reference environment; its JSON answer."""
     assert REFERENCE_PYTHON, "the reference environment is not built (run via 'bash run.sh test')"
     done = subprocess.run(
-        [REFERENCE_PYTHON, str(ROOT / "tests" / script)],
+        [REFERENCE_PYTHON, str(ROOT / "testing" / script)],
         input=json.dumps(job),
         capture_output=True,
         text=True,

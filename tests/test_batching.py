@@ -49,7 +49,6 @@ def test_concurrent_requests_share_batches_and_keep_order() -> None:
     assert results == {n: [n * 10, (n + 100) * 10] for n in range(12)}
     assert max(len(c) for c in calls) == 8
     assert sum(len(c) for c in calls) == 24
-    batcher.stop()
 
 
 def test_a_lone_item_waits_for_max_wait_and_no_longer() -> None:
@@ -62,7 +61,6 @@ def test_a_lone_item_waits_for_max_wait_and_no_longer() -> None:
     clock.advance(0.03125)
     assert future.result(30) == 10  # the window has closed: the lone item goes
     assert calls == [[1]]
-    batcher.stop()
 
 
 def test_a_full_queue_holds_requests_whole_until_there_is_room_in_deadline_order() -> None:
@@ -93,7 +91,6 @@ def test_a_full_queue_holds_requests_whole_until_there_is_room_in_deadline_order
     assert results == {7: [7], 8: [8], 9: [9, 10]}
     order = [item for call in calls for item in call]
     assert order.index(8) < order.index(9) < order.index(7) and 11 not in order
-    batcher.stop()
 
 
 def test_model_error_fails_that_batch_only() -> None:
@@ -107,7 +104,6 @@ def test_model_error_fails_that_batch_only() -> None:
     with pytest.raises(RuntimeError, match="model fault"):
         bad.result(5)
     assert good.result(5) == 7
-    batcher.stop()
 
 
 def test_cancelled_items_are_not_scored() -> None:
@@ -120,7 +116,6 @@ def test_cancelled_items_are_not_scored() -> None:
     gate.set()
     assert batcher.submit([3], later())[0].result(5) == 3
     assert [2] not in calls
-    batcher.stop()
 
 
 def test_a_withdrawn_requests_items_are_let_go_before_the_thread_reaches_them() -> None:
@@ -140,7 +135,6 @@ def test_a_withdrawn_requests_items_are_let_go_before_the_thread_reaches_them() 
     gc.collect()
     assert held() is None
     gate.set()
-    batcher.stop()
 
 
 class Item:
@@ -156,14 +150,12 @@ def test_items_are_served_earliest_deadline_first() -> None:
     gate.set()
     assert [f.result(5) for f in futures] == [1, 2, 3]
     assert calls == [[0], [2], [3], [1]]
-    batcher.stop()
 
 
 def test_a_request_larger_than_the_queue_is_413_not_a_retryable_503() -> None:
     batcher, _ = make(max_batch=2, max_queue=8)
     with pytest.raises(PayloadTooLarge, match="9 items in one request; the batch queue holds 8"):
         batcher.submit(list(range(9)), later())
-    batcher.stop()
 
 
 def test_a_long_wait_is_held_to_the_deadline_never_refused_from_an_estimate() -> None:
@@ -191,7 +183,6 @@ def test_a_long_wait_is_held_to_the_deadline_never_refused_from_an_estimate() ->
         batcher.submit([99], Deadline(0.0))
     gate.set()
     assert holding.result(30) == -1 and [future.result(30) for future in accepted] == list(range(30))
-    batcher.stop()
 
 
 def test_one_deadline_across_all_stages_of_a_request() -> None:
@@ -205,8 +196,6 @@ def test_one_deadline_across_all_stages_of_a_request() -> None:
         second(first([1]))
     assert deadline.remaining() <= 0
     gate.set()
-    first.batcher.stop()
-    second.batcher.stop()
 
 
 def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> None:

@@ -8,13 +8,14 @@ import asyncio
 import io
 import pickle
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
-import requests
 from PIL import Image
 
 from bench.load.run import _load
@@ -24,6 +25,7 @@ from common.retry import Answer, GaveUp, Retryable, RetryPolicy, ScorerRequestEr
 from testing.images import render_text
 from testing.nginx import nginx
 from testing.server import Server, free_port
+from testing.timing import within
 
 OURS = "application/octet-stream"
 
@@ -221,7 +223,7 @@ def test_every_documented_url_form_scores_on_a_running_service(ocr_server: Serve
 
 def test_connection_refused_is_retried_then_raised() -> None:
     client = ScorerClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
-    with pytest.raises(requests.ConnectionError):
+    with pytest.raises(aiohttp.ClientConnectionError):
         client.scores([b"x"], ["p"])
 
 
@@ -241,3 +243,64 @@ def test_both_clients_retry_the_balancers_502_when_the_node_is_down(tmp_path) ->
         assert async_error.value.status == 502
     statuses = [status for status, _, _ in balancer.attempts()]  # nginx stopped: its log written whole
     assert statuses == [502] * 6, statuses  # three attempts each
+
+
+class DribblingHandler(BaseHTTPRequestHandler):
+    """Answers one byte of its head every 0.1 s for ``DRIBBLE_S``: every read gets a byte well
+    within any per-read timeout, so only a bound on the whole attempt ends the call early."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.attempts += 1  # type: ignore[attr-defined]
+        head = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000
+        end = time.monotonic() + DRIBBLE_S
+        for byte in head:
+            if time.monotonic() > end:
+                break
+            try:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            except OSError:  # the client gave up and closed: what the test wants
+                return
+            time.sleep(0.1)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+DRIBBLE_S = 30.0
+
+
+@pytest.fixture
+def dribbler() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), DribblingHandler)
+    server.attempts = 0  # type: ignore[attr-defined]
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timing
+def test_a_slow_sending_server_cannot_stretch_a_call_past_its_attempts_timeouts(dribbler: ThreadingHTTPServer) -> None:
+    """Two attempts of 1 s each (one retry): the call ends in about 2 s with a timeout, not
+    after the 30 s the server dribbles its head for (a per-read timeout never fires)."""
+    url = f"http://127.0.0.1:{dribbler.server_address[1]}/score"
+
+    async def async_call() -> None:
+        async with AsyncScorerClient(url, timeout=1.0, retries=1, backoff=0.01) as client:
+            await client.score([b"x"], ["p"])
+
+    def sync_call() -> None:
+        with ScorerClient(url, timeout=1.0, retries=1, backoff=0.01) as client:
+            client.score([b"x"], ["p"])
+
+    for call in (sync_call, lambda: asyncio.run(async_call())):
+        before = dribbler.attempts  # type: ignore[attr-defined]
+        started = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            call()
+        assert time.monotonic() - started < min(within(4.0), DRIBBLE_S / 2)
+        assert dribbler.attempts - before == 2  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """PickScore, CLIPScore and HPSv2 on their real loading paths: tiny random models of each
 architecture, saved as the real checkpoints are laid out, with CLIP's real tokenizer.
 
-The reference scores come from ``tests/clip_reference.py`` in the reference environment
+The reference scores come from ``testing/clip_reference.py`` in the reference environment
 (transformers for PickScore and CLIPScore, open_clip for HPSv2, torchvision for the tensor
 preprocessing), in the shape flow_grpo calls them; ``run.sh test`` builds that environment.
 """

@@ -31,10 +31,11 @@ from hypothesis import strategies as st
 from PIL import Image, ImageCms
 
 from common.errors import BadRequest, PayloadTooLarge, Unprocessable
-from common.images import decode_images, open_image, shown_size
+from common.images import open_image, shown_size
 from common.settings import CoreSettings
 from common.wire import JsonCap, check_json, decode_body
 from testing.fuzz import check, fuzz
+from testing.images import decoded
 from testing.timing import within
 
 # Small limits, so that the fuzzer reaches them: pixels, scans, chunks.
@@ -242,7 +243,7 @@ def decode_one(data: bytes) -> Image.Image | None:
     """The decoded image, or None for a clear 413/422; any other exception is a finding."""
     started = time.process_time()
     try:
-        (image,) = decode_images([data], CORE)
+        image = decoded(data, CORE)
     except (PayloadTooLarge, Unprocessable):
         return None
     finally:

@@ -17,8 +17,8 @@ import requests
 from testing.clock import wait_until
 from testing.images import render_text
 from testing.server import gunicorn_server
+from testing.stream import RequestStream, cases
 from testing.timing import within
-from tests.stream import RequestStream, cases
 
 
 def refused(url: str) -> bool:

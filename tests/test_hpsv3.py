@@ -1,6 +1,6 @@
 """HPSv3 on its real loading path: a tiny random Qwen2-VL reward model saved as the released
 checkpoint is laid out (``testing/qwen2vl_models.py``), against HPSv3's inference restated on the
-libraries it calls (``tests/hpsv3_reference.py``, in the reference environment)."""
+libraries it calls (``testing/hpsv3_reference.py``, in the reference environment)."""
 
 from __future__ import annotations
 

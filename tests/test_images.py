@@ -14,17 +14,17 @@ import pytest
 from PIL import Image, ImageCms
 
 from common.errors import PayloadTooLarge
-from common.image_request import parse_image_request
 from common.images import (
     as_shown,
-    decode_images,
+    load_images,
     metadata_bytes,
     open_image,
     open_images,
     shown_size,
 )
+from common.media import MEAN, parse_media_request
 from common.settings import CoreSettings
-from testing.images import empty_chunks_png, encode, png_chunk, scan_bomb
+from testing.images import decoded, empty_chunks_png, encode, png_chunk, scan_bomb
 from testing.timing import within
 
 CORE = CoreSettings()
@@ -36,8 +36,8 @@ def saved(image: Image.Image, fmt: str = "PNG", **params) -> bytes:
     return out.getvalue()
 
 
-def decoded(data: bytes) -> np.ndarray:
-    (image,) = decode_images([data], CORE)
+def decoded_pixels(data: bytes) -> np.ndarray:
+    image = decoded(data, CORE)
     assert image.mode == "RGB"
     return np.asarray(image).astype(int)
 
@@ -48,14 +48,14 @@ def test_a_jpeg_of_many_scans_is_refused_from_its_bytes() -> None:
         open_images([bomb], CORE)
     progressive = saved(Image.new("RGB", (256, 256), "white"), "JPEG", progressive=True)
     assert progressive.count(b"\xff\xda") == 10  # a real progressive JPEG: well within
-    decoded(progressive)
+    decoded_pixels(progressive)
 
 
 @pytest.mark.timing
 def test_png_chunks_are_counted_across_the_request_each_reference_counting() -> None:
     """Counted before Pillow opens them: ``Image.open`` reads a PNG's chunks up to its pixels."""
     png = empty_chunks_png(30_000)
-    assert decoded(png).min() == 255  # one image of 30,000 chunks: read
+    assert decoded_pixels(png).min() == 255  # one image of 30,000 chunks: read
     started = time.process_time()
     with pytest.raises(PayloadTooLarge, match=r"over 100000 chunks .* \(SCORER_MAX_PNG_CHUNKS\)"):
         open_images([empty_chunks_png(1_000_000)], CORE)
@@ -64,13 +64,13 @@ def test_png_chunks_are_counted_across_the_request_each_reference_counting() -> 
         open_images([png] * 4, CORE)  # one image referenced 4 times: 120,000 chunks to read
     # chunks are walked by their declared lengths: bytes inside a chunk are not chunks
     big = saved(Image.fromarray(np.random.default_rng(0).integers(0, 255, (512, 512, 3), dtype=np.uint8)))
-    decode_images([big] * 64, CORE)
+    load_images(open_images([big] * 64, CORE))
 
 
 def test_16_bit_greyscale_is_scaled_not_clipped() -> None:
     """A 16-bit PNG went through Pillow's convert("RGB"), which clips at 255: all white."""
     ramp = np.linspace(0, 65535, 256 * 64).reshape(64, 256).astype(np.uint16)
-    pixels = decoded(saved(Image.fromarray(ramp)))
+    pixels = decoded_pixels(saved(Image.fromarray(ramp)))
     expected = np.rint(ramp / 257.0)
     assert np.abs(pixels[..., 0] - expected).max() <= 1
     assert (pixels[..., 0] == pixels[..., 2]).all() and pixels.min() == 0 and pixels.max() == 255
@@ -84,7 +84,7 @@ def test_exif_orientation_is_applied_and_sizes_are_as_shown() -> None:
     exif[0x0112] = 6  # "rotate 90 CW to show"
     data = saved(stored, "JPEG", exif=exif, quality=95)
     assert shown_size(open_image(data)) == (300, 100) and open_image(data).size == (100, 300)
-    pixels = decoded(data)
+    pixels = decoded_pixels(data)
     assert pixels.shape == (100, 300, 3)
     assert pixels[10, 10].max() < 40 and pixels[90, 290].min() > 215
 
@@ -98,7 +98,7 @@ def test_the_shown_size_is_read_without_decoding() -> None:
             image = open_image(saved(Image.new("RGB", (40, 20)), fmt, **params))
             assert shown_size(image) == ((20, 40) if params else (40, 20)), (fmt, params)
             assert image.tile or fmt == "WEBP", "decoded"  # (a WebP's tile is empty before and after)
-            assert decoded(saved(Image.new("RGB", (40, 20)), fmt, **params)).shape[:2] == shown_size(image)[::-1]
+            assert decoded_pixels(saved(Image.new("RGB", (40, 20)), fmt, **params)).shape[:2] == shown_size(image)[::-1]
 
 
 @pytest.mark.parametrize(
@@ -119,13 +119,13 @@ def test_modes_convert_as_a_viewer_shows_them(mode: str, fill, expected) -> None
         data = saved(image, transparency=0)
     else:
         data = saved(Image.new(mode, (16, 16), fill))
-    pixels = decoded(data)
+    pixels = decoded_pixels(data)
     assert np.abs(pixels - np.array(expected)).max() <= 1, (mode, pixels[0, 0])
 
 
 def test_webp_with_alpha_is_composited_over_white() -> None:
     data = saved(Image.new("RGBA", (16, 16), (0, 0, 255, 0)), "WEBP", lossless=True)
-    assert decoded(data).min() >= 254
+    assert decoded_pixels(data).min() >= 254
 
 
 def swapped_primaries_profile() -> bytes:
@@ -143,18 +143,18 @@ def test_embedded_icc_profiles_are_converted_to_srgb() -> None:
     image = Image.new("RGB", (16, 16), (200, 30, 30))
     for fmt in ("PNG", "JPEG", "WEBP"):
         data = saved(image, fmt, icc_profile=swapped_primaries_profile(), quality=95)
-        shown = decoded(data)[0, 0]
+        shown = decoded_pixels(data)[0, 0]
         assert shown[2] > 150 and shown[0] < 80, (fmt, shown)  # its red numbers are blue in its profile
     srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
-    assert np.abs(decoded(saved(image, "PNG", icc_profile=srgb)) - (200, 30, 30)).max() <= 1
-    broken = decoded(saved(image, "PNG", icc_profile=b"not a profile" * 10))
+    assert np.abs(decoded_pixels(saved(image, "PNG", icc_profile=srgb)) - (200, 30, 30)).max() <= 1
+    broken = decoded_pixels(saved(image, "PNG", icc_profile=b"not a profile" * 10))
     assert (broken == (200, 30, 30)).all()  # a profile lcms cannot read: taken as sRGB, as viewers do
 
 
 def test_cmyk_jpeg_with_its_profile_reads_as_its_colours() -> None:
     cmyk = Image.new("CMYK", (16, 16), (0, 255, 255, 0))  # pure red ink mix
     data = encode(cmyk, "JPEG")
-    red = decoded(data)[0, 0]
+    red = decoded_pixels(data)[0, 0]
     assert red[0] > 200 and red[1] < 60 and red[2] < 60, red
 
 
@@ -169,9 +169,9 @@ def test_an_image_referenced_several_times_is_opened_and_decoded_once() -> None:
     data = saved(Image.new("RGB", (64, 64), "white"))
     opened = open_images([data] * 3, CORE)
     assert len({id(image) for image in opened}) == 1
-    assert len({id(image) for image in decode_images([data] * 3, CORE)}) == 1
+    assert len({id(image) for image in load_images(open_images([data] * 3, CORE))}) == 1
     text = base64.b64encode(data).decode()
-    request = parse_image_request({"images": [text] * 3, "prompts": ["a"] * 3}, CORE)
+    request = parse_media_request({"images": [text] * 3, "prompts": ["a"] * 3}, CORE, {MEAN.name: MEAN})
     assert len({id(image) for image in request.images}) == 1
     with pytest.raises(PayloadTooLarge, match="SCORER_MAX_REQUEST_PIXELS"):
         open_images([data] * 3, CoreSettings(max_request_pixels=3 * 64 * 64 - 1))
@@ -188,7 +188,7 @@ def test_png_text_and_private_chunks_are_not_read() -> None:
     bomb = image[:at] + png_chunk(b"zTXt", b"k\0\0" + deflated) + png_chunk(b"prIv", b"\0" * 1000) + image[at:]
     opened = open_image(bomb)
     assert "k" not in opened.info and not opened.private_chunks and opened.info["icc_profile"]
-    assert decoded(bomb).max() == 0
+    assert decoded_pixels(bomb).max() == 0
 
 
 @pytest.mark.timing
@@ -206,9 +206,9 @@ def test_the_orientation_is_the_exif_tag_alone() -> None:
     started = time.process_time()
     assert shown_size(open_image(before)) == (32, 64)
     assert time.process_time() - started < within(0.05)
-    assert decoded(before).shape[:2] == (64, 32)
+    assert decoded_pixels(before).shape[:2] == (64, 32)
     after = image[:end] + png_chunk(b"eXIf", exif) + image[end:]
-    assert shown_size(open_image(after)) == (64, 32) and decoded(after).shape[:2] == (32, 64)
+    assert shown_size(open_image(after)) == (64, 32) and decoded_pixels(after).shape[:2] == (32, 64)
 
 
 def test_an_inflated_icc_profile_counts_as_work() -> None:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.images import decode_image
 from services.ocr.engines import RapidOCREngine
-from testing.images import ocr_prompts, quoted, render_text
+from testing.images import decoded, ocr_prompts, quoted, render_text
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +18,7 @@ def engine() -> RapidOCREngine:
 def test_results_do_not_depend_on_the_batch(engine: RapidOCREngine) -> None:
     # Texts of different lengths: line crops of different widths share recognizer calls.
     texts = [quoted(prompt) for prompt in ocr_prompts(12)] + ["AI", "Is", "Time Is Precious", "AI Training Zone"]
-    prepared = [engine.prepare(decode_image(render_text(text), 1 << 24)) for text in texts]
+    prepared = [engine.prepare(decoded(render_text(text))) for text in texts]
     alone = [engine.read([item])[0] for item in prepared]
     together = engine.read(prepared)
     assert together == alone

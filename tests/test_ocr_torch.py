@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from common.images import decode_image
 from services.ocr.engines import RapidOCREngine, check_providers
 from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
-from testing.images import ocr_prompts, quoted, render_text
+from testing.images import decoded, ocr_prompts, quoted, render_text
 
 PROMPTS = ocr_prompts(24)
 
@@ -37,7 +36,7 @@ def test_model_outputs_match_onnxruntime(engines: tuple[RapidOCREngine, TorchOCR
 
 def test_same_lines_and_scores_on_flow_grpo_prompts(engines: tuple[RapidOCREngine, TorchOCREngine]) -> None:
     onnx, torch_engine = engines
-    images = [decode_image(render_text(quoted(prompt)), 1 << 24) for prompt in PROMPTS]
+    images = [decoded(render_text(quoted(prompt))) for prompt in PROMPTS]
     read_onnx = onnx.read([onnx.prepare(image) for image in images])
     read_torch = torch_engine.read([torch_engine.prepare(image) for image in images])
     assert [[text for text, _ in lines] for lines in read_torch] == [[text for text, _ in lines] for lines in read_onnx]

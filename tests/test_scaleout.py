@@ -13,7 +13,7 @@ import pytest
 from deploy.render_nginx import node_address, render
 from testing.nginx import nginx
 from testing.server import gunicorn_server
-from tests.stream import RequestStream
+from testing.stream import RequestStream
 
 # Not-ready nodes answer 503 at once (instead of holding the request while the model loads), so
 # nginx moves on; that is the setting docs/deployment.md gives for nodes behind a balancer.

@@ -36,8 +36,8 @@ import requests
 from PIL import Image
 
 from bench.common import simple_gunicorn, stop_on_sigterm
-from common.images import decode_image
 from services.aesthetic.settings import DEFAULT_HEAD
+from testing.images import decoded
 from testing.random_clip import save_random_clip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ class InProcess:
         started = time.perf_counter()
         for start in range(0, len(self.images), batch_size):
             batch_started = time.perf_counter()
-            chunk = [decode_image(data, 1 << 30) for data in self.images[start : start + batch_size]]
+            chunk = [decoded(data) for data in self.images[start : start + batch_size]]
             self.model.raw_scores(self.model.preprocess(chunk))  # ``tolist`` synchronises the GPU
             latencies.append(time.perf_counter() - batch_started)
         return time.perf_counter() - started, latencies
@@ -88,7 +88,7 @@ class InProcess:
     def forward_only(self, batch_size: int) -> float:
         """Images/s of the model alone, tensors ready: the ceiling of any server."""
         self.model.micro_batch = batch_size
-        pixels = self.model.preprocess([decode_image(data, 1 << 30) for data in self.images])
+        pixels = self.model.preprocess([decoded(data) for data in self.images])
         started = time.perf_counter()
         self.model.raw_scores(pixels)
         return len(self.images) / (time.perf_counter() - started)

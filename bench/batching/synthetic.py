@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config import from_env
-from common.image_request import parse_image_request
+from common.media import MEAN, parse_media_request
 from common.scorer import Scorer
 from common.settings import CoreSettings
 
@@ -53,7 +53,7 @@ class SyntheticScorer(Scorer):
         pass
 
     def prepare(self, payload: dict[str, Any]) -> list[bytes]:
-        return parse_image_request(payload, self.core).images
+        return parse_media_request(payload, self.core, {MEAN.name: MEAN}).images
 
     def score(self, batch: Sequence[bytes]) -> list[float]:
         return model_call(batch, self.settings)

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One GPU check, for a bare GPU machine (Python 3.12 with torch, transformers, onnx, onnxruntime,
 # numpy, pillow, prometheus-client, werkzeug, opencv-python-headless; no package index). Run from
-# the repository root, with .whl/ made beforehand by bench/gpu/wheels.sh; all the steps in under
-# 13 min 50 s, all but geneval, multi and judge in under 10 minutes:
+# the repository root, in two runs, each with its own .whl/ made beforehand by bench/gpu/wheels.sh
+# (all the wheels together are over the 64 MiB one device run carries), in this order:
 #
-#   bash bench/gpu/check.sh --out DIR            on the GPU
+#   bash bench/gpu/wheels.sh 1, then on the GPU: bash bench/gpu/check.sh --out DIR1 --run 1   (9 min 20 s at most)
+#   bash bench/gpu/wheels.sh 2, then on the GPU: bash bench/gpu/check.sh --out DIR2 --run 2   (4 min 30 s at most)
+#   bash bench/gpu/check.sh --out DIR            every step, where the interpreter has every package
 #   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 3 min)
 #   ... --no-wheels                                  the interpreter's own packages, .whl/ or not
 #   ... --steps multi                                only the steps named (comma-separated)
+#   ... --run 1                                      run 1's steps (pinning ocr_agreement aesthetic ocr batching
+#                                                    pickscore multi), run 2's (hpsv3 geneval judge)
 #   CHECK_TIME_FACTOR=3 bash bench/gpu/check.sh ... --cpu-smoke   the smoke run's limits x 3
 #
 # Steps: the wheels installed with pip --no-index --target; the OCR service under gunicorn with
@@ -29,21 +33,40 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PYTHON=${PYTHON:-python3}
-OUT="" SMOKE=0 WHEELS=1 STEPS=""
+OUT="" SMOKE=0 WHEELS=1 STEPS="" RUN=""
+# The two runs the wheels are split into (bench/gpu/requirements-run1.txt, -run2.txt).
+RUN_STEPS=("" pinning,ocr_agreement,aesthetic,ocr,batching,pickscore,multi hpsv3,geneval,judge)
 while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT=$2; shift 2 ;;
     --cpu-smoke) SMOKE=1; shift ;;
     --no-wheels) WHEELS=0; shift ;;
     --steps) STEPS=$2; shift 2 ;;
-    *) echo "usage: bash bench/gpu/check.sh --out DIR [--cpu-smoke] [--no-wheels] [--steps A,B]" >&2; exit 2 ;;
+    --run) RUN=$2; shift 2 ;;
+    *) echo "usage: bash bench/gpu/check.sh --out DIR [--cpu-smoke] [--no-wheels] [--steps A,B] [--run 1|2]" >&2; exit 2 ;;
   esac
 done
 STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 geneval multi judge)
+if [ -n "$RUN" ]; then
+  [[ $RUN == 1 || $RUN == 2 ]] || { echo "--run: 1 or 2, not '$RUN'" >&2; exit 2; }
+  [ -z "$STEPS" ] || { echo "--run and --steps: give one" >&2; exit 2; }
+  STEPS=${RUN_STEPS[$RUN]}
+fi
 IFS=, read -r -a wanted <<<"$STEPS"
 for name in ${wanted[@]+"${wanted[@]}"}; do
   [[ " ${STEP_NAMES[*]} " == *" $name "* ]] || { echo "--steps: no step '$name'; the steps: ${STEP_NAMES[*]}" >&2; exit 2; }
 done
+# .whl/ holds one run's wheels (bench/gpu/wheels.sh RUN): only that run's steps can use them.
+if [ $WHEELS = 1 ] && [ -f .whl/run ]; then
+  held=$(cat .whl/run)
+  for name in ${wanted[@]+"${wanted[@]}"}; do
+    [[ ",${RUN_STEPS[$held]}," == *",$name,"* ]] || wanted=()
+  done
+  [ ${#wanted[@]} -gt 0 ] || {
+    echo "check.sh: .whl/ holds run $held's wheels, for its steps only (${RUN_STEPS[$held]}): give --run $held, or build the others' with bench/gpu/wheels.sh" >&2
+    exit 2
+  }
+fi
 [ -n "$OUT" ] || { echo "check.sh: --out DIR is required" >&2; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -105,7 +128,8 @@ log "environment"
 "$PYTHON" - "$DEVICE" >"$OUT/environment.json" <<'PY'
 import json, platform, sys
 from importlib.metadata import version
-import flask, gunicorn, numpy, onnx, onnxruntime, rapidocr_onnxruntime, torch, transformers  # all importable
+from importlib.util import find_spec
+import flask, gunicorn, numpy, onnx, onnxruntime, torch, transformers  # all importable
 device = sys.argv[1]
 if device == "cuda" and not torch.cuda.is_available():
     sys.exit(f"torch {torch.__version__} sees no CUDA GPU")
@@ -115,7 +139,8 @@ print(json.dumps({
     "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if device == "cuda" else [],
     "transformers": transformers.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
     "onnxruntime_providers": onnxruntime.get_available_providers(), "numpy": numpy.__version__,
-    "flask": version("flask"), "gunicorn": gunicorn.__version__, "rapidocr": version("rapidocr-onnxruntime"),
+    "flask": version("flask"), "gunicorn": gunicorn.__version__,
+    "rapidocr": version("rapidocr-onnxruntime") if find_spec("rapidocr_onnxruntime") else None,  # run 1's
 }, indent=2))
 PY
 cat "$OUT/environment.json" >&2

@@ -12,11 +12,10 @@ import json
 import time
 from pathlib import Path
 
-from common.images import decode_image
 from services.ocr.engines import RapidOCREngine
 from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
-from testing.images import ocr_prompts, quoted, render_text
+from testing.images import decoded, ocr_prompts, quoted, render_text
 
 
 def read_all(engine: RapidOCREngine, images: list, batch: int) -> tuple[list, float]:
@@ -37,7 +36,7 @@ def main() -> None:
 
     prompts = ocr_prompts(args.count)
     targets = [quoted(prompt) for prompt in prompts]
-    images = [decode_image(render_text(target), 1 << 24) for target in targets]
+    images = [decoded(render_text(target)) for target in targets]
     options = RuleOptions()
     reference = RapidOCREngine("cpu", 0.5, det_batch=args.batch, rec_batch=64, threads=None)
     ref_lines, ref_seconds = read_all(reference, images, args.batch)

@@ -22,11 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import ProcessServer, burst, median_of, simple_gunicorn, stop_on_sigterm  # noqa: E402
-from common.images import decode_image  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.reward import RuleOptions, check_targets, reward  # noqa: E402
 from services.ocr.torch_engine import TorchOCREngine  # noqa: E402
-from testing.images import ocr_prompts, quoted, render_text  # noqa: E402
+from testing.images import decoded, ocr_prompts, quoted, render_text  # noqa: E402
 from testing.server import free_port, gunicorn_server  # noqa: E402
 
 
@@ -39,7 +38,7 @@ def in_process(
     started = time.perf_counter()
     for start in range(0, len(images), batch):
         chunk = range(start, min(start + batch, len(images)))
-        prepared = [engine.prepare(decode_image(images[i], 1 << 30)) for i in chunk]
+        prepared = [engine.prepare(decoded(images[i])) for i in chunk]
         lines = engine.read(prepared)
         scores += [reward(check_targets(prompts[i], options, i), found, options) for i, found in zip(chunk, lines)]
     return len(images) / (time.perf_counter() - started), scores
