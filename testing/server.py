@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import signal
 import socket
@@ -189,3 +190,16 @@ def metric_total(url: str, name: str) -> float:
     """A metric's samples summed over their labels, from /metrics (``scorer_images_decoded_total``)."""
     text = requests.get(url + "/metrics", timeout=10).text
     return sum(float(value) for value in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
+
+
+def post(url: str, payload: dict) -> requests.Response:
+    """``payload`` pickled to an image service, as flow_grpo sends it."""
+    return requests.post(url, data=pickle.dumps(payload), timeout=120)
+
+
+def scores_of(response: requests.Response) -> list[float]:
+    """A 200's scores; flow_grpo's ``outputs`` must be the same list."""
+    assert response.status_code == 200, response.content[:500]
+    body = pickle.loads(response.content)
+    assert body["outputs"] == body["scores"]
+    return body["scores"]

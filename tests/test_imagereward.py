@@ -23,8 +23,9 @@ from services.imagereward.model import ImageRewardModel
 from services.imagereward.scorer import ImageRewardScorer
 from testing.imagereward_models import med_config, save_checkpoint, save_tokenizer
 from testing.images import encode, sample_images
+from testing.multi import multi_server, reward_settings
 from testing.reference import IMAGEREWARD_PYTHON, needs_imagereward, run_reference
-from testing.server import batch_stats, running_server
+from testing.server import batch_stats, post, running_server, scores_of
 
 # Prompts of every shape: empty, blank, words the vocabulary lacks, upper case and accents
 # (BERT lower-cases and strips them), CJK, BLIP's own [DEC] / [ENC] spelled out, control
@@ -78,17 +79,6 @@ def server(weights: Path, tokenizer: Path) -> str:
     }
     with running_server("imagereward", env=env, threads=96) as url:
         yield url
-
-
-def post(url: str, payload: dict) -> requests.Response:
-    return requests.post(url, data=pickle.dumps(payload), timeout=120)
-
-
-def scores_of(response: requests.Response) -> list[float]:
-    assert response.status_code == 200, response.content[:500]
-    body = pickle.loads(response.content)
-    assert body["outputs"] == body["scores"]
-    return body["scores"]
 
 
 def test_scores_spread_over_images_and_prompts(model: ImageRewardModel, images: list[bytes]) -> None:
@@ -167,6 +157,21 @@ def test_tiny_images_score_as_the_model_scores_them(
     image = encode(Image.new("RGB", size, (250, 10, 90)), "PNG")
     [score] = scores_of(post(server, {"images": [image], "prompts": ["a red cat"]}))
     assert score == pytest.approx(in_process(model, [image], ["a red cat"])[0], abs=1e-5)
+
+
+def test_multi_serves_it_by_flow_grpo_s_name(tmp_path: Path, images: list[bytes]) -> None:
+    """``imagereward`` beside another reward in one ``multi`` call: its detail is the single
+    service's score on the same settings, and the sum weighs it."""
+    payload = {"images": images[:4], "prompts": PROMPTS[:4]}
+    with multi_server(["imagereward", "aesthetic"], tmp_path, threads=16) as multi:
+        response = requests.post(multi.url + "/?imagereward=0.5&aesthetic=1", data=pickle.dumps(payload), timeout=120)
+        assert response.status_code == 200, response.content[:500]
+        answer = pickle.loads(response.content)
+    with running_server("imagereward", env=reward_settings(["imagereward"], tmp_path / "single")) as single:
+        alone = scores_of(post(single, payload))
+    assert answer["details"]["imagereward"] == pytest.approx(alone, abs=1e-6)
+    for index, score in enumerate(answer["scores"]):
+        assert score == pytest.approx(0.5 * alone[index] + answer["details"]["aesthetic"][index], abs=1e-6)
 
 
 def test_info_describes_the_model(server: str, weights: Path) -> None:

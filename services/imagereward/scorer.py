@@ -18,6 +18,7 @@ from PIL import Image
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.media import MediaRequest
+from common.precision import micro_batch as default_micro_batch
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.clip.preprocess import check_clip_inputs
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from services.imagereward.model import ImageRewardModel, RewardInput
 
 log = logging.getLogger(__name__)
-
-GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
 
 
 class ImageRewardScorer(ImageScorer):
@@ -50,7 +49,7 @@ class ImageRewardScorer(ImageScorer):
 
         require_torch_device(device)
         settings = self.settings
-        micro_batch = settings.micro_batch or (GPU_MICRO_BATCH if device.startswith("cuda") else CPU_MICRO_BATCH)
+        micro_batch = default_micro_batch(settings.micro_batch, device)
         try:
             model = ImageRewardModel(settings.weights, settings.tokenizer, device, settings.precision, micro_batch)
         except OSError as exc:
