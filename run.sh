@@ -388,6 +388,12 @@ case $command in
       [ -n "${SCORER_TEST_SKIP_REFERENCE:-}" ] || export SCORER_TEST_REFERENCE_PYTHON=$VENV/bin/python
       [ -n "${SCORER_TEST_SKIP_ENGINE:-}" ] || export SCORER_TEST_ENGINE_PYTHON=$VENV/bin/python
     fi
+    if [ -z "${SCORER_TEST_SKIP_IMAGEREWARD:-}" ]; then
+      # The image-reward package, ImageReward's reference (tests/test_imagereward.py), on its
+      # transformers 4.
+      ensure_venv reference-imagereward
+      export SCORER_TEST_IMAGEREWARD_PYTHON=$VENV/bin/python
+    fi
     [ -n "${SCORER_TEST_VERL_SANDBOX_FUSION:-}" ] || verl_client "$tests_venv/bin/python"
     # mmdet 2.x's Mask2Former (tests/test_geneval_mmdet.py), where `run.sh reference-mmdet` built
     # it to the end (a build cut short leaves an environment without mmcv's ops).

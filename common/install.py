@@ -57,6 +57,8 @@ TEST_NO_DEPS = ("open_clip_torch==3.3.0",)
 # processor needs torchvision), one environment because torchvision needs a torch of its own
 # build, the same for both (about 5.5 GB once instead of twice).
 REFERENCE_REQUIREMENTS = ("requirements-reference.txt", "requirements-engine.txt")
+# The ``image-reward`` package, ImageReward's reference, on the transformers 4 it needs.
+IMAGEREWARD_REFERENCE_REQUIREMENTS = ("requirements-reference-imagereward.txt",)
 TEST_SYSTEM_PACKAGES = ("nginx",)
 
 
@@ -83,7 +85,8 @@ class Setup:
 def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
     """The set-up of ``run.sh <command>``: a service, ``test`` (every service's packages in one
     ``.venv``, plus the test tools), ``reference`` (the tests' reference libraries and the judge
-    tests' engine) or ``all`` (system packages only: each service has its own)."""
+    tests' engine), ``reference-imagereward`` (the ``image-reward`` package) or ``all`` (system
+    packages only: each service has its own)."""
     services = SERVICES.values()
     if command == "test":
         return Setup(
@@ -101,6 +104,8 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
         )
     if command == "reference":
         return Setup(venv=".venv-reference", requirements=REFERENCE_REQUIREMENTS)
+    if command == "reference-imagereward":
+        return Setup(venv=".venv-reference-imagereward", requirements=IMAGEREWARD_REFERENCE_REQUIREMENTS)
     if command == "multi":
         return _multi_setup(environ)
     service = get(command)

@@ -16,3 +16,14 @@ def torch_dtype(precision: Precision, device: str) -> torch.dtype:
     import torch  # imported by the services that run a model, not by the master or run.sh
 
     return getattr(torch, precision) if device.startswith("cuda") else torch.float32
+
+
+# Images per forward pass of the CLIP-sized image models (aesthetic, the CLIP family,
+# ImageReward) when their setting is unset: a large batch never runs the GPU out of memory, and
+# larger batches run slower on a CPU (bench/aesthetic/README.md).
+GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
+
+
+def micro_batch(configured: int | None, device: str) -> int:
+    """The setting's micro-batch, else the device's default."""
+    return configured or (GPU_MICRO_BATCH if device.startswith("cuda") else CPU_MICRO_BATCH)

@@ -143,6 +143,17 @@ SERVICES: dict[str, Service] = {
             protocols=("services.geneval.protocol:GenEvalProtocol",),
         ),
         Service(
+            name="imagereward",
+            port=18088,
+            scorer="services.imagereward.scorer:ImageRewardScorer",
+            uses_gpu=True,
+            requirements=("requirements.txt", "requirements-clip.txt"),
+            settings="services.imagereward.settings:ImageRewardSettings",
+            image=True,
+            venv="clip",
+            preflight="services.imagereward.settings:preflight",
+        ),
+        Service(
             name="judge",
             port=18086,
             scorer="services.judge.scorer:JudgeScorer",

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from testing.clip_models import save_random_clip_model
+from testing.imagereward_models import save_checkpoint, save_tokenizer
 from testing.random_clip import save_random_clip
 from testing.server import Server, gunicorn_server
 
 # The rewards these helpers can give models to on a machine without weights (HPSv2 and HPSv3
 # need the reference environment's open_clip or a Qwen2-VL: not here).
-TINY_REWARDS = ("ocr", "aesthetic", "pickscore", "clipscore")
+TINY_REWARDS = ("ocr", "aesthetic", "pickscore", "clipscore", "imagereward")
 
 
 def reward_settings(rewards: Sequence[str], directory: Path) -> dict[str, str]:
@@ -31,6 +32,9 @@ def reward_settings(rewards: Sequence[str], directory: Path) -> dict[str, str]:
             activation = "gelu" if name == "pickscore" else "quick_gelu"
             model = save_random_clip_model(directory / name, hidden_act=activation)
             settings[f"SCORER_{name.upper()}_MODEL"] = str(model)
+        elif name == "imagereward":
+            settings["SCORER_IMAGEREWARD_WEIGHTS"] = str(save_checkpoint(directory / name / "weights"))
+            settings["SCORER_IMAGEREWARD_TOKENIZER"] = str(save_tokenizer(directory / name / "tokenizer"))
         elif name != "ocr":
             raise ValueError(f"no tiny model for {name!r}; choose among {', '.join(TINY_REWARDS)}")
     return settings

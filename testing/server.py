@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import signal
 import socket
@@ -196,3 +197,16 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def post(url: str, payload: dict) -> requests.Response:
+    """``payload`` pickled to an image service, as flow_grpo sends it."""
+    return requests.post(url, data=pickle.dumps(payload), timeout=120)
+
+
+def scores_of(response: requests.Response) -> list[float]:
+    """A 200's scores; flow_grpo's ``outputs`` must be the same list."""
+    assert response.status_code == 200, response.content[:500]
+    body = pickle.loads(response.content)
+    assert body["outputs"] == body["scores"]
+    return body["scores"]

@@ -28,7 +28,7 @@ from services.aesthetic.scorer import AestheticScorer
 from services.aesthetic.settings import DEFAULT_HEAD
 from testing.images import encode, sample_images
 from testing.random_clip import save_random_clip
-from testing.server import ROOT, gunicorn_server, running_server
+from testing.server import ROOT, gunicorn_server, post, running_server, scores_of
 
 
 def reference_head() -> nn.Sequential:
@@ -82,17 +82,6 @@ def server(clip_dir: Path) -> str:
     env = {"SCORER_AESTHETIC_CLIP": str(clip_dir), "SCORER_DEVICE": "cpu", "SCORER_MAX_WAIT_MS": "20"}
     with running_server("aesthetic", env=env, threads=96) as url:
         yield url
-
-
-def post(url: str, payload: dict) -> requests.Response:
-    return requests.post(url, data=pickle.dumps(payload), timeout=120)
-
-
-def scores_of(response: requests.Response) -> list[float]:
-    assert response.status_code == 200, response.content[:500]
-    body = pickle.loads(response.content)
-    assert body["outputs"] == body["scores"]
-    return body["scores"]
 
 
 def batch_stats(url: str) -> tuple[float, float]:

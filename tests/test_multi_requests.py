@@ -108,7 +108,7 @@ def test_the_image_entries_are_image_scorers() -> None:
     """What the multi service may list: each is an ``ImageScorer`` (one decode shared by all)."""
     images = [name for name, service in registry.SERVICES.items() if service.image]
     assert images == [
-        *("ocr", "aesthetic", "pickscore", "clipscore", "hpsv2", "hpsv3", "geneval", "judge"),
+        *("ocr", "aesthetic", "pickscore", "clipscore", "hpsv2", "hpsv3", "geneval", "imagereward", "judge"),
         *("jpeg_compressibility", "jpeg_incompressibility"),
     ]
     assert all(issubclass(registry.load_scorer_class(name), ImageScorer) for name in images)

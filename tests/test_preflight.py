@@ -36,7 +36,7 @@ def test_every_services_check_runs_without_installed_packages(service: str, tmp_
     done = bare_preflight(service, {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"})
     assert "Traceback" not in done.stderr and "ModuleNotFoundError" not in done.stderr, done.stderr
     # Offline with an empty hub cache: the hub-id defaults are missing, the rest can start.
-    if service in ("pickscore", "clipscore", "hpsv2", "hpsv3", "aesthetic", "geneval"):
+    if service in ("pickscore", "clipscore", "hpsv2", "hpsv3", "aesthetic", "geneval", "imagereward"):
         assert done.returncode == 1 and "not in the local hub cache" in done.stderr, done.stderr
     elif service == "code":
         assert done.returncode == 1 and "SCORER_CODE_INFRA_FAILURE_SCORE" in done.stderr

@@ -71,7 +71,8 @@ def test_each_service_s_batching_default_is_shown() -> None:
     that batch nothing (code, judge, multi) have none."""
     shown = row("SCORER_MAX_BATCH").split(" | ")[2]
     assert shown == (
-        "each service's own: ocr 16, aesthetic 64, pickscore 64, clipscore 64, hpsv2 64, hpsv3 16, geneval 16"
+        "each service's own: ocr 16, aesthetic 64, pickscore 64, clipscore 64, hpsv2 64, hpsv3 16, geneval 16, "
+        "imagereward 64"
     )
 
 

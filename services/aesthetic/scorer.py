@@ -18,6 +18,7 @@ from PIL import Image
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.media import MediaRequest
+from common.precision import micro_batch as default_micro_batch
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.aesthetic.settings import CLIP_HINT, SECTION, missing, read_settings
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from services.aesthetic.model import AestheticModel
 
 log = logging.getLogger(__name__)
-
-GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
 
 
 class AestheticScorer(ImageScorer):
@@ -49,7 +48,7 @@ class AestheticScorer(ImageScorer):
 
         require_torch_device(device)
         settings = self.settings
-        micro_batch = settings.micro_batch or (GPU_MICRO_BATCH if device.startswith("cuda") else CPU_MICRO_BATCH)
+        micro_batch = default_micro_batch(settings.micro_batch, device)
         try:
             model = AestheticModel(settings.clip, settings.head, device, settings.precision, micro_batch)
         except OSError as exc:

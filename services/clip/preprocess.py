@@ -112,14 +112,21 @@ class FloatTransform:
         pixels = np.asarray(image.convert("RGB"), dtype=np.float32) / np.float32(255)
         size = resized_size(image.width, image.height, self.shortest_edge)
         channels = [np.asarray(Image.fromarray(pixels[..., c]).resize(size, self.resample)) for c in range(3)]
-        resized = np.stack(channels)
-        crop_height, crop_width = self.crop
-        top = round((size[1] - crop_height) / 2.0)  # torchvision's centre, not transformers' floor
-        left = round((size[0] - crop_width) / 2.0)
-        cropped = resized[:, top : top + crop_height, left : left + crop_width]
-        mean = np.asarray(self.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(self.std, dtype=np.float32)[:, None, None]
-        return np.ascontiguousarray((cropped - mean) / std, dtype=np.float32)
+        return centre_crop_normalised(np.stack(channels), self.crop, self.mean, self.std)
+
+
+def centre_crop_normalised(
+    resized: np.ndarray, crop: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+) -> np.ndarray:
+    """torchvision's ``CenterCrop(crop)`` (height, width) then ``Normalize(mean, std)`` of a
+    (3, height, width) float32 array; a contiguous float32 array."""
+    crop_height, crop_width = crop
+    top = round((resized.shape[1] - crop_height) / 2.0)  # torchvision's centre, not transformers' floor
+    left = round((resized.shape[2] - crop_width) / 2.0)
+    cropped = resized[:, top : top + crop_height, left : left + crop_width]
+    mean_array = np.asarray(mean, dtype=np.float32)[:, None, None]
+    std_array = np.asarray(std, dtype=np.float32)[:, None, None]
+    return np.ascontiguousarray((cropped - mean_array) / std_array, dtype=np.float32)
 
 
 def open_clip_text(text: str) -> str:

@@ -23,6 +23,7 @@ from PIL import Image
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
 from common.media import MediaRequest
+from common.precision import micro_batch as default_micro_batch
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.clip.preprocess import check_clip_inputs
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from services.clip.model import ClipRewardModel
 
 log = logging.getLogger(__name__)
-
-GPU_MICRO_BATCH, CPU_MICRO_BATCH = 32, 8
 
 
 class ClipRewardScorer(ImageScorer):
@@ -78,7 +77,7 @@ class ClipRewardScorer(ImageScorer):
 
         require_torch_device(device)
         settings = self.settings
-        micro_batch = settings.micro_batch or (GPU_MICRO_BATCH if device.startswith("cuda") else CPU_MICRO_BATCH)
+        micro_batch = default_micro_batch(settings.micro_batch, device)
         recipe = Recipe(self.checkpoint, self.float_resize, self.open_clip_text, self.logit_scale)
         processor = self.processor_source()
         try:
