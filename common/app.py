@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from common import __version__, metrics, registry
 from common.auth import bearer_token_matches
 from common.clients import client_of, request_client, trusted_networks
-from common.config import ConfigError, deprecations, describe, env_name, from_env
+from common.config import deprecations, describe, from_env
 from common.deadlines import Deadline, request_deadline
 from common.devices import GPU_ENV
 from common.errors import Overloaded, PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
@@ -72,10 +72,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
     for message in deprecated:
         log.warning(message)
     own = {section: describe(from_env(cls, section)) for section, cls in sections[1:]}
-    try:
-        trusted = trusted_networks(core.trusted_proxies)
-    except ValueError as exc:
-        raise ConfigError(f"{env_name('', 'trusted_proxies')}: {exc}") from None
+    trusted = trusted_networks(core.trusted_proxies)
     runtime = ScorerRuntime(scorer)
     limits = RequestLimits(core)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.clients import trusted_networks
 from common.config import setting
 
 ONE_PER_CORE = "one per CPU core"
@@ -96,6 +97,7 @@ class CoreSettings:
         "",
         "addresses or networks of proxies whose `X-Forwarded-For` names the client (its last address); from any other "
         "peer the header is ignored and the peer is the client",
+        check=trusted_networks,
     )
     device: str = setting("auto", "`auto` (the worker's GPU, else CPU), `cpu`, `cuda`")
     # gunicorn (gunicorn.conf.py).

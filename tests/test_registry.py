@@ -164,3 +164,16 @@ def test_what_run_sh_checks_before_it_installs(command: str, variable: str, refu
         text=True,
     )
     assert (result.returncode, result.stderr) == ((2, f"{variable}='x': expected int\n") if refused else (0, ""))
+
+
+def test_run_sh_refuses_a_value_against_its_declared_rule_before_it_installs() -> None:
+    """``run.sh geneval`` with the system python3: the rule's error, one line, exit 2."""
+    env = {"PATH": "/usr/bin:/bin", "SCORER_GENEVAL_THRESHOLD": "1.5"}
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "common.shell", "check", "geneval"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode, result.stderr) == (2, "SCORER_GENEVAL_THRESHOLD='1.5': must be a number from 0 to 1\n")
