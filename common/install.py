@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from common.registry import CODE_TOOLCHAINS, SERVICES, Service, get, multi_rewards
+from common.registry import CODE_TOOLCHAINS, SERVICES, Service, engine_of, get, multi_rewards
 
 # The directories the code sandbox finds its toolchains in (``services/code/languages.py``):
 # system directories it shows read-only, never a user's ``~/.cargo/bin`` or the like.
@@ -104,7 +104,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
     if command == "multi":
         return _multi_setup(environ)
     service = get(command)
-    engine = environ.get(f"SCORER_{service.name.upper()}_ENGINE", "")
+    engine = engine_of(service.name, environ)
     if engine in service.engine_requirements:
         requirements = service.engine_requirements[engine]
         return Setup(
@@ -140,8 +140,7 @@ def _multi_setup(environ: Mapping[str, str]) -> Setup:
     rewards = [SERVICES[name] for name in multi_rewards(environ)]
     requirements: list[str] = []
     for reward in rewards:
-        engine = environ.get(f"SCORER_{reward.name.upper()}_ENGINE", "")
-        requirements += reward.engine_requirements.get(engine, reward.requirements)
+        requirements += reward.engine_requirements.get(engine_of(reward.name, environ), reward.requirements)
     return Setup(
         venv=f".venv-{multi.name}",
         port=multi.port,

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from common.config import from_env
+
 if TYPE_CHECKING:
     from common.scorer import Scorer
 
@@ -222,8 +224,6 @@ def read_settings(name: str) -> None:
     """Read service ``name``'s own settings as its scorer will (``multi``: each listed reward's
     too), so that a bad value stops the service before a worker starts: ``ConfigError``, one
     line naming the variable. A ``multi`` listing no valid reward is left to its scorer."""
-    from common.config import from_env  # the catalogue itself stays readable without it
-
     names = [get(name).name]
     if names == ["multi"]:
         with contextlib.suppress(ValueError):
@@ -233,10 +233,17 @@ def read_settings(name: str) -> None:
             from_env(own, each)
 
 
+def engine_of(name: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The engine service ``name``'s settings choose (``SCORER_<NAME>_ENGINE``), where some of
+    its engines need requirements of their own (``Service.engine_requirements``); else ""."""
+    own = settings_class(name)
+    return from_env(own, name, environ).engine if own and get(name).engine_requirements else ""
+
+
 def multi_rewards(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     """The rewards ``SCORER_MULTI_REWARDS`` lists for the ``multi`` service, checked: image
     scorers, each once, at least one; ``ValueError`` with the fix otherwise."""
-    raw = environ.get("SCORER_MULTI_REWARDS", "")
+    raw = from_env(settings_class("multi"), "multi", environ).rewards
     names = [name.strip() for name in raw.split(",") if name.strip()]
     images = [service.name for service in SERVICES.values() if service.image]
     if not names:
@@ -252,7 +259,7 @@ def multi_rewards(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"SCORER_MULTI_REWARDS={raw!r} names a reward twice")
     for name in names:
-        engine = environ.get(f"SCORER_{name.upper()}_ENGINE", "")
+        engine = engine_of(name, environ)
         requirements = SERVICES[name].engine_requirements.get(engine)
         if requirements is not None and not set(SERVICES[name].requirements) <= set(requirements):
             raise ValueError(
