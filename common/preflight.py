@@ -23,19 +23,6 @@ def reason(service: str) -> str | None:
     return registry.load_class(check)(service)
 
 
-def rewards_problem(service: str) -> str | None:
-    """Why the ``multi`` service cannot start: its list of rewards, else the first listed reward
-    that cannot (``reason``), named."""
-    try:
-        rewards = registry.multi_rewards()
-    except ValueError as exc:
-        return str(exc)
-    for reward in rewards:
-        if problem := reason(reward):
-            return f"{reward}: {problem}"
-    return None
-
-
 def main(argv: list[str]) -> int:
     """``SERVICE``, else the one ``SCORER_SERVICE`` names (as the server reads it): exit 1 and
     the reason when it cannot start here."""

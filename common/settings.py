@@ -121,16 +121,3 @@ class CoreSettings:
     graceful_timeout: int = setting(30, "seconds in-flight requests get to finish on SIGTERM")
     log_level: str = setting("info", "gunicorn's log level")
     access_log: str | None = setting(None, "an access log path (`-` for stdout)")
-
-
-@dataclass(frozen=True)
-class MultiSettings:
-    """``SCORER_MULTI_*``: the rewards the ``multi`` service serves together (services/multi/scorer.py)."""
-
-    # Each reward with its own service's settings.
-    rewards: str = setting(
-        "",
-        "the image rewards the `multi` service serves together, comma-separated (`ocr,pickscore`); none listed, it "
-        "does not start",
-        flag=True,
-    )
