@@ -10,8 +10,8 @@ import torch
 
 from common.config import ConfigError
 from common.images import decode_image
+from common.ocr_rule import RuleOptions, reward
 from services.ocr.engines import RapidOCREngine, check_providers
-from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
 from testing.images import ocr_prompts, quoted, render_text
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from common.images import decode_image
+from common.ocr_rule import RuleOptions, reward
 from services.ocr.engines import RapidOCREngine
-from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
 from testing.images import ocr_prompts, quoted, render_text
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting
+from common.hub import missing_weights, offline_problem
 from common.precision import Precision
-from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
