@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from common import __version__, metrics, registry
 from common.auth import bearer_token_matches
 from common.clients import client_of, request_client, trusted_networks
-from common.config import ConfigError, deprecations, describe, env_name, from_env
+from common.config import deprecations, describe, from_env
 from common.deadlines import Deadline, request_deadline
 from common.devices import GPU_ENV
 from common.errors import Overloaded, PayloadTooLarge, ScorerError, Unauthorized, Unprocessable, describe_error, quote
@@ -45,11 +45,11 @@ def read_body(limit: int) -> bytes:
 
 
 def settings_sections(service: str) -> list[tuple[str, type]]:
-    """(section, settings class) of what the service reads: the core's, its own and, for
-    ``multi``, each reward's; a scorer without a registry entry (a test's) only the core's."""
+    """(section, settings class) of what the service reads: the core's, its own and each of its
+    members' (``multi``: each reward's); a scorer without a registry entry (a test's) only the core's."""
     sections: list[tuple[str, type]] = [("", CoreSettings)]
     if service in registry.SERVICES:
-        for name in [service, *(registry.multi_rewards() if service == "multi" else ())]:
+        for name in [service, *registry.members(service)]:
             own = registry.settings_class(name)
             sections += [(name, own)] if own else []
     return sections
@@ -72,10 +72,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
     for message in deprecated:
         log.warning(message)
     own = {section: describe(from_env(cls, section)) for section, cls in sections[1:]}
-    try:
-        trusted = trusted_networks(core.trusted_proxies)
-    except ValueError as exc:
-        raise ConfigError(f"{env_name('', 'trusted_proxies')}: {exc}") from None
+    trusted = trusted_networks(core.trusted_proxies)
     runtime = ScorerRuntime(scorer)
     limits = RequestLimits(core)
 
@@ -146,9 +143,10 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
             if query and not scorer.reads_query:
                 # A trainer given a multi service's URL (``?ocr=0.5&pickscore=0.5``) would get
                 # this scorer's score alone for the weighted sum it asked for.
+                readers = " or ".join(f"the {s.name} service's (port {s.port})" for s in registry.joint_services())
                 raise Unprocessable(
                     f"the {service} service reads nothing in the URL's query (it has {quote(dict(query))}); "
-                    f"rewards and weights there are the multi service's (port {registry.get('multi').port})"
+                    f"rewards and weights there are {readers}"
                 )
             payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
             runtime.wait_ready()

@@ -3,17 +3,20 @@
 A settings class is a frozen dataclass; ``from_env`` fills each field from
 ``SCORER_<SECTION>_<FIELD>`` (section empty for the core settings), converting by the
 field's type. Every field has a default, so a service starts on its offline defaults. A field
-declared with ``setting`` also carries its help, whether ``run.sh`` takes it as a flag, and the
-name it had before a rename: the flags, ``/info`` and docs/settings.md are made from them.
+declared with ``setting`` also carries its help, whether ``run.sh`` takes it as a flag, the
+name it had before a rename and the rule its value must meet (``check``): the flags, ``/info``
+and docs/settings.md are made from them, and a value set against its rule stops the service at
+start-up (``run.sh`` checks before it installs anything), its variable named.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,6 +28,40 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A setting is missing or has a value that cannot be used; raised at startup."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a setting's value must be: ``allowed`` says it (docs/settings.md, the error),
+    ``holds`` tests it. Unset (None) always passes: its meaning is the declaration's default."""
+
+    allowed: str
+    holds: Callable[[Any], bool]
+
+    def __call__(self, value: Any) -> None:
+        if value is not None and not self.holds(value):
+            raise ValueError(f"must be {self.allowed}")
+
+
+def at_least(low: float) -> Rule:
+    """A number no lower than ``low``."""
+    return Rule(f"at least {low:g}", lambda value: value >= low)
+
+
+def above(low: float) -> Rule:
+    """A finite number over ``low``."""
+    return Rule(f"a finite number over {low:g}", lambda value: math.isfinite(value) and value > low)
+
+
+def within(low: float, high: float) -> Rule:
+    """A number from ``low`` to ``high``, both included."""
+    return Rule(f"a number from {low:g} to {high:g}", lambda value: math.isfinite(value) and low <= value <= high)
+
+
+FINITE = Rule("a finite number", math.isfinite)
+NONZERO = Rule("a finite non-zero number", lambda value: math.isfinite(value) and value != 0)
+# Where a model comes from: a local path or a hub id, either way never blank.
+PATH_OR_HUB_ID = Rule("a path or a hub id, not blank", lambda value: bool(value.strip()))
 
 
 @dataclass(frozen=True)
@@ -43,6 +80,9 @@ class Setting:
     scorer_default: str = ""
     # Shown as "***" when set (``describe``): a credential.
     secret: bool = False
+    # Called with the value read: ``ValueError`` says what is wrong with it (a ``Rule``, or a
+    # parser of the setting's text), and ``from_env`` raises it as a ``ConfigError`` naming the variable.
+    check: Callable[[Any], object] | None = None
 
 
 def setting(
@@ -54,9 +94,10 @@ def setting(
     renamed_from: str = "",
     scorer_default: str = "",
     secret: bool = False,
+    check: Callable[[Any], object] | None = None,
 ) -> Any:
     """A settings field with its declaration (``Setting``)."""
-    declaration = Setting(help, flag, shown_default, renamed_from, scorer_default, secret)
+    declaration = Setting(help, flag, shown_default, renamed_from, scorer_default, secret, check)
     return dataclasses.field(default=default, metadata={DECLARATION: declaration})
 
 
@@ -108,8 +149,19 @@ def from_env(cls: type[T], section: str = "", environ: Mapping[str, str] | None 
         if name not in environ:
             name = _old_name(section, field) or name
         if name in environ:
-            values[field.name] = _convert(environ[name], hints[field.name], name)
+            values[field.name] = _checked(field, _convert(environ[name], hints[field.name], name), name, environ[name])
     return cls(**values)
+
+
+def _checked(field: dataclasses.Field, value: Any, name: str, raw: str) -> Any:
+    """``value`` of variable ``name`` when it meets its declaration's ``check``, else ``ConfigError``."""
+    declaration = declared(field)
+    if declaration is not None and declaration.check is not None:
+        try:
+            declaration.check(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}={raw!r}: {exc}") from None
+    return value
 
 
 def flags(cls: type, section: str = "") -> list[tuple[str, str]]:

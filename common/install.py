@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from common.registry import CODE_TOOLCHAINS, SERVICES, Service, get, multi_rewards
+from common.registry import CODE_TOOLCHAINS, SERVICES, Service, engine_of, get, members
 
 # The directories the code sandbox finds its toolchains in (``services/code/languages.py``):
 # system directories it shows read-only, never a user's ``~/.cargo/bin`` or the like.
@@ -106,10 +106,10 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
         return Setup(venv=".venv-reference", requirements=REFERENCE_REQUIREMENTS)
     if command == "reference-imagereward":
         return Setup(venv=".venv-reference-imagereward", requirements=IMAGEREWARD_REFERENCE_REQUIREMENTS)
-    if command == "multi":
-        return _multi_setup(environ)
     service = get(command)
-    engine = environ.get(f"SCORER_{service.name.upper()}_ENGINE", "")
+    if service.members:
+        return _joint_setup(service, environ)
+    engine = engine_of(service.name, environ)
     if engine in service.engine_requirements:
         requirements = service.engine_requirements[engine]
         return Setup(
@@ -138,18 +138,17 @@ def _go_home(services: Iterable[Service]) -> str:
     return GO_HOME if any(s.go for s in services) else ""
 
 
-def _multi_setup(environ: Mapping[str, str]) -> Setup:
-    """The ``multi`` service's set-up: one environment holding every listed reward's packages
-    (each reward's engine's, where its engine adds some), the union of their system packages."""
-    multi = get("multi")
-    rewards = [SERVICES[name] for name in multi_rewards(environ)]
+def _joint_setup(joint: Service, environ: Mapping[str, str]) -> Setup:
+    """The set-up of a service serving others together (``multi``): one environment holding
+    every member's packages (each member's engine's, where its engine adds some), the union of
+    their system packages."""
+    rewards = [SERVICES[name] for name in members(joint.name, environ)]
     requirements: list[str] = []
     for reward in rewards:
-        engine = environ.get(f"SCORER_{reward.name.upper()}_ENGINE", "")
-        requirements += reward.engine_requirements.get(engine, reward.requirements)
+        requirements += reward.engine_requirements.get(engine_of(reward.name, environ), reward.requirements)
     return Setup(
-        venv=f".venv-{multi.name}",
-        port=multi.port,
+        venv=f".venv-{joint.name}",
+        port=joint.port,
         requirements=_unique(requirements),
         no_deps=_unique(p for r in rewards for p in r.no_deps),
         gpu_requirements=_unique(f for r in rewards for f in r.gpu_requirements),

@@ -8,10 +8,11 @@ installing anything for it. The scorers run the same checks when they start.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from common import registry
+from common.config import ConfigError, from_env
+from common.settings import CoreSettings
 
 
 def reason(service: str) -> str | None:
@@ -22,21 +23,14 @@ def reason(service: str) -> str | None:
     return registry.load_class(check)(service)
 
 
-def rewards_problem(service: str) -> str | None:
-    """Why the ``multi`` service cannot start: its list of rewards, else the first listed reward
-    that cannot (``reason``), named."""
-    try:
-        rewards = registry.multi_rewards()
-    except ValueError as exc:
-        return str(exc)
-    for reward in rewards:
-        if problem := reason(reward):
-            return f"{reward}: {problem}"
-    return None
-
-
 def main(argv: list[str]) -> int:
-    service = argv[0] if argv else os.environ.get("SCORER_SERVICE", "")
+    """``SERVICE``, else the one ``SCORER_SERVICE`` names (as the server reads it): exit 1 and
+    the reason when it cannot start here."""
+    try:
+        service = argv[0] if argv else from_env(CoreSettings).service
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     try:
         problem = reason(service)
     except ValueError as exc:  # an unknown service

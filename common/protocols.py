@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from common.config import env_name
 from common.errors import ScorerError
-from common.scorer import Combined, Query, Result, Samples, Scored, Scorer
+from common.scorer import Query, Result, Samples, Scored, Scorer
 from common.wire import JsonCap, decode_body, encode_body, wire_format
 
 
@@ -46,25 +46,14 @@ class WireProtocol:
 
     def answer(self, results: Sequence[Result]) -> dict[str, Any]:
         """One result per sample -> the answer: ``scores`` and ``outputs`` (flow_grpo reads
-        ``outputs``), plus one per-sample list for each extras key of ``Scored`` results; of
-        ``Combined`` results, ``details`` (each reward's per-sample list, flow_grpo's
-        ``score_details`` shape), ``dropped`` (the indices of the samples that dropped one) and,
-        of videos, ``frame_details`` (each reward's per-video list of its frames' scores, as a
-        single service's ``frame_scores``)."""
+        ``outputs``), plus one per-sample list for each extras key of ``Scored`` results, and the
+        scorer's own fields (``Scorer.answer_fields``)."""
         scores = [float(r.score if isinstance(r, Scored) else r) for r in results]
         out: dict[str, Any] = {"scores": scores, "outputs": scores}
         keys = {key for r in results if isinstance(r, Scored) for key in r.extras}
         for key in sorted(keys):
             out[key] = [r.extras.get(key) if isinstance(r, Scored) else None for r in results]
-        combined = [r for r in results if isinstance(r, Combined)]
-        if combined:
-            assert len(combined) == len(results), "a combined answer is combined for every sample"
-            out["details"] = {name: [r.details[name] for r in combined] for name in combined[0].details}
-            out["dropped"] = [index for index, r in enumerate(combined) if r.dropped]
-            if combined[0].frame_details is not None:
-                out["frame_details"] = {
-                    name: [r.frame_details[name] for r in combined] for name in combined[0].frame_details
-                }
+        out.update(self.scorer.answer_fields(results))
         return out
 
     def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from common.config import from_env
+
 if TYPE_CHECKING:
     from common.scorer import Scorer
 
@@ -67,6 +69,10 @@ class Service:
     prepare: tuple[str, ...] = ()
     # An image scorer (``ImageScorer``): the ``multi`` service can serve it beside others.
     image: bool = False
+    # "module:function" naming, called with the environment, the services it serves together
+    # (their settings, requirements and preparations are its own; it reads their weights in the
+    # URL's query); standard library only, as ``run.sh`` calls it (``members``).
+    members: str = ""
 
 
 SERVICES: dict[str, Service] = {
@@ -187,8 +193,9 @@ SERVICES: dict[str, Service] = {
             uses_gpu=True,
             # The listed rewards' requirements, system packages and preparations (``setup_of``).
             requirements=(),
-            settings="common.settings:MultiSettings",
-            preflight="common.preflight:rewards_problem",
+            settings="services.multi.settings:MultiSettings",
+            preflight="services.multi.settings:preflight",
+            members="services.multi.settings:listed_rewards",
         ),
         Service(
             name="code",
@@ -246,45 +253,31 @@ def settings_class(name: str) -> type | None:
 
 
 def read_settings(name: str) -> None:
-    """Read service ``name``'s own settings as its scorer will (``multi``: each listed reward's
-    too), so that a bad value stops the service before a worker starts: ``ConfigError``, one
-    line naming the variable. A ``multi`` listing no valid reward is left to its scorer."""
-    from common.config import from_env  # the catalogue itself stays readable without it
-
+    """Read service ``name``'s own settings as its scorer will (and each of its ``members``'),
+    so that a bad value stops the service before a worker starts: ``ConfigError``, one line
+    naming the variable. A list of members that cannot be served is left to its scorer."""
     names = [get(name).name]
-    if names == ["multi"]:
-        with contextlib.suppress(ValueError):
-            names += multi_rewards()
+    with contextlib.suppress(ValueError):
+        names += members(name)
     for each in names:
         if own := settings_class(each):
             from_env(own, each)
 
 
-def multi_rewards(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """The rewards ``SCORER_MULTI_REWARDS`` lists for the ``multi`` service, checked: image
-    scorers, each once, at least one; ``ValueError`` with the fix otherwise."""
-    raw = environ.get("SCORER_MULTI_REWARDS", "")
-    names = [name.strip() for name in raw.split(",") if name.strip()]
-    images = [service.name for service in SERVICES.values() if service.image]
-    if not names:
-        raise ValueError(
-            f"the multi service serves no reward: set SCORER_MULTI_REWARDS (run.sh multi --rewards "
-            f"ocr,pickscore) to some of {', '.join(images)}"
-        )
-    for name in names:
-        if name not in images:
-            raise ValueError(
-                f"SCORER_MULTI_REWARDS names {name!r}, not an image scorer; choose among {', '.join(images)}"
-            )
-    if len(set(names)) != len(names):
-        raise ValueError(f"SCORER_MULTI_REWARDS={raw!r} names a reward twice")
-    for name in names:
-        engine = environ.get(f"SCORER_{name.upper()}_ENGINE", "")
-        requirements = SERVICES[name].engine_requirements.get(engine)
-        if requirements is not None and not set(SERVICES[name].requirements) <= set(requirements):
-            raise ValueError(
-                f"SCORER_{name.upper()}_ENGINE={engine} needs an environment of its own (its packages clash with the "
-                f"others'), so the multi service cannot serve it: serve {name} with this engine alone "
-                f"(bash run.sh {name}), or choose another engine"
-            )
-    return tuple(names)
+def engine_of(name: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The engine service ``name``'s settings choose (``SCORER_<NAME>_ENGINE``), where some of
+    its engines need requirements of their own (``Service.engine_requirements``); else ""."""
+    own = settings_class(name)
+    return from_env(own, name, environ).engine if own and get(name).engine_requirements else ""
+
+
+def members(name: str, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The services service ``name`` serves together (``Service.members``), as ``environ``
+    lists them; none for a service of its own. ``ValueError`` says why a list cannot be served."""
+    path = get(name).members
+    return tuple(load_class(path)(environ)) if path else ()
+
+
+def joint_services() -> list[Service]:
+    """The services that serve others together, and read their weights in the URL's query."""
+    return [service for service in SERVICES.values() if service.members]

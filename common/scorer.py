@@ -37,17 +37,6 @@ class Scored:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class Combined(Scored):
-    """A weighted sum of several rewards' scores (services/multi/scorer.py): ``details`` holds each
-    reward's unweighted score, NaN where an optional reward failed (``dropped``: one did); of a
-    video, ``frame_details`` each reward's scores of its chosen frames (NaN each where it failed)."""
-
-    details: dict[str, float] = field(default_factory=dict)
-    dropped: bool = False
-    frame_details: dict[str, list[float]] | None = None
-
-
 # What a scorer answers for one item.
 Result: TypeAlias = float | Scored
 # A request's URL query, as (key, value) pairs in order, a key as often as it is given.
@@ -129,6 +118,11 @@ class Scorer(ABC):
         scorers that batch their model calls stage by stage (``batched_stage``) rather than as
         one ``score`` call."""
         raise NotImplementedError
+
+    def answer_fields(self, results: Sequence[Result]) -> dict[str, Any]:
+        """The answer's fields beyond ``scores``, ``outputs`` and the ``Scored`` extras' per-sample
+        lists, made from a request's results (``multi``: each reward's scores); none by default."""
+        return {}
 
     @classmethod
     def batches_own_stages(cls) -> bool:

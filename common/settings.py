@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.clients import trusted_networks
 from common.config import setting
 
 ONE_PER_CORE = "one per CPU core"
@@ -96,6 +97,7 @@ class CoreSettings:
         "",
         "addresses or networks of proxies whose `X-Forwarded-For` names the client (its last address); from any other "
         "peer the header is ignored and the peer is the client",
+        check=trusted_networks,
     )
     device: str = setting("auto", "`auto` (the worker's GPU, else CPU), `cpu`, `cuda`")
     # gunicorn (gunicorn.conf.py).
@@ -119,16 +121,3 @@ class CoreSettings:
     graceful_timeout: int = setting(30, "seconds in-flight requests get to finish on SIGTERM")
     log_level: str = setting("info", "gunicorn's log level")
     access_log: str | None = setting(None, "an access log path (`-` for stdout)")
-
-
-@dataclass(frozen=True)
-class MultiSettings:
-    """``SCORER_MULTI_*``: the rewards the ``multi`` service serves together (services/multi/scorer.py)."""
-
-    # Each reward with its own service's settings.
-    rewards: str = setting(
-        "",
-        "the image rewards the `multi` service serves together, comma-separated (`ocr,pickscore`); none listed, it "
-        "does not start",
-        flag=True,
-    )

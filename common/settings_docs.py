@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common import registry
-from common.config import Setting, declared, env_name
+from common.config import Rule, Setting, declared, env_name
 from common.settings import CoreSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,9 +97,15 @@ def _table(cls: type, section: str) -> str:
             former = env_name(section, declaration.renamed_from)
             variable += f" (formerly `{former}`, still read until the next release)"
         rows.append(
-            f"| {variable} | {_flag(field, declaration)} | {_default(field, declaration)} | {declaration.help} |"
+            f"| {variable} | {_flag(field, declaration)} | {_default(field, declaration)} | {_meaning(declaration)} |"
         )
     return "\n".join(rows)
+
+
+def _meaning(declaration: Setting) -> str:
+    """The help, and the rule the value must meet where the declaration states one."""
+    rule = f" (must be {declaration.check.allowed})" if isinstance(declaration.check, Rule) else ""
+    return declaration.help + rule
 
 
 def _default(field: dataclasses.Field, declaration: Setting) -> str:

@@ -11,10 +11,12 @@ import pytest
 from common import install, registry, shell
 from common.errors import PayloadTooLarge, Unprocessable
 from common.media import MEAN, MediaRequest
-from common.rewards import Wanted, from_query, requested, rewards_url
-from common.scorer import Combined, ImageScorer
+from common.rewards import rewards_url
+from common.scorer import ImageScorer
 from common.settings import CoreSettings
-from services.multi.scorer import combined_results
+from services.multi.combine import Combined, combined_results
+from services.multi.settings import listed_rewards
+from services.multi.wanted import Wanted, from_query, requested
 
 pytestmark = pytest.mark.unit
 
@@ -90,7 +92,7 @@ def test_the_clients_query() -> None:
 
 
 def test_which_rewards_a_node_serves_together() -> None:
-    assert registry.multi_rewards({"SCORER_MULTI_REWARDS": " ocr, pickscore "}) == ("ocr", "pickscore")
+    assert listed_rewards({"SCORER_MULTI_REWARDS": " ocr, pickscore "}) == ("ocr", "pickscore")
     for listed, message in (
         ("", "serves no reward"),
         ("ocr,code", "not an image scorer"),
@@ -98,10 +100,10 @@ def test_which_rewards_a_node_serves_together() -> None:
         ("multi", "not an image scorer"),
     ):
         with pytest.raises(ValueError, match=message):
-            registry.multi_rewards({"SCORER_MULTI_REWARDS": listed})
+            listed_rewards({"SCORER_MULTI_REWARDS": listed})
     # PaddleOCR's packages clash with RapidOCR's and the CLIP family's: its own environment only.
     with pytest.raises(ValueError, match=r"SCORER_OCR_ENGINE=paddleocr .* cannot serve it"):
-        registry.multi_rewards({"SCORER_MULTI_REWARDS": "ocr,pickscore", "SCORER_OCR_ENGINE": "paddleocr"})
+        listed_rewards({"SCORER_MULTI_REWARDS": "ocr,pickscore", "SCORER_OCR_ENGINE": "paddleocr"})
 
 
 def test_the_image_entries_are_image_scorers() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import Unprocessable
-from services.ocr.reward import RuleOptions, check_targets, match_score, reward, targets
+from common.ocr_rule import RuleOptions, check_targets, match_score, reward, targets
 
 pytestmark = pytest.mark.unit
 

@@ -25,8 +25,8 @@ import requests
 from PIL import Image, ImageDraw, ImageFont
 
 from common.client import AsyncScorerClient, ScorerClient
+from common.ocr_rule import RuleOptions, targets
 from common.settings import CoreSettings
-from services.ocr.reward import RuleOptions, targets
 from services.ocr.scorer import OcrSettings
 from testing.clock import wait_until
 from testing.images import blank, empty_chunks_png, ocr_prompts, quoted, render_text, scan_bomb

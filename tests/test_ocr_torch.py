@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from common.config import ConfigError
+from common.ocr_rule import RuleOptions, reward
 from services.ocr.engines import RapidOCREngine, check_providers
-from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
 from testing.images import decoded, ocr_prompts, quoted, render_text
 

@@ -13,7 +13,7 @@ import pytest
 from huggingface_hub import try_to_load_from_cache
 
 from common import registry
-from services.clip.weights import in_hub_cache
+from common.hub import in_hub_cache
 from testing.server import ROOT
 
 pytestmark = pytest.mark.unit

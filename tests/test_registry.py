@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common import install, registry, shell
-from common.config import env_name
+from common.config import ConfigError, env_name
 from common.scorer import Scorer
 from common.settings import CoreSettings
 from services.code import languages
@@ -83,6 +83,18 @@ def test_what_each_command_sets_up() -> None:
     assert paddle.venv == ".venv-ocr-paddleocr" and paddle.requirements == ("requirements-ocr-paddle.txt",)
     code = install.setup_of("code", {})
     assert code.prepare == ("services.code.packages",) and test.prepare == code.prepare
+
+
+def test_what_run_sh_installs_reads_the_settings_as_the_service_does() -> None:
+    """The engine and the rewards listed are read through their declarations: a value the
+    service would refuse is refused here too, never taken for the default's set-up."""
+    with pytest.raises(ConfigError, match=r"^SCORER_OCR_ENGINE='paddle': must be one of auto, rapidocr, torch"):
+        install.setup_of("ocr", {"SCORER_OCR_ENGINE": "paddle"})
+    with pytest.raises(ConfigError, match=r"^SCORER_OCR_ENGINE='Torch': must be one of"):
+        install.setup_of("multi", {"SCORER_MULTI_REWARDS": "ocr,pickscore", "SCORER_OCR_ENGINE": "Torch"})
+    # The judge's SCORER_JUDGE_ENGINE is its engine's URL, no choice of requirements.
+    judge = install.setup_of("judge", {"SCORER_JUDGE_ENGINE": "http://127.0.0.1:8000"})
+    assert judge.venv == ".venv-judge"
     assert shell.flag_variables("code") == (
         "--port=SCORER_PORT",
         "--workers=SCORER_WORKERS",
@@ -164,3 +176,16 @@ def test_what_run_sh_checks_before_it_installs(command: str, variable: str, refu
         text=True,
     )
     assert (result.returncode, result.stderr) == ((2, f"{variable}='x': expected int\n") if refused else (0, ""))
+
+
+def test_run_sh_refuses_a_value_against_its_declared_rule_before_it_installs() -> None:
+    """``run.sh geneval`` with the system python3: the rule's error, one line, exit 2."""
+    env = {"PATH": "/usr/bin:/bin", "SCORER_GENEVAL_THRESHOLD": "1.5"}
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "common.shell", "check", "geneval"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode, result.stderr) == (2, "SCORER_GENEVAL_THRESHOLD='1.5': must be a number from 0 to 1\n")

@@ -12,8 +12,8 @@ import json
 import time
 from pathlib import Path
 
+from common.ocr_rule import RuleOptions, reward
 from services.ocr.engines import RapidOCREngine
-from services.ocr.reward import RuleOptions, reward
 from services.ocr.torch_engine import TorchOCREngine
 from testing.images import decoded, ocr_prompts, quoted, render_text
 

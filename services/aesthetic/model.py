@@ -15,11 +15,11 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
 
+from common.hub import local_first
 from common.images import once_per_image
 from common.precision import torch_dtype
 from services.clip.preprocess import input_bytes
 from services.clip.towers import image_features, normalised
-from services.clip.weights import local_first
 
 
 class AestheticHead(nn.Module):

@@ -10,9 +10,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import ConfigError, env_name, from_env, setting
+from common.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting
+from common.hub import missing_weights, offline_problem
 from common.precision import Precision
-from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
@@ -35,6 +35,7 @@ class AestheticSettings:
         "the CLIP: a local directory (`save_pretrained` layout) or a hub id (read from the hub cache first, "
         "downloaded at start otherwise)",
         flag=True,
+        check=PATH_OR_HUB_ID,
     )
     head: str = setting(
         str(DEFAULT_HEAD),
@@ -52,6 +53,7 @@ class AestheticSettings:
         None,
         "images per forward pass: a large request or batch never runs the GPU out of memory",
         shown_default="32 on GPU, 8 on CPU",
+        check=at_least(1),
     )
     # score = raw * scale + offset; the defaults give the raw score.
     scale: float = setting(1.0, "score = raw × scale + offset")
@@ -60,12 +62,7 @@ class AestheticSettings:
 
 def read_settings() -> AestheticSettings:
     """The settings from the environment; ``ConfigError`` for a bad one."""
-    settings = from_env(AestheticSettings, SECTION)
-    if settings.micro_batch is not None and settings.micro_batch < 1:
-        raise ConfigError(f"{env_name(SECTION, 'micro_batch')} must be at least 1")
-    if not settings.clip.strip():
-        raise ConfigError(f"{env_name(SECTION, 'clip')} is empty; give a CLIP directory or hub id")
-    return settings
+    return from_env(AestheticSettings, SECTION)
 
 
 def missing(settings: AestheticSettings, allow_download: bool) -> str | None:

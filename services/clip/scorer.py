@@ -22,13 +22,13 @@ from PIL import Image
 
 from common.config import ConfigError, env_name
 from common.devices import require_torch_device
+from common.hub import local_first
 from common.media import MediaRequest
 from common.precision import micro_batch as default_micro_batch
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.clip.preprocess import check_clip_inputs
 from services.clip.settings import HPS_FILE, WEIGHTS, missing, model_hint, processor_source, read_settings
-from services.clip.weights import local_first
 
 if TYPE_CHECKING:
     from services.clip.model import ClipRewardModel

@@ -6,14 +6,13 @@ virtual environment exists, so a service that is going to be skipped costs no in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from common.config import ConfigError, env_name, from_env, setting
+from common.config import NONZERO, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
+from common.hub import missing_weights, offline_problem
 from common.precision import Precision
-from services.clip.weights import missing_weights, offline_problem
 
 VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 HPS_FILE = "HPS_v2.1_compressed.pt"
@@ -23,12 +22,17 @@ PROCESSOR_FILES = (("preprocessor_config.json",), ("tokenizer.json", "vocab.json
 
 def model_setting(default: str) -> Any:
     """The ``model`` field, whose default each reward sets."""
-    return setting(default, "the model: a local directory (or, for HPSv2, a checkpoint file) or a hub id", flag=True)
+    return setting(
+        default,
+        "the model: a local directory (or, for HPSv2, a checkpoint file) or a hub id",
+        flag=True,
+        check=PATH_OR_HUB_ID,
+    )
 
 
 def divisor_setting(default: float) -> Any:
     """The ``divisor`` field, whose default each reward sets."""
-    return setting(default, "the score's divisor")
+    return setting(default, "the score's divisor", check=NONZERO)
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class ClipRewardSettings:
     precision: Precision = setting("float16", "`float16`, `bfloat16` or `float32` on GPU; the CPU always uses float32")
     # Samples per forward pass of each tower. Unset: 32 on GPU, 8 on CPU.
     micro_batch: int | None = setting(
-        None, "samples per forward pass of each tower", shown_default="32 on GPU, 8 on CPU"
+        None, "samples per forward pass of each tower", shown_default="32 on GPU, 8 on CPU", check=at_least(1)
     )
     # score = cosine x (logit_scale.exp() where the recipe uses it) / divisor.
     divisor: float = divisor_setting(1.0)
@@ -104,14 +108,7 @@ WEIGHTS = {
 
 def read_settings(service: str) -> ClipRewardSettings:
     """The settings of ``service`` from the environment; ``ConfigError`` for a bad one."""
-    settings = from_env(WEIGHTS[service].settings_class, service)
-    if settings.micro_batch is not None and settings.micro_batch < 1:
-        raise ConfigError(f"{env_name(service, 'micro_batch')} must be at least 1")
-    if not settings.model.strip():
-        raise ConfigError(f"{env_name(service, 'model')} is empty; give a model directory or hub id")
-    if not math.isfinite(settings.divisor) or settings.divisor == 0:
-        raise ConfigError(f"{env_name(service, 'divisor')}={settings.divisor} must be a finite non-zero number")
-    return settings
+    return from_env(WEIGHTS[service].settings_class, service)
 
 
 def model_hint(service: str) -> str:

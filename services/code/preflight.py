@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 from common.config import ConfigError, env_name, from_env
-from services.code.languages import time_scales
 from services.code.settings import CodeSettings
 
 SECTION = "code"
@@ -25,10 +24,6 @@ def preflight(service: str = SECTION) -> str | None:
         settings = from_env(CodeSettings, SECTION)
     except ConfigError as exc:
         return str(exc)
-    try:
-        time_scales(settings.time_scales)
-    except ValueError as exc:
-        return f"{env_name(SECTION, 'time_scales')}={settings.time_scales!r}: {exc}"
     if settings.infra_failure_score is None:
         return INFRA_HELP
     if os.geteuid() != 0:

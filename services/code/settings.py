@@ -8,6 +8,7 @@ from typing import Literal
 
 from common.config import setting
 from common.cpus import usable_cpus
+from services.code.languages import time_scales
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class CodeSettings:
         "java=2+0.5 javascript=2+0.5",
         "per language, its tests' two limits x FACTOR + SECONDS, its sample's wall time x FACTOR + SECONDS per test "
         "(`LANGUAGE=FACTOR[+SECONDS]`, by any alias, separated by spaces or commas; a language not named keeps them)",
+        check=time_scales,
     )
     sample_wall_s: float = setting(60.0, "wall seconds per sample")
     # Kattis problem packages labels name (services/code/problems.py), each read on first use.

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from transformers import CLIPModel, CLIPTokenizer
 
+from common.hub import local_first
 from services.clip.towers import image_features, normalised, text_features
-from services.clip.weights import local_first
 from services.geneval.rules import CLASSNAMES, COLORS
 
 # Texts per text-tower call at start-up.

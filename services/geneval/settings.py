@@ -6,13 +6,12 @@ virtual environment exists.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env, setting
+from common.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting, within
+from common.hub import missing_weights, offline_problem
 from common.precision import Precision
-from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "geneval"
 # 1024 x 1024: the images trainers generate are post-processed at their own size, as mmdet does.
@@ -28,26 +27,28 @@ class GenEvalSettings:
         "facebook/mask2former-swin-small-coco-instance",
         "a transformers Mask2FormerForUniversalSegmentation with COCO's 80 classes: a directory or a hub id",
         flag=True,
+        check=PATH_OR_HUB_ID,
     )
     # ViT-L/14 with OpenAI's weights, as GenEval's open_clip ViT-L-14 "openai".
     clip: str = setting(
         "openai/clip-vit-large-patch14",
         "the colour classifier, a transformers CLIP: a directory or a hub id",
         flag=True,
+        check=PATH_OR_HUB_ID,
     )
     # The models' precision on GPU; the CPU runs float32. Post-processing is float32 everywhere.
     precision: Precision = setting("float16", "`float16`, `bfloat16` or `float32` on GPU (the CPU runs float32)")
     # GenEval's evaluator options: a detection counts above ``threshold`` (``counting_threshold``
     # for the counting tag), at most ``max_objects`` per class; the position rule's margin.
-    threshold: float = setting(0.3, "a detection counts above this")
-    counting_threshold: float = setting(0.9, "a detection counts above this for the `counting` tag")
-    max_objects: int = setting(16, "detections kept per class")
-    position_threshold: float = setting(0.1, "the position rule's margin")
+    threshold: float = setting(0.3, "a detection counts above this", check=within(0, 1))
+    counting_threshold: float = setting(0.9, "a detection counts above this for the `counting` tag", check=within(0, 1))
+    max_objects: int = setting(16, "detections kept per class", check=at_least(1))
+    position_threshold: float = setting(0.1, "the position rule's margin", check=within(0, 1))
     # mmdet's test pipeline for the detector: the image resized to fit min_size x max_size (its
     # img_scale (1333, 800), aspect kept), ``max_detections`` of queries x classes kept.
-    min_size: int = setting(800, "mmdet's test scale: the image's shorter side at most")
-    max_size: int = setting(1333, "mmdet's test scale: the image's longer side at most")
-    max_detections: int = setting(100, "queries x classes kept before the thresholds")
+    min_size: int = setting(800, "mmdet's test scale: the image's shorter side at most", check=at_least(1))
+    max_size: int = setting(1333, "mmdet's test scale: the image's longer side at most", check=at_least(1))
+    max_detections: int = setting(100, "queries x classes kept before the thresholds", check=at_least(1))
     # Fixes of the reward server's quirks, off by default: the strict correctness reads the
     # exclude clauses; ``bgr``: the detector sees the image's channels swapped, as the reward
     # server's (it hands mmdet RGB arrays, which mmdet takes for BGR).
@@ -56,32 +57,20 @@ class GenEvalSettings:
         "rgb", "`bgr`: the detector sees the channels swapped, as the reward server's did"
     )
     # Colour crops per CLIP call.
-    color_batch: int = setting(64, "colour crops per CLIP call")
+    color_batch: int = setting(64, "colour crops per CLIP call", check=at_least(1))
     # The post-processing's cost bound: 100 masks upsampled to a 4096 x 4096 image's size are
     # 1.7 G logits; past this size they stay on the detector's input (1333 x 800 at most).
     own_size_pixels: int = setting(
         OWN_SIZE_PIXELS,
         "an image of up to this many pixels has its masks upsampled to its own size, as mmdet does; a larger "
         "one's scores, boxes and colour crops come from its masks at the detector's input size",
+        check=at_least(0),
     )
 
 
 def read_settings() -> GenEvalSettings:
     """The settings from the environment; ``ConfigError`` for a bad one."""
-    settings = from_env(GenEvalSettings, SECTION)
-    for field in ("threshold", "counting_threshold", "position_threshold"):
-        value = getattr(settings, field)
-        if not (math.isfinite(value) and 0 <= value <= 1):
-            raise ConfigError(f"{env_name(SECTION, field)}={value} must be a number from 0 to 1")
-    for field in ("max_objects", "min_size", "max_size", "max_detections", "color_batch"):
-        if getattr(settings, field) < 1:
-            raise ConfigError(f"{env_name(SECTION, field)} must be at least 1")
-    if settings.own_size_pixels < 0:
-        raise ConfigError(f"{env_name(SECTION, 'own_size_pixels')} must be at least 0")
-    for field in ("detector", "clip"):
-        if not getattr(settings, field).strip():
-            raise ConfigError(f"{env_name(SECTION, field)} is empty; give a directory or a hub id")
-    return settings
+    return from_env(GenEvalSettings, SECTION)
 
 
 def missing(settings: GenEvalSettings, allow_download: bool) -> str | None:

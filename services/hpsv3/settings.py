@@ -6,12 +6,11 @@ virtual environment exists, so a service that is going to be skipped costs no in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from common.config import ConfigError, env_name, from_env, setting
+from common.config import FINITE, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
+from common.hub import missing_weights, offline_problem
 from common.precision import Precision
-from services.clip.weights import missing_weights, offline_problem
 
 SECTION = "hpsv3"
 CHECKPOINT = "HPSv3.safetensors"
@@ -22,13 +21,17 @@ class HPSv3Settings:
     """``SCORER_HPSV3_<FIELD>``; ``run.sh hpsv3 --model`` / ``--base`` set the first two."""
 
     model: str = setting(
-        "MizzenAI/HPSv3", "the checkpoint: `HPSv3.safetensors`, a directory holding it, or a hub id", flag=True
+        "MizzenAI/HPSv3",
+        "the checkpoint: `HPSv3.safetensors`, a directory holding it, or a hub id",
+        flag=True,
+        check=PATH_OR_HUB_ID,
     )
     base: str = setting(
         "Qwen/Qwen2-VL-7B-Instruct",
         "Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and `preprocessor_config.json`: a "
         "directory or a hub id",
         flag=True,
+        check=PATH_OR_HUB_ID,
     )
     # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
     # runs float32 throughout.
@@ -37,24 +40,18 @@ class HPSv3Settings:
         "the backbone's precision on a GPU (HPSv3's own `bfloat16`); the head is float32; the CPU runs float32",
     )
     # score = mu x scale. 1.0: HPSv3's own scale; VeRL-Omni's hpsv3_reward multiplies by 0.1.
-    scale: float = setting(1.0, "score = mu × scale (`0.1`: VeRL-Omni's)")
+    scale: float = setting(1.0, "score = mu × scale (`0.1`: VeRL-Omni's)", check=FINITE)
     # Tokens of one sample's whole sequence (instruction, image and prompt); a longer prompt is a 413.
     max_tokens: int = setting(
-        2048, "tokens of one sample's sequence (instruction ~330, image ~256, the prompt); over it a 413"
+        2048,
+        "tokens of one sample's sequence (instruction ~330, image ~256, the prompt); over it a 413",
+        check=at_least(1),
     )
 
 
 def read_settings() -> HPSv3Settings:
     """The settings from the environment; ``ConfigError`` for a bad one."""
-    settings = from_env(HPSv3Settings, SECTION)
-    if not math.isfinite(settings.scale):
-        raise ConfigError(f"{env_name(SECTION, 'scale')}={settings.scale} must be a finite number")
-    if settings.max_tokens < 1:
-        raise ConfigError(f"{env_name(SECTION, 'max_tokens')} must be at least 1")
-    for field in ("model", "base"):
-        if not getattr(settings, field).strip():
-            raise ConfigError(f"{env_name(SECTION, field)} is empty; give a path or a hub id")
-    return settings
+    return from_env(HPSv3Settings, SECTION)
 
 
 def missing(settings: HPSv3Settings, allow_download: bool) -> str | None:

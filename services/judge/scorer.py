@@ -24,13 +24,13 @@ from common.deadlines import current_deadline
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_per_image, shown_size
 from common.media import MediaRequest, VideoRule
+from common.ocr_rule import RuleOptions, check_targets, reward
 from common.scorer import ImageScorer, Query, Samples, Scored
 from common.settings import CoreSettings
 from services.judge import prompts
 from services.judge.engine import EngineClient, Reply
 from services.judge.prompts import ParseFailure
 from services.judge.settings import PAIRWISE, SECTION, JudgeSettings, settings_problem
-from services.ocr.reward import RuleOptions, check_targets, reward
 
 # flow_grpo resizes each image to 512x512 before sending it to UnifiedReward v1.
 V1_SIZE = (512, 512)

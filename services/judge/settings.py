@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, env_name, from_env, setting
+from common.config import ConfigError, above, at_least, env_name, from_env, setting
 
 SECTION = "judge"
 # The judge that compares samples in pairs; the others score each alone.
@@ -41,7 +41,9 @@ class JudgeSettings:
         shown_default="none: required",
     )
     # Chat completions one worker has in flight at once, across its requests.
-    concurrency: int = setting(64, "chat completions one worker has in flight at once, across its requests")
+    concurrency: int = setting(
+        64, "chat completions one worker has in flight at once, across its requests", check=at_least(1)
+    )
     # Retries of a call the engine answered 429 or 5xx, or could not be reached for, each after
     # backoff_s doubling up to backoff_max_s, never past the request's deadline.
     retries: int = setting(3, "retries of a call the engine answered 429/5xx or could not be reached for")
@@ -59,7 +61,9 @@ class JudgeSettings:
     # /ready asks the engine itself only when no call has shown for this long whether it answers,
     # and then in the background: a balancer polling /ready never sends the engine a call per poll.
     ready_probe_s: float = setting(
-        10.0, "how long the engine's calls may show nothing before `/ready` probes it (one probe at a time)"
+        10.0,
+        "how long the engine's calls may show nothing before `/ready` probes it (one probe at a time)",
+        check=above(0),
     )
     # How long a starting worker waits for the engine to list its models (a vLLM load takes minutes).
     engine_wait_s: float = setting(600.0, "how long a starting worker waits for the engine to list its models")
@@ -91,10 +95,6 @@ def settings_problem(settings: JudgeSettings) -> str | None:
         return PARSE_FAILURE_HELP
     if settings.parse_failure_score == "tie" and settings.judge != PAIRWISE:
         return f"{env_name(SECTION, 'parse_failure_score')}=tie applies to the pairwise judge ({PAIRWISE}) only"
-    if settings.concurrency < 1:
-        return f"{env_name(SECTION, 'concurrency')} must be at least 1"
-    if not settings.ready_probe_s > 0:
-        return f"{env_name(SECTION, 'ready_probe_s')} must be positive"
     return None
 
 

@@ -27,30 +27,27 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from PIL import Image
 
-from common import metrics, registry
+from common import registry
 from common.budget import tentative_work, trial_work
 from common.config import ConfigError
-from common.errors import NotReady, Overloaded, ScorerError, Unprocessable, quote
+from common.errors import ScorerError
 from common.images import open_images
 from common.media import MEAN, MediaRequest, VideoRule, parse_media_request
-from common.rewards import Wanted, requested
 from common.runtime import ScorerRuntime
-from common.scorer import Combined, ImageScorer, Query, Result, Samples, Scored, Scorer, combine_frames, decode
+from common.scorer import ImageScorer, Query, Result, Samples, Scorer, decode
 from common.settings import CoreSettings
+from services.multi import combine
+from services.multi.combine import FROM_THE_LOAD, combined_results, from_reward
+from services.multi.settings import listed_rewards
+from services.multi.wanted import Wanted, requested
 
 log = logging.getLogger(__name__)
-
-# A reward's refusals that tell of the node's load (a full queue, the deadline, the work bytes
-# held by other requests) or its readiness, not of the sample: the request fails with the 503
-# its client retries, optional reward or not, so that a sample's sum never depends on the load.
-FROM_THE_LOAD = (Overloaded, NotReady)
 
 
 class CombinedScorer(Scorer):
@@ -65,7 +62,7 @@ class CombinedScorer(Scorer):
     def __init__(self, core: CoreSettings) -> None:
         super().__init__(core)
         try:
-            names = registry.multi_rewards()
+            names = listed_rewards()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.rewards: dict[str, ImageScorer] = {name: registry.load_scorer_class(name)(core) for name in names}
@@ -242,6 +239,9 @@ class CombinedScorer(Scorer):
                 return f"{name}: {problem}"
         return None
 
+    def answer_fields(self, results: Sequence[Result]) -> dict[str, Any]:
+        return combine.answer_fields(results)
+
     def info(self) -> dict[str, Any]:
         return {
             "rewards": {
@@ -255,119 +255,3 @@ class CombinedScorer(Scorer):
                 for name, scorer in self.rewards.items()
             }
         }
-
-
-def from_reward(name: str, error: Exception) -> Exception:
-    """Reward ``name``'s refusal with the name first (``pickscore: 4 items in one request; ...``),
-    its type and status kept, so that a request of several rewards says which one refused it. A
-    new object: a batcher hands one exception to every request of its batch. A fault that is no
-    ``ScorerError`` stays as it is, its traceback logged."""
-    if not isinstance(error, ScorerError):
-        return error
-    return type(error)(f"{name}: {error.message}")
-
-
-def combined_results(
-    images: Sequence[Mapping[str, Any]],
-    wanted: Mapping[str, Wanted],
-    spans: Sequence[range],
-    rules: Mapping[str, VideoRule] | None,
-    bounds: Mapping[str, tuple[float, float]],
-) -> list[Result]:
-    """Each image's results by reward -> each sample's ``Combined``: each reward's score, keyed
-    by the name the request gave it (a
-    video's by its rule for that reward, ``rules``; None for images, and a video's frames'
-    scores by reward, ``frame_details``) and their weighted sum. Each reward's failure for a
-    sample follows that reward's own policy, never another sample's:
-
-    - a required reward's error is raised, as its own service's is, and any reward's 503
-      (``FROM_THE_LOAD``: the load, not the sample);
-    - a score that is not a finite number is what the reward's own service answers for the
-      sample (a judge's parse failure under ``nan``, or under ``mean`` when no reply parsed):
-      a required reward's makes the sample's sum NaN, no verdict, as its own service's answer;
-    - an optional reward that failed for the sample, or gave it no finite score, is dropped
-      for that sample alone and counted at its worst score (``bounds``: its lowest for a
-      positive weight, its highest for a negative one), so that no sample gains by making it
-      fail; where that bound is infinite, or where none of the sample's weighted rewards is
-      left, the sum is NaN (never 0: there is nothing to measure it by), unless that is so of
-      every sample for an error (a bound on the request together): the request gets that error.
-
-    A sum past the largest float is a 422: the weights are too large."""
-    combined: list[Result] = []
-    dropped: dict[str, int] = dict.fromkeys(wanted, 0)
-    unmeasured: list[BaseException] = []  # each sample's error that left it nothing to measure it by
-    for index, span in enumerate(spans):
-        details: dict[str, float] = {}
-        frames: dict[str, list[float]] = {}
-        weighted: list[float] = []
-        dropped_here = measured = False
-        verdict = True
-        failure: BaseException | None = None
-        for name, want in wanted.items():
-            key = want.alias or name
-            values = [images[i][name] for i in span]
-            error = next((value for value in values if isinstance(value, BaseException)), None)
-            frames[key] = [math.nan] * len(span)
-            details[key] = math.nan
-            if error is None:
-                score, frames[key] = _score(values, rules[name] if rules is not None else None)
-                if math.isfinite(score):
-                    details[key] = score
-                    weighted.append(want.weight * score)
-                    measured = measured or want.weight != 0
-                    continue
-                if not want.optional:
-                    verdict = False
-                    continue
-            elif not want.optional or isinstance(error, FROM_THE_LOAD):
-                raise error
-            failure = failure or error
-            dropped_here = True
-            dropped[name] += 1
-            worst = worst_term(want.weight, bounds[name])
-            if worst is None:
-                verdict = False
-            else:
-                weighted.append(worst)
-        if dropped_here and not measured and failure is not None:
-            unmeasured.append(failure)
-        total = _sum(weighted, index) if verdict and (measured or not dropped_here) else math.nan
-        combined.append(Combined(total, details=details, dropped=dropped_here, frame_details=frames if rules else None))
-    if unmeasured and len(unmeasured) == len(spans):
-        raise unmeasured[0]
-    for name, count in dropped.items():
-        if count:
-            metrics.REWARD_DROPPED.labels(name).inc(count)
-    return combined
-
-
-def worst_term(weight: float, bounds: tuple[float, float]) -> float | None:
-    """A dropped reward's term in the weighted sum: its weight times the score that makes the
-    term lowest (its lowest for a positive weight, its highest for a negative one); None when
-    that score is unbounded."""
-    if weight == 0:
-        return 0.0
-    bound = bounds[0] if weight > 0 else bounds[1]
-    return weight * bound if math.isfinite(bound) else None
-
-
-def _sum(weighted: Sequence[float], index: int) -> float:
-    """Sample ``index``'s weighted scores summed; a 422 when the sum is past the largest float."""
-    try:
-        total = math.fsum(weighted)
-    except (OverflowError, ValueError):  # an intermediate sum past the largest float; inf - inf
-        total = math.inf
-    if not math.isfinite(total):
-        raise Unprocessable(
-            f"sample {index}'s weighted sum overflows a float (its weighted scores: {quote(weighted)}); "
-            "the weights are too large"
-        )
-    return total
-
-
-def _score(values: Sequence[Result], rule: VideoRule | None) -> tuple[float, list[float]]:
-    """One sample's score from its image's result, or (``rule``) its video's frames' results;
-    and the scores of its frames (a video's chosen ones, in order)."""
-    (result,) = values if rule is None else combine_frames(values, [len(values)], rule)
-    frames = [float(value.score if isinstance(value, Scored) else value) for value in values]
-    return float(result.score if isinstance(result, Scored) else result), frames

@@ -23,7 +23,7 @@ from PIL import Image
 from common.config import ConfigError, env_name
 from common.deadlines import check_deadline
 from common.errors import PayloadTooLarge
-from services.ocr.reward import Line
+from common.ocr_rule import Line
 
 # Recognizer input widths are rounded up to this many pixels (see ``recognition_input``).
 REC_WIDTH_STEP = 32

@@ -14,10 +14,10 @@ from common.deadlines import check_deadline
 from common.errors import PayloadTooLarge, Unprocessable
 from common.images import once_each, once_per_image, shown_size
 from common.media import MEAN, MediaRequest, VideoRule
+from common.ocr_rule import RuleOptions, check_targets, reward
 from common.scorer import ImageScorer
 from common.settings import CoreSettings
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
-from services.ocr.reward import RuleOptions, check_targets, reward
 from services.ocr.settings import OcrSettings
 
 # flow_grpo's ``video_ocr`` reward (``OcrScorer_video_or_image``): every 4th frame, each scored

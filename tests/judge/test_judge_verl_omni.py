@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from common.ocr_rule import RuleOptions, check_targets, reward
 from services.judge import prompts
 from services.judge.prompts import ParseFailure
-from services.ocr.reward import RuleOptions, check_targets, reward
 from testing import fetched
 
 VERL_OMNI = os.environ.get("SCORER_TEST_VERL_OMNI")

@@ -1,4 +1,5 @@
-"""The OCR reward rule: how well the recognized text matches the text the prompt asked for.
+"""The OCR reward rule: how well the recognized text matches the text the prompt asked for,
+and its options (``RuleOptions``); the OCR service's and the judge's ``vlm-ocr`` rule.
 
 The default is flow_grpo's rule, exactly: target = the first ``"..."`` segment of the prompt;
 recognized = the concatenated texts of lines with confidence > 0; spaces removed and both
@@ -9,19 +10,78 @@ Options (deepgen_rl's newer rule) change one step each; all off by default.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from rapidfuzz.distance import Levenshtein
-
+from common.config import setting
 from common.errors import Unprocessable, quote
-from services.ocr.settings import RuleOptions
 
 QUOTED = re.compile(r'"([^"]*)"')
 # Characters OCR confuses; folded on both sides when ``fold_confusions`` is on.
 CONFUSIONS = str.maketrans({"0": "o", "1": "l", "i": "l", "j": "l", "5": "s", "v": "w"})
 PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    """Matching options; each is a server setting (``SCORER_OCR_<FIELD>``) and a per-request
+    override in ``metadata["ocr"]``."""
+
+    # "all" is deepgen_rl's newer mode.
+    target: Literal["first", "all"] = setting(
+        "first", "`first` quoted segment (flow_grpo), or `all` segments each scored and averaged"
+    )
+    no_quotes: Literal["whole_prompt", "zero"] = setting(
+        "whole_prompt", "a prompt without quotes: match the whole prompt, or `zero`"
+    )
+    case_sensitive: bool = setting(False, "keep case when comparing")
+    strip_punctuation: bool = setting(False, "drop ASCII punctuation on both sides")
+    # flow_grpo: > 0.
+    min_confidence: float = setting(0.0, "ignore lines at or below this confidence")
+    ngram_candidates: bool = setting(
+        False, "also compare against every run of as many recognized words as the target has; keep the best"
+    )
+    fold_confusions: bool = setting(False, "fold 0→o, 1/i/j→l, 5→s, v→w on both sides")
+
+    def override(self, overrides: Any) -> RuleOptions:
+        """These options with a request's ``metadata["ocr"]`` applied; 422 for a bad key/value."""
+        if overrides is None:
+            return self
+        if not isinstance(overrides, dict):
+            raise Unprocessable("metadata['ocr'] must be a dict of matching options")
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = [quote(key) for key in overrides if key not in fields]  # keys of any type, quoted bounded
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+            raise Unprocessable(f"unknown OCR option(s) {shown}; known: {', '.join(sorted(fields))}")
+        for key, value in overrides.items():
+            if not _valid(getattr(self, key), key, value):
+                raise Unprocessable(f"metadata['ocr'][{key!r}] = {quote(value)} is not a valid value")
+        return dataclasses.replace(self, **overrides)
+
+
+_CHOICES = {"target": ("first", "all"), "no_quotes": ("whole_prompt", "zero")}
+
+
+def _valid(current: Any, key: str, value: Any) -> bool:
+    """Whether ``value`` may replace the option ``key`` (now ``current``): a bool for a bool; a
+    finite number for a float (an int too large for a float is not one); one of the choices."""
+    if isinstance(current, bool):
+        return isinstance(value, bool)
+    if isinstance(current, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            return math.isfinite(float(value))
+        except OverflowError:  # an int of over 1024 bits
+            return False
+    return isinstance(value, str) and value in _CHOICES[key]
+
 
 # (text, confidence) of one recognized line.
 Line = tuple[str, float]
@@ -53,6 +113,11 @@ def _normalize(text: str, options: RuleOptions) -> str:
 
 
 def _distance(recognized: str, target: str, substring: bool) -> int:
+    # Imported here: run.sh reads ``RuleOptions`` (the OCR service's settings) with the standard library alone.
+
+    # Imported here: run.sh reads ``RuleOptions`` (the OCR service's settings) with the standard library alone.
+    from rapidfuzz.distance import Levenshtein
+
     return 0 if substring and target in recognized else Levenshtein.distance(recognized, target)
 
 

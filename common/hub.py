@@ -1,5 +1,6 @@
-"""Where CLIP weights come from: a local directory, a local file or a hub id, judged from the
-disk and the hub cache only, so that ``run.sh`` with no argument never waits on a download.
+"""Where a scorer's weights come from (aesthetic, the CLIP family, HPSv3, GenEval): a local
+directory, a local file or a hub id, judged from the disk and the hub cache only, so that
+``run.sh`` with no argument never waits on a download.
 
 Standard library only: ``run.sh`` runs the services' ``preflight`` with the system python3,
 before any virtual environment (and so before huggingface_hub) exists.
