@@ -1,3 +1,4 @@
+# Over 400 lines: a sample's way from admission to verdict (slot, plan, re-run, judging, checking) is one story.
 """From a sample to a verdict: its admission and plan, its slot and deadline, the one re-run,
 its tests judged (``grading.judging``) and checked (``grading.checking``), and its score."""
 
@@ -16,6 +17,7 @@ from common import metrics
 from common.deadlines import Deadline
 from services.code import interactive
 from services.code.admission import Admission, Admitted, Cost, Rates, floor_shown
+from services.code.cancelling import Cancellation, Cancelled, HangUps
 from services.code.compile_cache import Builds
 from services.code.grading import checking, trials
 from services.code.grading.building import built
@@ -89,6 +91,7 @@ class Grader:
         self.rates = Rates()
         self.admission = Admission(slots)
         self.cancelled = 0  # samples whose client went away before they were graded
+        self.hang_ups = HangUps()
         self._mask_lock = threading.Lock()
         self._block_seen = 0
         self._block_masked = 0
@@ -101,19 +104,22 @@ class Grader:
         gone: Callable[[], bool] = lambda: False,
     ) -> list[Verdict]:
         """Verdicts in order, ``by`` the request's deadline, in ``client``'s turn at the slots;
-        never raises for what a sample's code does. Once ``gone()`` (the client hung up), the
-        samples not yet graded are not run."""
+        never raises for what a sample's code does. Once ``gone()`` (the client hung up, looked
+        at every ``HANG_UP_POLL_S``), the samples not yet graded are not run and those running
+        are stopped (``cancelling``): "cancelled", no verdict."""
         deadline = (by or Deadline(self.timeout_s)).expires
         owner = (client, object())  # this request's place in its client's turn at the slots
-        with self._admitted(samples, deadline, client) as admitted:
+        with self._admitted(samples, deadline, client) as admitted, self.hang_ups.watching(gone) as cancellation:
 
             def one(index: int) -> Verdict:
                 try:
                     if gone():
-                        with self._mask_lock:
-                            self.cancelled += 1
-                        return Verdict("cancelled", 0, 0, None)
-                    return self.grade_one(samples[index], deadline, owner, admitted, index)
+                        cancellation.cancel()
+                    return self.grade_one(samples[index], deadline, owner, admitted, index, cancellation)
+                except Cancelled:
+                    with self._mask_lock:
+                        self.cancelled += 1
+                    return Verdict("cancelled", 0, 0, None)
                 finally:
                     if admitted is not None:
                         admitted.done(index)
@@ -160,8 +166,19 @@ class Grader:
         return Cost(self.rates, sample.language, len(suite.tests), worst, compiled)
 
     def grade_one(
-        self, sample: Sample, deadline: float, owner: Owner, admitted: Admitted | None = None, index: int = 0
+        self,
+        sample: Sample,
+        deadline: float,
+        owner: Owner,
+        admitted: Admitted | None = None,
+        index: int = 0,
+        cancellation: Cancellation | None = None,
     ) -> Verdict:
+        """``sample``'s verdict, re-run once after a ``SandboxFailure``; raises ``Cancelled``
+        once ``cancellation`` is (never re-run: its init was killed on purpose)."""
+        cancellation = cancellation or Cancellation()
+        if cancellation.cancelled:
+            raise Cancelled()
         if sample.suite is None:
             return Verdict("prompt_not_found", 0, 0, None)
         total = len(sample.suite.tests)
@@ -173,8 +190,10 @@ class Grader:
         while True:
             try:
                 if sample.language != PYTHON:
-                    return self._run_built(sample, deadline, owner, admitted, index, needed_s)
-                return self._run(sample.suite, sample.code, deadline, owner, admitted, index, None, needed_s)
+                    return self._run_built(sample, deadline, owner, admitted, index, needed_s, cancellation)
+                return self._run(
+                    sample.suite, sample.code, deadline, owner, admitted, index, None, needed_s, cancellation
+                )
             except Replan as replan:
                 needed_s = replan.needed_s
             except SandboxFailure as exc:
@@ -185,7 +204,14 @@ class Grader:
                 time.sleep(self.settings.retry_pause_s)
 
     def _run_built(
-        self, sample: Sample, deadline: float, owner: Owner, admitted: Admitted | None, index: int, needed_s: float
+        self,
+        sample: Sample,
+        deadline: float,
+        owner: Owner,
+        admitted: Admitted | None,
+        index: int,
+        needed_s: float,
+        cancellation: Cancellation,
     ) -> Verdict:
         """A program in a compiled language: its build (once per source, ``compile_cache``),
         then its tests, each running the build."""
@@ -201,7 +227,7 @@ class Grader:
             self.rates.measured(sample.language, 0.0, 0, time.monotonic() - started)
             if error is not None:
                 return Verdict("compile_error", 0, total, 0.0)
-            return self._run(suite, sample.code, deadline, owner, admitted, index, program, needed_s)
+            return self._run(suite, sample.code, deadline, owner, admitted, index, program, needed_s, cancellation)
 
     def _run(
         self,
@@ -213,6 +239,7 @@ class Grader:
         index: int = 0,
         program: Program | None = None,
         needed_s: float = 0.0,
+        cancellation: Cancellation | None = None,
     ) -> Verdict:
         """The sample's tests in one slot, within its plan (at least ``needed_s`` on its re-run).
         Raises ``Replan``, once, when the plan ran out before its tests did and the node's floor
@@ -263,7 +290,7 @@ class Grader:
                 trusted, checker = interactive.files(suite.tests, suite.expected), None
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(job, uid, trusted, held_bytes=answers_needed(suite))
+            runs = self.sandbox.run(job, uid, trusted, answers_needed(suite), cancellation)
             interacted: dict[int, float] = {}  # the points of each interactive test
             plan_cut = False  # a test the plan's end stopped (the node's time, not its own limits)
             try:

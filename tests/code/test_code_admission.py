@@ -18,8 +18,9 @@ import pytest
 import requests
 
 from testing.clock import wait_until
-from testing.code import busy_slots, post_from, verl_client
+from testing.code import busy_slots, post_from, sandbox_processes, sandbox_uids, verl_client
 from testing.server import Server, gunicorn_server
+from testing.timing import within
 
 ENV = {"SCORER_CODE_INFRA_FAILURE_SCORE": "nan"}
 CPUS = {0, 1}
@@ -160,6 +161,33 @@ def test_a_client_that_hangs_up_has_its_queued_samples_skipped(server: Server) -
     assert admission(server)["cancelled"] >= 30  # 6 slots x at most 3 floors each: most never ran
     metrics = requests.get(server.url + "/metrics", timeout=30).text
     assert 'scorer_unscored_total{reason="cancelled",service="code"}' in metrics
+
+
+@pytest.mark.timing
+def test_a_client_that_hangs_up_has_its_running_samples_stopped(server: Server) -> None:
+    """A request of 7 spinners (stdin and call-based), all running, then the connection closed:
+    within a second or so they are stopped, their slots free and nothing of them left on the
+    host, and the next client's request is graded at once."""
+    spinners = [f"```python\n{SPIN}\n```"] * 4 + ["```python\ndef f(x):\n    while True:\n        pass\n```"] * 3
+    calls = {"fn_name": "f", "inputs": [[i] for i in range(10)], "outputs": list(range(10))}
+    body = json.dumps({"query": spinners, "prompts": [""] * 7, "labels": [LABEL] * 4 + [calls] * 3})
+    cancelled = admission(server)["cancelled"]
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=180)
+    conn.request("POST", "/reward/score", body, {"Content-Type": "application/json"})
+    wait_until(lambda: busy_slots(server) >= 7, "the 7 spinners running", pause_s=0.05)
+    conn.close()
+    hung_up = time.monotonic()
+    wait_until(lambda: not sandbox_processes(sandbox_uids(server)), "the spinners stopped", pause_s=0.05)
+    stopped_s = time.monotonic() - hung_up
+    assert stopped_s < within(2.0), f"the spinners ran {stopped_s:.1f} s after their client hung up"
+    wait_until(lambda: admission(server)["samples"] == 0, "the request given up", pause_s=0.05)
+    assert admission(server)["cancelled"] - cancelled == 7
+    started = time.monotonic()
+    body = json.dumps({"query": [f"```python\n{APLUSB}\n```"], "prompts": [""], "labels": [LABEL]})
+    status, answer = post(server.url, "/reward/score", body, "127.0.0.2")
+    assert status == 200 and answer["rewards"] == [1.0], answer
+    assert time.monotonic() - started < within(3.0)
 
 
 def test_1024_concurrent_requests_are_each_answered_graded_or_told_when_to_retry(server: Server) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import subprocess
 import threading
 import time
 from collections import Counter, OrderedDict, namedtuple
@@ -22,6 +24,7 @@ from common.deadlines import Deadline
 from common.errors import Unprocessable
 from common.settings import CoreSettings
 from services.code import environments, languages
+from services.code.cancelling import Cancellation, Cancelled
 from services.code.cgroups import Cgroups
 from services.code.compare import output_matches, result_matches
 from services.code.extract import extract_code, response_from_query
@@ -214,7 +217,7 @@ class FailingSandbox:
 
         return contextlib.nullcontext(61000)
 
-    def run(self, job, uid, trusted=None, held_bytes=0):
+    def run(self, job, uid, trusted=None, held_bytes=0, cancellation=None):
         with self._lock:
             self.calls[job.code] += 1
             calls = self.calls[job.code]
@@ -230,7 +233,7 @@ SUITE = Suite("stdin", ["", ""], ["ok", "ok"])
 class LateSandbox(FailingSandbox):
     """Reports a sample's first test, then the rest as its time's end cut them (``Skipped``)."""
 
-    def run(self, job, uid, trusted=None, held_bytes=0):
+    def run(self, job, uid, trusted=None, held_bytes=0, cancellation=None):
         self.jobs.append(job)
         yield StdinOutcome(0, 0, False, False, False, 0.0, 0.0, stdout="ok", stderr="", result="")
         yield from (Skipped(index) for index in range(1, len(job.tests)))
@@ -277,7 +280,7 @@ def test_a_sample_cut_within_its_plan_is_no_verdict_and_one_cut_at_it_the_progra
 class CutOnceSandbox(FailingSandbox):
     """Its first run is cut by the sample's time after one test (``Skipped``); later ones pass."""
 
-    def run(self, job, uid, trusted=None, held_bytes=0):
+    def run(self, job, uid, trusted=None, held_bytes=0, cancellation=None):
         self.jobs.append(job)
         yield StdinOutcome(0, 0, False, False, False, 0.0, 0.0, stdout="ok", stderr="", result="")
         first = len(self.jobs) == 1
@@ -362,6 +365,46 @@ def test_infrastructure_failure_is_rerun_once_then_masked(caplog) -> None:
     assert "without a verdict" in caplog.text
 
 
+class CancellingSandbox(FailingSandbox):
+    """Each run is stopped as it starts, as a client's hang-up stops it (its init killed)."""
+
+    def run(self, job, uid, trusted=None, held_bytes=0, cancellation=None):
+        with self._lock:
+            self.calls[job.code] += 1
+        cancellation.cancel()
+        raise Cancelled()
+        yield
+
+
+def test_a_sample_stopped_for_a_client_that_hung_up_is_cancelled_and_never_re_run() -> None:
+    """Its run failed because it was killed on purpose: the infrastructure's one re-run is not for it."""
+    sandbox = CancellingSandbox(failures=0)
+    grader = Grader(CodeSettings(infra_failure_score="nan", retry_pause_s=0.01), sandbox, 150.0)
+    verdict = grader.grade([Sample("x", SUITE)])[0]
+    assert (verdict.status, verdict.score, sandbox.calls["x"], grader.cancelled) == ("cancelled", None, 1, 1)
+
+
+def test_a_cancellation_kills_the_inits_it_watches_then_and_after() -> None:
+    """By pidfd: an init watched when the request is cancelled, or after, is killed; one no
+    longer watched (its sample ended, its pidfd about to close) is left alone."""
+    processes = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    pidfds = [os.pidfd_open(process.pid) for process in processes]
+    try:
+        cancellation = Cancellation()
+        cancellation.watch(pidfds[0])
+        cancellation.watch(pidfds[2])
+        cancellation.unwatch(pidfds[2])
+        cancellation.cancel()
+        cancellation.watch(pidfds[1])
+        assert [processes[0].wait(30), processes[1].wait(30)] == [-9, -9]
+        assert processes[2].poll() is None
+    finally:
+        for process, pidfd in zip(processes, pidfds, strict=True):
+            process.kill()
+            process.wait()
+            os.close(pidfd)
+
+
 def test_more_than_5_of_100_masked_is_a_warning(caplog) -> None:
     programs = [f"print({i})" for i in range(94)]
     # 12 runs fail once and pass on their re-run; only the 6 samples without a prompt stay masked.
@@ -423,9 +466,9 @@ def test_a_languages_time_scale_sets_its_tests_and_sample_limits() -> None:
     jobs = []
 
     class Recording(FailingSandbox):
-        def run(self, job, uid, trusted=None, held_bytes=0):
+        def run(self, job, uid, trusted=None, held_bytes=0, cancellation=None):
             jobs.append(job)
-            return super().run(job, uid, trusted, held_bytes)
+            return super().run(job, uid, trusted, held_bytes, cancellation)
 
     settings = CodeSettings(infra_failure_score="zero", test_cpu_s=2, test_wall_s=4, sample_wall_s=30,
                             time_scales="python=2+0.5")  # fmt: skip

@@ -29,9 +29,7 @@ import json
 import logging
 import os
 import queue
-import select
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -45,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from services.code import cgroups
+from services.code.cancelling import Cancellation, Cancelled, kill_and_wait
 from services.code.packages import SANDBOX_PATH
 from services.code.preludes import PRELUDES
 from services.code.sandbox import inside
@@ -73,8 +72,6 @@ RESTART_PAUSE_MAX_S = 5.0
 # The most samples' inits kept prepared (one per slot up to this): each holds about 1 MiB and
 # its namespaces and cgroup; past it, a wave's inits prepare themselves at once as it starts.
 MAX_SPARES = 16
-# How long a killed candidate is waited for to be gone.
-KILL_WAIT_S = 5.0
 # Uids between the first uids of two workers' blocks (two per slot).
 UID_BLOCK = 2048
 # What of a sample's output this process holds until the sample ends (a custom checker's
@@ -400,41 +397,61 @@ class Sandbox:
         finally:
             self._slots.release(owner, uid)
 
-    def run(self, job: Job, uid: int, trusted: TrustedTests | None = None, held_bytes: int = 0) -> Iterator[Outcome]:
-        """Run ``job`` as ``uid``; yields one outcome per test. Raises ``SandboxFailure``.
+    def run(
+        self,
+        job: Job,
+        uid: int,
+        trusted: TrustedTests | None = None,
+        held_bytes: int = 0,
+        cancellation: Cancellation | None = None,
+    ) -> Iterator[Outcome]:
+        """Run ``job`` as ``uid``; yields one outcome per test. Raises ``SandboxFailure``, or
+        ``Cancelled`` once ``cancellation`` is (its init killed, and gone, at once).
 
         ``trusted`` (assert tests: the label's code) is sent apart, after the job. Call-based
         tests are relayed from here (``_relay_calls``), their answers held up to ``held_bytes``
         (never in the job, which the candidate can read: it depends on the expected outputs).
         """
+        cancellation = cancellation or Cancellation()
+        if cancellation.cancelled:
+            raise Cancelled()
         if not self.alive():
             self._restart()
         job = dataclasses.replace(job, uid=uid, gid=uid, test_uid=uid + len(self.uids))
         if job.kind == "call":
-            yield from self._relay_calls(job, held_bytes)
+            yield from self._relay_calls(job, held_bytes, cancellation)
             return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the init's pid comes with Started
         sock.settimeout(job.sample_s + 10.0)
         # The outcomes come together (``messages.Outbox``): read through a buffer, many cost one read.
         outcomes = sock.makefile("rb")
+        init = -1  # the sample's init, as a pidfd (``Started``)
         try:
             try:
                 sock.connect(self._socket_path)
                 messages.send(sock, job)
                 if trusted is not None:  # read by the tests' process alone, never by the candidate's
                     messages.send(sock, trusted)
+                init = _started(sock, 1)[0][0]
+                cancellation.watch(init)
                 while True:
                     message = messages.recv(outcomes)
                     if isinstance(message, messages.Done):
                         return
                     yield message
             except (OSError, EOFError, struct.error, ValueError) as exc:
-                raise SandboxFailure(f"sandbox run failed: {exc}") from exc
+                raise _failure(exc, cancellation) from exc
         finally:
+            if init >= 0:
+                cancellation.unwatch(init)
+                if cancellation.cancelled:  # its slot is given back with nothing of it left
+                    kill_and_wait(init)
+                os.close(init)
             outcomes.close()
             sock.close()
 
-    def _relay_calls(self, job: Job, held_bytes: int) -> Iterator[Outcome]:
+    def _relay_calls(self, job: Job, held_bytes: int, cancellation: Cancellation) -> Iterator[Outcome]:
         """Call-based tests: this thread sends the calls and times the answers itself
         (``relay.CallRun``), each candidate a sample's init that became it; another is
         started if one dies. The outcomes come when the sample is done (a run that fails is
@@ -458,18 +475,40 @@ class Sandbox:
         sent = dataclasses.replace(job, tests=[None] * len(job.tests))
 
         def start() -> relay.Candidate:
+            if cancellation.cancelled:  # one killed is not replaced
+                raise Cancelled()
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # its pid comes with Started
                 sock.settimeout(job.sample_s + 10.0)
                 sock.connect(self._socket_path)
                 messages.send(sock, sent)
-                return InitCandidate(sock, self.cgroups)
+                return InitCandidate(sock, self.cgroups, cancellation)
 
         try:
             relay.run_calls(job, hold, time.monotonic() + job.sample_s, start)
         except (OSError, EOFError, struct.error, ValueError) as exc:
-            raise SandboxFailure(f"sandbox run failed: {exc}") from exc
+            raise _failure(exc, cancellation) from exc
+        if cancellation.cancelled:  # the outcomes of its killed candidate are none of its own
+            raise Cancelled()
         yield from outcomes
+
+
+def _started(sock: socket.socket, count: int) -> tuple[list[int], messages.Started, int]:
+    """The descriptors (``count``) that come with a sample's ``Started``, the message and its
+    sender's pid; ``ValueError`` for anything else. Started comes alone (the kernel ends a read at
+    descriptors) and names one cgroup."""
+    started, fds, pid, rest = messages.recv_with_fds(sock, count)
+    if not isinstance(started, messages.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"a {type(started).__name__} where Started was expected")
+    return fds, started, pid
+
+
+def _failure(exc: BaseException, cancellation: Cancellation) -> Exception:
+    """What a run that failed with ``exc`` raises: ``Cancelled`` once its request was (its
+    init was killed), else ``SandboxFailure`` (no verdict; re-run once)."""
+    return Cancelled() if cancellation.cancelled else SandboxFailure(f"sandbox run failed: {exc}")
 
 
 class InitCandidate(relay.Candidate):
@@ -477,26 +516,19 @@ class InitCandidate(relay.Candidate):
     as the server sees it: the pidfd and pipes it sent with ``Started`` (``STARTED_FDS``), its
     pid (from the connection's credentials) and its cgroup."""
 
-    def __init__(self, sock: socket.socket, cgroups: cgroups.Cgroups) -> None:
-        started, fds, pid, rest = messages.recv_with_fds(sock, len(messages.STARTED_FDS))
+    def __init__(self, sock: socket.socket, cgroups: cgroups.Cgroups, cancellation: Cancellation) -> None:
+        fds, started, pid = _started(sock, len(messages.STARTED_FDS))
         self.pidfd, stdout, stderr, calls_pipe, answers = fds
-        # Started comes alone (the kernel ends a read at descriptors) and names one cgroup.
-        if not isinstance(started, messages.Started) or rest or "/" in started.cgroup or started.cgroup.startswith("."):
-            for fd in fds:
-                os.close(fd)
-            raise ValueError(f"a {type(started).__name__} where Started was expected")
         super().__init__(pid, calls_pipe, answers, stdout, stderr)
         self.cgroup = (
             SampleCgroup(cgroups.version, cgroups.dirs, started.cgroup) if cgroups.version and started.cgroup else None
         )
+        self.cancellation = cancellation
+        cancellation.watch(self.pidfd)
 
     def kill(self) -> float:
         cpu = self.read_cpu()
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        gone = select.poll()
-        gone.register(self.pidfd, select.POLLIN)  # readable once it has exited
-        gone.poll(KILL_WAIT_S * 1000)
+        kill_and_wait(self.pidfd)
         return cpu
 
     def out_of_memory(self) -> bool:
@@ -506,4 +538,5 @@ class InitCandidate(relay.Candidate):
 
     def close(self) -> None:
         super().close()
+        self.cancellation.unwatch(self.pidfd)
         os.close(self.pidfd)

@@ -171,8 +171,9 @@ class CallOutcome:
 
 @dataclass
 class Started:
-    """A call-based sample's init, about to become its candidate (``supervisor.become_candidate``):
-    the name of its cgroup ("" without cgroups). Comes with ``STARTED_FDS``."""
+    """A sample's init's first message: its cgroup's name ("" without cgroups). A call-based
+    one's comes with ``STARTED_FDS`` (``supervisor.become_candidate``); any other's with a
+    pidfd of itself alone, which the server kills it by if its request is cancelled."""
 
     cgroup: str
 

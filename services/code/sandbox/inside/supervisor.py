@@ -317,6 +317,10 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
     if not isinstance(job, Job):
         raise ValueError(f"a {type(job).__name__} where a Job was expected")
     deadline = time.monotonic() + job.sample_s
+    if job.kind != "call":  # the server may kill this init (so the sample) by it, never another process
+        pidfd = os.pidfd_open(os.getpid())
+        messages.send_with_fds(conn, Started(cgroup.name if cgroup else ""), [pidfd])
+        os.close(pidfd)
     if cgroup is not None:
         cgroup.set_limits(job)
     confine.private_tmp(job)
