@@ -387,10 +387,23 @@ class Grader:
         """``trials.trial`` within this grader's ``timeout_s``: for the startup checks and the benches."""
         return trials.trial(self.runner, self.timeout_s, code, language, inputs)
 
-    def run_once(self, code: str, language: str, stdin: str, limits: RunLimits, deadline: float, client: str) -> Trial:
-        """``trials.run_once`` admitted beside this grader's samples: SandboxFusion's ``/run_code``."""
+    def run_once(
+        self,
+        code: str,
+        language: str,
+        stdin: str,
+        limits: RunLimits,
+        deadline: float,
+        client: str,
+        gone: Callable[[], bool] = lambda: False,
+    ) -> Trial:
+        """``trials.run_once`` admitted beside this grader's samples: SandboxFusion's ``/run_code``;
+        raises ``Cancelled`` once ``gone()`` (its client hung up: the run is stopped)."""
         admission = self.admission if self.settings.admission != "off" else None
-        return trials.run_once(self.runner, admission, self.rates, code, language, stdin, limits, deadline, client)
+        with self.hang_ups.watching(gone) as cancellation:
+            return trials.run_once(
+                self.runner, admission, self.rates, code, language, stdin, limits, deadline, client, cancellation
+            )
 
     def _judge(self, suite: Suite, run: Outcome) -> str:
         """``judge``, where whatever the program's output makes fail stays its own verdict."""

@@ -27,6 +27,7 @@ from common.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.scorer import Scored, Scorer
 from common.settings import CoreSettings
 from services.code import compile_cache, environments, label_code, languages, packages, problems
+from services.code.cancelling import Cancelled
 from services.code.extract import extract_program, response_from_query
 from services.code.grader import Grader, Sample
 from services.code.grading.judging import Verdict
@@ -321,9 +322,11 @@ class CodeScorer(Scorer):
         deadline = current_deadline() or Deadline(self.core.request_timeout_s)
         answer_by = min(deadline.expires, deadline.expires - deadline.seconds + request.answer_s)
         try:
-            return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, answer_by))
+            return sandbox_fusion.Ran(sandbox_fusion.run(self.grader, request, answer_by, hang_up_check()))
         except host.SandboxFailure as exc:
             raise Overloaded(f"the sandbox could not make the run ({exc}); retry") from exc
+        except Cancelled as exc:  # the answer reaches no one
+            raise Overloaded("the client hung up: its run was stopped") from exc
 
     def info(self) -> dict[str, Any]:
         return {

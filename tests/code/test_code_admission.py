@@ -190,6 +190,21 @@ def test_a_client_that_hangs_up_has_its_running_samples_stopped(server: Server) 
     assert time.monotonic() - started < within(3.0)
 
 
+def test_a_run_code_client_that_hangs_up_has_its_run_stopped(server: Server) -> None:
+    """verl's ``/run_code`` of a looper with a long time limit, the connection closed once it
+    runs: the run is stopped within a second or so, nothing of it left on the host."""
+    run = json.dumps({"code": SPIN, "language": "python", "stdin": "", "compile_timeout": 5, "run_timeout": 60})
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=180)
+    conn.request("POST", "/run_code", run, {"Content-Type": "application/json"})
+    wait_until(lambda: busy_slots(server) >= 1, "the looper running", pause_s=0.05)
+    conn.close()
+    hung_up = time.monotonic()
+    wait_until(lambda: not sandbox_processes(sandbox_uids(server)), "the looper stopped", pause_s=0.05)
+    stopped_s = time.monotonic() - hung_up
+    assert stopped_s < within(2.0), f"the looper ran {stopped_s:.1f} s after its client hung up"
+
+
 def test_1024_concurrent_requests_are_each_answered_graded_or_told_when_to_retry(server: Server) -> None:
     """What waits is bounded by the request threads (1024 for the code service) and the deadline:
     every request is graded or refused at once with Retry-After, none is left hanging."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from services.code.admission import Admission, Cost, Rates
+from services.code.cancelling import Cancellation, Cancelled
 from services.code.grading.building import built
 from services.code.grading.judging import cut_short
 from services.code.grading.runner import Owner, Runner
@@ -72,6 +73,7 @@ def run_once(
     limits: RunLimits,
     deadline: float,
     client: str,
+    cancellation: Cancellation | None = None,
 ) -> Trial:
     """One run of ``code`` on ``stdin`` (built first, through the compile cache, when
     compiled), unjudged, within ``limits`` (never more than the server's), by ``deadline``,
@@ -94,7 +96,7 @@ def run_once(
     cost = Cost(rates, language, 1, job.wall_s + (s.compile_cpu_s if compiled else 0.0), compiled)
     with _admitted(admission, client, cost, deadline):
         if language == PYTHON:
-            return _run_once(runner, rates, job, language, owner, deadline, None)
+            return _run_once(runner, rates, job, language, owner, deadline, None, cancellation)
         assert runner.builds is not None
         program = runner.builds.program(LANGUAGES[language], code, memory_mb)
         started = time.monotonic()
@@ -104,7 +106,7 @@ def run_once(
             if error is not None:
                 return Trial(error, built_s, None)
             job = runner.builds.run_job(program, job, runner.cgroups())
-            return _run_once(runner, rates, job, language, owner, deadline, built_s)
+            return _run_once(runner, rates, job, language, owner, deadline, built_s, cancellation)
 
 
 @contextlib.contextmanager
@@ -119,14 +121,23 @@ def _admitted(admission: Admission | None, client: str, cost: Cost, deadline: fl
 
 
 def _run_once(
-    runner: Runner, rates: Rates, job: Job, language: str, owner: Owner, deadline: float, built_s: float | None
+    runner: Runner,
+    rates: Rates,
+    job: Job,
+    language: str,
+    owner: Owner,
+    deadline: float,
+    built_s: float | None,
+    cancellation: Cancellation | None,
 ) -> Trial:
     with runner.slot(owner, deadline) as uid:
+        if cancellation is not None and cancellation.cancelled:
+            raise Cancelled()
         started = time.monotonic()
         if deadline - started < job.wall_s:
             raise SandboxFailure("the run could not have its time limit before the client's timeout")
         job = dataclasses.replace(job, sample_s=max(0.1, min(job.sample_s, deadline - started)))
-        messages = list(runner.sandbox.run(job, uid))
+        messages = list(runner.sandbox.run(job, uid, cancellation=cancellation))
         slot_s = time.monotonic() - started
     fetched = next((m.files for m in messages if isinstance(m, Fetched)), {})
     runs = [m for m in messages if not isinstance(m, Fetched)]

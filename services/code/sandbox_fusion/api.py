@@ -13,6 +13,7 @@ from __future__ import annotations
 import binascii
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,17 +152,19 @@ def _seconds(payload: dict[str, Any], name: str) -> float:
     return float(value)
 
 
-def run(grader: Grader, request: RunCode, deadline: float) -> dict[str, Any]:
+def run(grader: Grader, request: RunCode, deadline: float, gone: Callable[[], bool]) -> dict[str, Any]:
     """The answer to ``request``: its run within its limits, by ``deadline`` (the request's,
     and no later than its client reads), in its client's turn at the slots. Raises
     ``SandboxFailure`` when the sandbox could not make the run (no slot in time, the sandbox
-    failed, the run could not have its limits in time)."""
+    failed, the run could not have its limits in time), ``Cancelled`` once ``gone()``."""
     if not request.language:
         return sandbox_error(f"language {request.asked!r} is not served by this node (served: {', '.join(SERVED)})")
     language = LANGUAGES.get(request.language)
     if language is not None and (grader.builds is None or grader.builds.missing(language)):
         return sandbox_error(f"the {request.asked} toolchain is not installed on this node")
-    trial = grader.run_once(request.code, request.language, request.stdin, request.limits, deadline, request.client)
+    trial = grader.run_once(
+        request.code, request.language, request.stdin, request.limits, deadline, request.client, gone
+    )
     return answer(trial)
 
 
