@@ -47,6 +47,8 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
     assert geneval["original"] > 0 and geneval["ours"] > 0 and report["geneval"]["args"]["size"] == "tiny"
     for result in report["batching"]["results"].values():
         assert result["median"]["ours_wrong"] == result["median"]["simple_wrong"] == 0
+    assert report["imagereward"]["service"]["images_per_s"] > 0
+    assert report["imagereward"]["service"]["max_score_diff_vs_batch_1"] < 1e-4
     for result in report["multi"]["sets"].values():
         assert result["check"]["wrong"] == 0 and result["median"]["combined"]["decodes_per_sample"] == 1
     if os.environ.get("SCORER_TEST_ENGINE_PYTHON"):

@@ -5,7 +5,7 @@
 # (all the wheels together are over the 64 MiB one device run carries), in this order:
 #
 #   bash bench/gpu/wheels.sh 1, then on the GPU: bash bench/gpu/check.sh --out DIR1 --run 1   (9 min 20 s at most)
-#   bash bench/gpu/wheels.sh 2, then on the GPU: bash bench/gpu/check.sh --out DIR2 --run 2   (4 min 30 s at most)
+#   bash bench/gpu/wheels.sh 2, then on the GPU: bash bench/gpu/check.sh --out DIR2 --run 2   (5 min 30 s at most)
 #   bash bench/gpu/check.sh --out DIR            every step, where the interpreter has every package
 #   bash bench/gpu/check.sh --out DIR --cpu-smoke   the same steps on the CPU, tiny sizes (< 3 min)
 #   ... --no-wheels                                  the interpreter's own packages, .whl/ or not
@@ -35,7 +35,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PYTHON=${PYTHON:-python3}
 OUT="" SMOKE=0 WHEELS=1 STEPS="" RUN=""
 # The two runs the wheels are split into (bench/gpu/requirements-run1.txt, -run2.txt).
-RUN_STEPS=("" pinning,ocr_agreement,aesthetic,ocr,batching,pickscore,multi hpsv3,geneval,judge)
+RUN_STEPS=("" pinning,ocr_agreement,aesthetic,ocr,batching,pickscore,multi hpsv3,geneval,judge,imagereward)
 while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT=$2; shift 2 ;;
@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bash bench/gpu/check.sh --out DIR [--cpu-smoke] [--no-wheels] [--steps A,B] [--run 1|2]" >&2; exit 2 ;;
   esac
 done
-STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 geneval multi judge)
+STEP_NAMES=(pinning ocr_agreement aesthetic ocr batching pickscore hpsv3 geneval multi judge imagereward)
 if [ -n "$RUN" ]; then
   [[ $RUN == 1 || $RUN == 2 ]] || { echo "--run: 1 or 2, not '$RUN'" >&2; exit 2; }
   [ -z "$STEPS" ] || { echo "--run and --steps: give one" >&2; exit 2; }
@@ -94,8 +94,9 @@ if [ $SMOKE = 1 ]; then
   GENEVAL=(--size tiny --device cpu --requests 2 --images 2 --rounds 1)
   MULTI=(--device cpu --requests 4 --rounds 1 --image-size 256)
   JUDGE=(--device cpu --samples 4 --rounds 1 --image-size 64)
+  IMAGEREWARD=(--size tiny --device cpu --precision float32 --requests 4 --rounds 1 --batch-sizes 4)
   # Guards against a hang only: CHECK_TIME_FACTOR scales them for a slow shared machine.
-  LIMITS=(120 120 120 180 120 180 240 120 240 180)
+  LIMITS=(120 120 120 180 120 180 240 120 240 180 120)
   FACTOR=${CHECK_TIME_FACTOR:-1}
   [[ $FACTOR =~ ^[0-9]*\.?[0-9]+$ && ! $FACTOR =~ ^[0.]+$ ]] || {
     echo "CHECK_TIME_FACTOR: a positive number, not '$FACTOR'" >&2
@@ -121,7 +122,9 @@ else
   MULTI=(--device cuda --ocr-engine torch --pickscore-size b14 --aesthetic-size l14 --precision float16
          --requests 64 --rounds 2)
   JUDGE=(--device cuda --samples 64 --rounds 3 --image-size 256)
-  LIMITS=(45 75 105 105 60 50 120 60 120 90)
+  # ImageReward-v1.0's size (ViT-L/16 and BERT-base), random, built on the GPU.
+  IMAGEREWARD=(--size large --device cuda --precision float16 --requests 64 --rounds 3 --batch-sizes 8,32,64)
+  LIMITS=(45 75 105 105 60 50 120 60 120 90 60)
 fi
 
 log "environment"
@@ -163,7 +166,7 @@ step() {
   echo $((SECONDS - started)) >"$OUT/$name.seconds"
 }
 
-# Time limits per step (seconds), in this order; together 13 min 50 s at most on the GPU, 9 min
+# Time limits per step (seconds), in this order; together 14 min 50 s at most on the GPU, 9 min
 # 20 s without the geneval, multi and judge steps (--steps runs a part, for a machine lent 10
 # minutes at a time).
 step pinning "${LIMITS[0]}" "$PYTHON" -m bench.gpu.pinning --device "$DEVICE" --out "$OUT/pinning.json"
@@ -175,6 +178,7 @@ step pickscore "${LIMITS[5]}" "$PYTHON" -m bench.clip.bench "${PICKSCORE[@]}" --
 step hpsv3 "${LIMITS[6]}" "$PYTHON" -m bench.hpsv3.bench "${HPSV3[@]}" --out "$OUT/hpsv3.json"
 step geneval "${LIMITS[7]}" "$PYTHON" -m bench.geneval.bench "${GENEVAL[@]}" --out "$OUT/geneval.json"
 step multi "${LIMITS[8]}" "$PYTHON" -m bench.multi.run "${MULTI[@]}" --out "$OUT/multi.json"
+step imagereward "${LIMITS[10]}" "$PYTHON" -m bench.imagereward.bench "${IMAGEREWARD[@]}" --out "$OUT/imagereward.json"
 ENGINE_PYTHON=${ENGINE_PYTHON:-${SCORER_TEST_ENGINE_PYTHON:-$PYTHON}}
 SKIPPED=()
 if [ $SMOKE = 1 ] && ! "$ENGINE_PYTHON" -c 'import fastapi, openai, torchvision, uvicorn' 2>/dev/null; then
@@ -188,7 +192,7 @@ fi
 import json, sys
 from pathlib import Path
 out, skipped, failed = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
-steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore", "hpsv3", "geneval", "multi", "judge"]
+steps = ["environment", "pinning", "ocr_agreement", "aesthetic", "ocr", "batching", "pickscore", "hpsv3", "geneval", "multi", "judge", "imagereward"]
 report = {"failed": failed, "skipped": skipped, "seconds": {}}
 for step in steps:
     path = out / f"{step}.json"
