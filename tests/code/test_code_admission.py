@@ -172,14 +172,7 @@ def test_a_client_that_hangs_up_has_its_running_samples_stopped(server: Server) 
     calls = {"fn_name": "f", "inputs": [[i] for i in range(10)], "outputs": list(range(10))}
     body = json.dumps({"query": spinners, "prompts": [""] * 7, "labels": [LABEL] * 4 + [calls] * 3})
     cancelled = admission(server)["cancelled"]
-    host, port = server.url.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=180)
-    conn.request("POST", "/reward/score", body, {"Content-Type": "application/json"})
-    wait_until(lambda: busy_slots(server) >= 7, "the 7 spinners running", pause_s=0.05)
-    conn.close()
-    hung_up = time.monotonic()
-    wait_until(lambda: not sandbox_processes(sandbox_uids(server)), "the spinners stopped", pause_s=0.05)
-    stopped_s = time.monotonic() - hung_up
+    stopped_s = seconds_running_after_a_hang_up(server, "/reward/score", body, running=7)
     assert stopped_s < within(2.0), f"the spinners ran {stopped_s:.1f} s after their client hung up"
     wait_until(lambda: admission(server)["samples"] == 0, "the request given up", pause_s=0.05)
     assert admission(server)["cancelled"] - cancelled == 7
@@ -190,19 +183,26 @@ def test_a_client_that_hangs_up_has_its_running_samples_stopped(server: Server) 
     assert time.monotonic() - started < within(3.0)
 
 
+@pytest.mark.timing
 def test_a_run_code_client_that_hangs_up_has_its_run_stopped(server: Server) -> None:
     """verl's ``/run_code`` of a looper with a long time limit, the connection closed once it
     runs: the run is stopped within a second or so, nothing of it left on the host."""
     run = json.dumps({"code": SPIN, "language": "python", "stdin": "", "compile_timeout": 5, "run_timeout": 60})
+    stopped_s = seconds_running_after_a_hang_up(server, "/run_code", run, running=1)
+    assert stopped_s < within(2.0), f"the looper ran {stopped_s:.1f} s after its client hung up"
+
+
+def seconds_running_after_a_hang_up(server: Server, path: str, body: str, running: int) -> float:
+    """POST ``body``, close the connection once ``running`` slots run its work, and return how
+    long anything of it stayed on the host after that."""
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=180)
-    conn.request("POST", "/run_code", run, {"Content-Type": "application/json"})
-    wait_until(lambda: busy_slots(server) >= 1, "the looper running", pause_s=0.05)
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
+    wait_until(lambda: busy_slots(server) >= running, f"{running} slots running", pause_s=0.05)
     conn.close()
     hung_up = time.monotonic()
-    wait_until(lambda: not sandbox_processes(sandbox_uids(server)), "the looper stopped", pause_s=0.05)
-    stopped_s = time.monotonic() - hung_up
-    assert stopped_s < within(2.0), f"the looper ran {stopped_s:.1f} s after its client hung up"
+    wait_until(lambda: not sandbox_processes(sandbox_uids(server)), "its work stopped", pause_s=0.05)
+    return time.monotonic() - hung_up
 
 
 def test_1024_concurrent_requests_are_each_answered_graded_or_told_when_to_retry(server: Server) -> None:
