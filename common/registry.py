@@ -9,14 +9,13 @@ reads of both ``common.shell``.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.config import from_env
+from common.config import ConfigError, from_env
 
 if TYPE_CHECKING:
     from common.scorer import Scorer
@@ -257,8 +256,12 @@ def read_settings(name: str) -> None:
     so that a bad value stops the service before a worker starts: ``ConfigError``, one line
     naming the variable. A list of members that cannot be served is left to its scorer."""
     names = [get(name).name]
-    with contextlib.suppress(ValueError):
+    try:
         names += members(name)
+    except ConfigError:  # a bad value of a member's setting (a ValueError too): it is the one line
+        raise
+    except ValueError:
+        pass
     for each in names:
         if own := settings_class(each):
             from_env(own, each)
