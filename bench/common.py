@@ -150,3 +150,50 @@ class ProcessServer:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
+
+
+def stage_totals(url: str) -> dict[str, float]:
+    """A service's stage metrics now (``common.metrics.Stages``): per stage its requests'
+    wall seconds, their count and their threads' CPU seconds, and the model calls' seconds."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    text = requests.get(url.rstrip("/") + "/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            stage = sample.labels.get("stage")
+            if stage is None:
+                continue
+            if sample.name in ("scorer_stage_seconds_sum", "scorer_stage_seconds_count"):
+                key = f"{stage}:{sample.name.rsplit('_', 1)[1]}"
+            elif sample.name == "scorer_stage_cpu_seconds_total":
+                key = f"{stage}:cpu"
+            elif sample.name == "scorer_batch_seconds_sum":
+                key = f"model {stage}:sum"
+            else:
+                continue
+            totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def stage_profile(before: dict[str, float], after: dict[str, float], requests: int) -> dict[str, dict[str, float]]:
+    """Where the requests between two ``stage_totals`` spent their time: per stage, the mean wall
+    and CPU milliseconds per request (a model stage: its calls' seconds per request)."""
+    stages = sorted({key.rsplit(":", 1)[0] for key in after})
+    profile = {}
+    for stage in stages:
+
+        def spent(kind: str, stage: str = stage) -> float:
+            return after.get(f"{stage}:{kind}", 0.0) - before.get(f"{stage}:{kind}", 0.0)
+
+        profile[stage] = {"wall_ms": 1000 * spent("sum") / requests, "cpu_ms": 1000 * spent("cpu") / requests}
+    return profile
+
+
+def print_profile(title: str, profile: dict[str, dict[str, float]]) -> None:
+    print(f"\n{title}: milliseconds per request (wall, the request thread's CPU)")
+    print("| stage | wall ms | CPU ms |\n|---|---|---|")
+    for stage, spent in profile.items():
+        cpu = "" if stage.startswith("model") else f"{spent['cpu_ms']:.2f}"
+        print(f"| {stage} | {spent['wall_ms']:.2f} | {cpu} |")

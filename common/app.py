@@ -148,14 +148,22 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
                     f"the {service} service reads nothing in the URL's query (it has {quote(dict(query))}); "
                     f"rewards and weights there are {readers}"
                 )
-            payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
-            runtime.wait_ready()
+            stages = metrics.Stages(service)
+            arrived = request.environ.get(ARRIVED_KEY)
+            if arrived is not None:  # the head whole -> a thread runs it: the body's bytes, the thread pool
+                stages.observe("arrival", time.monotonic() - arrived)
+            with stages("parse"):
+                payload = protocol.parse(read_body(core.max_body_bytes), request.content_type)
+            with stages("ready"):
+                runtime.wait_ready()
             # The bytes its items hold (decoded images, model inputs) count from when they are
             # declared until its results are in.
             with limits.request():
-                samples = limits.prepare(lambda: protocol.items(payload, query))
-                results = samples.results(runtime.score(samples.items))
-            return answer(protocol.answer(results))
+                samples = limits.prepare(lambda: protocol.items(payload, query), stages)
+                with stages("score"):  # the batch queue and the model
+                    results = samples.results(runtime.score(samples.items))
+            with stages("answer"):
+                return answer(protocol.answer(results))
 
         return view
 

@@ -124,8 +124,12 @@ class RequestLimits:
         with self.reclaimer.request(), self.work.request():
             yield
 
-    def prepare(self, to_items: Callable[[], list[Any] | Samples]) -> Samples:
+    def prepare(self, to_items: Callable[[], list[Any] | Samples], stages: metrics.Stages) -> Samples:
         """``to_items()`` (a protocol's, e.g. the scorer's ``prepare_samples``), at most
-        ``decode_threads`` requests at a time."""
-        with self._decoding.hold(serving_deadline(self.core)):
-            return Samples.of(to_items())
+        ``decode_threads`` requests at a time: the wait for a turn is the stage ``decode_wait``,
+        the work ``decode``."""
+        with contextlib.ExitStack() as turn:
+            with stages("decode_wait"):
+                turn.enter_context(self._decoding.hold(serving_deadline(self.core)))
+            with stages("decode"):
+                return Samples.of(to_items())

@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from common.app import create_app
 from common.config import from_env
@@ -255,6 +257,59 @@ def test_metrics_count_requests_and_items() -> None:
     assert items_scored() == before + 3
     text = client.get("/metrics").get_data(as_text=True)
     assert 'scorer_requests_total{route="/",service="length",status="422"}' in text
+
+
+class BusyPrepareScorer(LengthScorer):
+    """Spends ``BUSY_CPU_S`` of its thread's CPU preparing each request."""
+
+    name = "length-busy"
+
+    def prepare(self, payload: dict[str, Any]) -> list[str]:
+        started = time.thread_time()
+        while time.thread_time() - started < BUSY_CPU_S:
+            pass
+        return super().prepare(payload)
+
+
+BUSY_CPU_S = 0.02
+
+
+def stage_counts(client: FlaskClient, service: str) -> dict[tuple[str, str], float]:
+    """``(metric sample, stage) -> value`` of the stage metrics on ``/metrics``."""
+    text = client.get("/metrics").get_data(as_text=True)
+    return {
+        (sample.name, sample.labels["stage"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("service") == service
+        and sample.name in ("scorer_stage_seconds_count", "scorer_stage_cpu_seconds_total")
+    }
+
+
+def test_metrics_show_where_a_requests_time_goes_stage_by_stage() -> None:
+    client = client_of(BusyPrepareScorer(CoreSettings()))
+    wait_until_ready(client)
+    before = stage_counts(client, "length-busy")
+    assert post_pickle(client, {"prompts": ["a", "b"]})[0] == 200
+    answered = stage_counts(client, "length-busy")
+    assert post_pickle(client, {"prompts": "not a list"})[0] == 422
+    refused = stage_counts(client, "length-busy")
+
+    def counted(after: dict, since: dict, stage: str) -> float:
+        key = ("scorer_stage_seconds_count", stage)
+        return after.get(key, 0.0) - since.get(key, 0.0)
+
+    stages = ("parse", "ready", "decode_wait", "decode", "score", "answer")
+    assert {stage: counted(answered, before, stage) for stage in stages} == dict.fromkeys(stages, 1.0)
+    # A request refused while its items were prepared spent time up to there, and none after.
+    assert {stage: counted(refused, answered, stage) for stage in stages} == {
+        **dict.fromkeys(stages[:4], 1.0),
+        **dict.fromkeys(stages[4:], 0.0),
+    }
+    decode_cpu = answered[("scorer_stage_cpu_seconds_total", "decode")] - before.get(
+        ("scorer_stage_cpu_seconds_total", "decode"), 0.0
+    )
+    assert decode_cpu >= BUSY_CPU_S
 
 
 def test_info_describes_the_scorer_and_masks_the_token() -> None:

@@ -35,7 +35,7 @@ import numpy as np
 import requests
 from PIL import Image
 
-from bench.common import simple_gunicorn, stop_on_sigterm
+from bench.common import print_profile, simple_gunicorn, stage_profile, stage_totals, stop_on_sigterm
 from services.aesthetic.settings import DEFAULT_HEAD
 from testing.images import decoded
 from testing.random_clip import save_random_clip
@@ -214,13 +214,17 @@ def main() -> None:
             urls = {"simple": f"http://127.0.0.1:{simple_port}/", "service": f"http://127.0.0.1:{service_port}/"}
             for url in urls.values():  # warm-up rounds
                 asyncio.run(one_round(url, images))
+            profiles: list[dict[str, dict[str, float]]] = []
             runs: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in ("in_process", *urls)}
             for index in range(args.rounds):
                 for name, (seconds, latencies) in runs.items():
                     if name == "in_process":
                         took, round_latencies = in_process.round(best_batch)
                     else:
+                        before = stage_totals(urls["service"])
                         took, round_latencies = asyncio.run(one_round(urls[name], images))
+                        if name == "service":
+                            profiles.append(stage_profile(before, stage_totals(urls["service"]), len(images)))
                     seconds.append(took)
                     latencies.extend(round_latencies)
                     print(f"  round {index + 1} {name}: {len(images) / took:.2f} images/s", flush=True)
@@ -238,6 +242,7 @@ def main() -> None:
         "results": results,
         "service_vs_in_process": c["images_per_s"] / a["images_per_s"],
         "service_vs_simple": c["images_per_s"] / b["images_per_s"],
+        "service_profiles": profiles,
     }
     out = args.out or logs / f"aesthetic-{args.size}-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(summary, indent=2))
@@ -245,6 +250,7 @@ def main() -> None:
     rows = [(f"(a) in-process, batch {a['best_batch']} (latency per batch)", a), ("(b) simple server", b)]
     for label, r in [*rows, ("(c) aesthetic service", c)]:
         print(f"| {label} | {r['images_per_s']:.2f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} |")
+    print_profile("where the service's requests spent their time (the last round)", profiles[-1])
     print(
         f"\nservice / in-process = {summary['service_vs_in_process']:.3f}; "
         f"service / simple = {summary['service_vs_simple']:.2f}; model alone at batch {a['best_batch']}: "

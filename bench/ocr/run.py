@@ -21,7 +21,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import ProcessServer, burst, median_of, simple_gunicorn, stop_on_sigterm  # noqa: E402
+from bench.common import (  # noqa: E402
+    ProcessServer,
+    burst,
+    median_of,
+    print_profile,
+    simple_gunicorn,
+    stage_profile,
+    stage_totals,
+    stop_on_sigterm,
+)
 from common.ocr_rule import RuleOptions, check_targets, reward  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.torch_engine import TorchOCREngine  # noqa: E402
@@ -73,6 +82,7 @@ def main() -> None:
     in_process(engine, images[:2], prompts[:2], 2)  # warm up
 
     rounds: list[dict[str, float]] = []
+    profiles: list[dict[str, dict[str, float]]] = []
     port = free_port()
     simple_cmd = simple_gunicorn(port, "bench.ocr.simple_server:app")
     service_env = {"SCORER_DEVICE": args.device, "SCORER_OCR_ENGINE": args.engine, "SCORER_OCR_TORCH_DTYPE": args.dtype}
@@ -96,7 +106,10 @@ def main() -> None:
                     best_batch, best = batch, rate
             result["ceiling_per_s"], result["ceiling_batch"] = best, best_batch
             for name, server in (("ours", ours), ("simple", simple)):
+                before = stage_totals(ours.url)
                 measured = burst(server.url + "/", bodies)
+                if name == "ours":
+                    profiles.append(stage_profile(before, stage_totals(ours.url), len(bodies)))
                 assert measured["statuses"] == {200: len(bodies)}, measured["statuses"]
                 got = [pickle.loads(answer)["scores"][0] for answer in measured["answers"]]
                 agree = sum(abs(a - b) < 1e-6 for a, b in zip(got, reference))
@@ -117,12 +130,15 @@ def main() -> None:
     summary["ours_vs_simple"] = median_of([{"r": r["ours_per_s"] / r["simple_per_s"]} for r in rounds], "r")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     config = {key: str(value) for key, value in vars(args).items()}
-    args.out.write_text(json.dumps({"config": config, "rounds": rounds, "median": summary}, indent=2))
+    args.out.write_text(
+        json.dumps({"config": config, "rounds": rounds, "median": summary, "profiles": profiles}, indent=2)
+    )
     print("\n| | images/s | p50 s | p99 s |\n|---|---|---|---|")
     print(f"| in-process ceiling (batch {summary['ceiling_batch']:.0f}) | {summary['ceiling_per_s']:.2f} | | |")
     for name in ("ours", "simple"):
         rate, p50, p99 = (summary[f"{name}_{key}"] for key in ("per_s", "p50_s", "p99_s"))
         print(f"| {name} | {rate:.2f} | {p50:.2f} | {p99:.2f} |")
+    print_profile("where the service's requests spent their time (the last round)", profiles[-1])
     print(f"\nours / ceiling = {summary['ours_vs_ceiling']:.3f}, ours / simple = {summary['ours_vs_simple']:.3f}")
     print(
         f"scores agreeing with in-process: ours {summary['ours_agree']:.0f}/{len(bodies)}, "
