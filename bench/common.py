@@ -180,7 +180,10 @@ def stage_totals(url: str) -> dict[str, float]:
 def stage_profile(before: dict[str, float], after: dict[str, float], requests: int) -> dict[str, dict[str, float]]:
     """Where the requests between two ``stage_totals`` spent their time: per stage, the mean wall
     and CPU milliseconds per request (a model stage: its calls' seconds per request)."""
-    stages = sorted({key.rsplit(":", 1)[0] for key in after})
+    path = ("arrival", "parse", "ready", "decode_wait", "decode", "score", "answer")
+    stages = sorted(
+        {key.rsplit(":", 1)[0] for key in after}, key=lambda s: (s not in path, path.index(s) if s in path else 0, s)
+    )
     profile = {}
     for stage in stages:
 

@@ -53,7 +53,7 @@ def test_check_script_runs_every_step_on_cpu(tmp_path: Path) -> None:
         assert result["check"]["wrong"] == 0 and result["median"]["combined"]["decodes_per_sample"] == 1
     if os.environ.get("SCORER_TEST_ENGINE_PYTHON"):
         judge = report["judge"]["median"]
-        assert judge["service"]["wrong"] == judge["verl_omni"]["wrong"] == 0, report["judge"]
+        assert judge["service"]["wrong"] == judge["direct"]["wrong"] == 0, report["judge"]
         assert judge["service"]["samples_per_s"] > 0 and report["judge"]["ratio"] > 0
     else:  # run.sh test built no engine environment
         assert report["skipped"] == ["judge"]
