@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import ProcessServer, burst, median_of, simple_gunicorn, stop_on_sigterm  # noqa: E402
-from common.ocr_rule import RuleOptions, check_targets, reward  # noqa: E402
+from common.models.ocr_rule import RuleOptions, check_targets, reward  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.torch_engine import TorchOCREngine  # noqa: E402
 from testing.images import decoded, ocr_prompts, quoted, render_text  # noqa: E402
