@@ -22,7 +22,7 @@ from common.configuration.config import Rule, Setting, declared, env_name
 from common.configuration.settings import CoreSettings
 from common.setup import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A marked block: group 1 is ":NAME" for one service's table, empty for every table.
 BLOCK = re.compile(r"<!-- settings(:[a-z0-9]+|):start -->.*?<!-- settings\1:end -->", re.DOTALL)
 HEADER = "| variable | flag | default | meaning |\n|---|---|---|---|"
