@@ -5,7 +5,7 @@
   a CPU-only machine. The master never touches CUDA (no ``preload_app``).
 - gthread workers: request threads decode and preprocess in parallel; one inference thread
   per worker batches across them. SIGTERM (or SIGHUP's reload) lets in-flight requests finish
-  within ``graceful_timeout`` and refuses new connections at once (``common.worker``).
+  within ``graceful_timeout`` and refuses new connections at once (``common.server.worker``).
 - Prometheus multiprocess mode: each worker writes to a fresh directory, merged on /metrics.
 - No control socket: gunicorn's default is one path per user (``~/.gunicorn/gunicorn.ctl``), so
   the services of one node would take it from each other and remove it when one stops.
@@ -21,9 +21,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import registry
-from common.config import ConfigError, from_env
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, from_env
+from common.configuration.settings import CoreSettings
+from common.setup import registry
 
 try:
     settings = from_env(CoreSettings)
@@ -43,13 +43,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix=f"scorer-{service.name}-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 
-from common.devices import GPU_ENV, visible_gpus  # noqa: E402
+from common.configuration.devices import GPU_ENV, visible_gpus  # noqa: E402
 
 gpus = visible_gpus() if service.uses_gpu and settings.device != "cpu" else []
 
 bind = settings.bind or f"0.0.0.0:{settings.port or service.port}"
 workers = settings.workers or max(1, len(gpus))
-worker_class = "common.worker.ScorerWorker"
+worker_class = "common.server.worker.ScorerWorker"
 threads = registry.request_threads(settings.threads, service.name)
 backlog = 4096
 # The gthread heartbeat comes from the worker's main loop, not the request threads, so a long
@@ -57,7 +57,7 @@ backlog = 4096
 timeout = settings.worker_timeout
 graceful_timeout = settings.graceful_timeout
 keepalive = 75
-wsgi_app = "common.app:create_app()"
+wsgi_app = "common.server.app:create_app()"
 proc_name = f"scorer-{service.name}"
 accesslog = settings.access_log
 loglevel = settings.log_level

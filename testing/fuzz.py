@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import requests
 from hypothesis import HealthCheck, settings
 
-from common.client import parse_answer
+from common.sdk.client import parse_answer
 from testing.server import Server
 from testing.timing import within
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from common.images import load_images, open_images
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
+from common.imaging.images import load_images, open_images
 
 # flow_grpo's OCR test prompts (tests/data/README.md: origin and licence).
 OCR_PROMPTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "flow_grpo_ocr_test_prompts.txt"

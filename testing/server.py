@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from common import registry
+from common.setup import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 # The node id of the ``unit`` test now running (tests/conftest.py): it may not start a server.
@@ -82,7 +82,7 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            # Pinned, the node sizes itself for these CPUs alone (``common.cpus``), whatever the machine.
+            # Pinned, the node sizes itself for these CPUs alone (``common.configuration.cpus``), whatever the machine.
             preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
         )
 

@@ -21,9 +21,9 @@ from PIL import Image
 from torch import nn
 from transformers import CLIPModel, CLIPProcessor
 
-from common.config import ConfigError
-from common.preflight import reason
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.settings import CoreSettings
+from common.setup.preflight import reason
 from services.aesthetic.scorer import AestheticScorer
 from services.aesthetic.settings import DEFAULT_HEAD
 from testing.images import encode, sample_images
@@ -232,7 +232,12 @@ def test_run_sh_preflight_skips_with_the_reason(tmp_path: Path) -> None:
     """What ``bash run.sh`` with no argument runs before starting the service."""
     env = {**os.environ, "SCORER_SERVICE": "aesthetic", "SCORER_AESTHETIC_CLIP": str(tmp_path / "no-clip")}
     done = subprocess.run(
-        [sys.executable, "-S", "-m", "common.preflight"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-S", "-m", "common.setup.preflight"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1
     assert "SCORER_AESTHETIC_CLIP" in done.stderr and "is not a directory" in done.stderr

@@ -21,13 +21,13 @@ from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.app import create_app
-from common.config import from_env
-from common.errors import PayloadTooLarge, ScorerError, Unprocessable
-from common.protocols import WireProtocol
-from common.runtime import ScorerRuntime
-from common.scorer import Result, Scored, Scorer
-from common.settings import CoreSettings
+from common.configuration.config import from_env
+from common.configuration.settings import CoreSettings
+from common.limits.errors import PayloadTooLarge, ScorerError, Unprocessable
+from common.pipeline.runtime import ScorerRuntime
+from common.pipeline.scorer import Result, Scored, Scorer
+from common.server.app import create_app
+from common.server.protocols import WireProtocol
 from testing.clock import wait_until
 
 pytestmark = pytest.mark.unit
@@ -346,7 +346,7 @@ def test_a_deprecated_setting_is_warned_of_in_the_log_and_on_info(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("SCORER_MAX_QUEUE_BYTES", "5000")
-    with caplog.at_level("WARNING", logger="common.app"):
+    with caplog.at_level("WARNING", logger="common.server.app"):
         info = client_of(LengthScorer(from_env(CoreSettings))).get("/info").get_json()
     assert info["settings"]["max_work_bytes"] == 5000
     [message] = info["deprecated_settings"]

@@ -1,8 +1,8 @@
-"""docs/ARCHITECTURE.md's layout lists the house as it is: every module of ``common/`` and of
-each ``services/<name>/`` is named there, and every module it names exists.
+"""docs/ARCHITECTURE.md's layout lists the house as it is: every module of each ``common/<package>/``
+and of each ``services/<name>/`` is named there, and every module it names exists.
 
 The layout is the first code block of §1. A line that starts at its left edge with a directory
-(``common/``, ``services/ocr/``) opens that directory's entry; every ``name.py`` from there to
+(``common/server/``, ``services/ocr/``) opens that directory's entry; every ``name.py`` from there to
 the next line that starts at the left edge is a module of it. A new service adds one line: ``services/<name>/`` and its
 modules."""
 
@@ -42,8 +42,8 @@ def modules(directory: Path) -> set[str]:
 
 
 def listed_directories() -> list[Path]:
-    """``common/`` and each service's directory: the ones the layout must list in full."""
-    return [ROOT / "common", *sorted(path.parent for path in (ROOT / "services").glob("*/__init__.py"))]
+    """Each package of ``common/`` and each service's directory: the ones the layout must list in full."""
+    return sorted(path.parent for package in ("common", "services") for path in (ROOT / package).glob("*/__init__.py"))
 
 
 @pytest.mark.parametrize("directory", listed_directories(), ids=lambda path: str(path.relative_to(ROOT)))
@@ -57,7 +57,7 @@ def test_the_layout_names_every_module(directory: Path) -> None:
 
 def test_every_module_the_layout_names_exists() -> None:
     for name, named in layout().items():
-        if name == "common" or (name.startswith("services/") and "<" not in name):
+        if name.startswith(("common/", "services/")) and "<" not in name:
             directory = ROOT / name
             assert directory.is_dir(), f"docs/ARCHITECTURE.md's layout names {name}/, which does not exist"
             gone = named - modules(directory)

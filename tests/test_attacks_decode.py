@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from common.client import ScorerClient
+from common.sdk.client import ScorerClient
 from testing.images import render_text
 from testing.ocr import OCR_LIMITS, bounded, memory_kb, peak_memory_reset, timed_post
 from testing.server import Server, cpu_seconds, gunicorn_server

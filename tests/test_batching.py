@@ -8,11 +8,11 @@ import weakref
 
 import pytest
 
-from common.batching import BatchedCall, DynamicBatcher
-from common.budget import WorkBudget, hold_work, tentative_work, trial_work
-from common.deadlines import Deadline, check_deadline, request_deadline
-from common.errors import Overloaded, PayloadTooLarge
-from common.slots import OrderedSlots
+from common.limits.budget import WorkBudget, hold_work, tentative_work, trial_work
+from common.limits.deadlines import Deadline, check_deadline, request_deadline
+from common.limits.errors import Overloaded, PayloadTooLarge
+from common.limits.slots import OrderedSlots
+from common.pipeline.batching import BatchedCall, DynamicBatcher
 from testing.clock import ManualClock, wait_until
 
 pytestmark = pytest.mark.unit

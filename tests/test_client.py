@@ -1,4 +1,4 @@
-"""The clients' one retry policy (common/retry.py): what is retried, what is final, what a
+"""The clients' one retry policy (common/sdk/retry.py): what is retried, what is final, what a
 balancer answers, and that every client (sync, async, the VeRL-Omni drop-in, the load bench)
 sends each retry the first attempt's bytes, at the URL it was given."""
 
@@ -19,9 +19,9 @@ import pytest
 from PIL import Image
 
 from bench.load.run import _load
-from common import verl_omni
-from common.client import AsyncScorerClient, ScorerClient, settle
-from common.retry import Answer, GaveUp, Retryable, RetryPolicy, ScorerRequestError, call_before
+from common.sdk import verl_omni
+from common.sdk.client import AsyncScorerClient, ScorerClient, settle
+from common.sdk.retry import Answer, GaveUp, Retryable, RetryPolicy, ScorerRequestError, call_before
 from testing.images import render_text
 from testing.nginx import nginx
 from testing.server import Server, free_port

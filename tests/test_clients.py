@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.clients import client_of, trusted_networks
+from common.limits.clients import client_of, trusted_networks
 
 pytestmark = pytest.mark.unit
 

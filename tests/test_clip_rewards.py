@@ -23,9 +23,9 @@ import requests
 import torch
 from PIL import Image
 
-from common.config import ConfigError
-from common.preflight import reason
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.settings import CoreSettings
+from common.setup.preflight import reason
 from services.clip.scorer import ClipRewardScorer, ClipScoreScorer, HPSv2Scorer, PickScoreScorer
 from testing.clip_models import TINY_OPEN_CLIP, save_model, save_processor, save_random_clip_model
 from testing.images import encode, sample_images
@@ -288,7 +288,7 @@ def test_server_without_weights_says_why_and_preflight_skips(tmp_path: Path) -> 
         response = post(server.url, {"images": sample_images(1), "prompts": ["p"]})
         assert response.status_code == 503
     done = subprocess.run(
-        [sys.executable, "-S", "-m", "common.preflight"],
+        [sys.executable, "-S", "-m", "common.setup.preflight"],
         cwd=ROOT,
         env={**os.environ, "SCORER_SERVICE": "hpsv2", **env},
         capture_output=True,

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from common import registry
-from common.config import ConfigError, deprecations, describe, from_env
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, deprecations, describe, from_env
+from common.configuration.settings import CoreSettings
+from common.setup import registry
 from services.judge.settings import JudgeSettings
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Usable CPUs (common/cpus.py): a process pinned to fewer CPUs than the machine has sizes its
+"""Usable CPUs (common/configuration/cpus.py): a process pinned to fewer CPUs than the machine has sizes its
 decode slots and the code verifier's run slots by the CPUs it may run on."""
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ needs_two = pytest.mark.skipif(
 @needs_two
 def test_a_pinned_process_counts_the_cpus_it_may_run_on() -> None:
     assert os.cpu_count() >= 2
-    assert pinned_to_one_cpu("from common.cpus import usable_cpus; print(usable_cpus())") == "1"
+    assert pinned_to_one_cpu("from common.configuration.cpus import usable_cpus; print(usable_cpus())") == "1"
 
 
 @needs_two
 def test_decode_slots_default_to_the_usable_cpus() -> None:
     code = (
-        "from common.runtime import RequestLimits; from common.settings import CoreSettings\n"
+        "from common.pipeline.runtime import RequestLimits; from common.configuration.settings import CoreSettings\n"
         "print(RequestLimits(CoreSettings())._decoding._free)"
     )
     assert pinned_to_one_cpu(code) == "1"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from common.framing import MAX_CHUNKS, MAX_HEAD_BYTES, Refused, RequestFraming
+from common.server.framing import MAX_CHUNKS, MAX_HEAD_BYTES, Refused, RequestFraming
 
 pytestmark = pytest.mark.unit
 

@@ -30,10 +30,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image, ImageCms
 
-from common.errors import BadRequest, PayloadTooLarge, Unprocessable
-from common.images import open_image, shown_size
-from common.settings import CoreSettings
-from common.wire import JsonCap, check_json, decode_body
+from common.configuration.settings import CoreSettings
+from common.imaging.images import open_image, shown_size
+from common.limits.errors import BadRequest, PayloadTooLarge, Unprocessable
+from common.sdk.wire import JsonCap, check_json, decode_body
 from testing.fuzz import check, fuzz
 from testing.images import decoded
 from testing.timing import within

@@ -1,5 +1,5 @@
 # Over 400 lines: the request strategies and both parsers' differential run go together.
-"""Differential fuzzing of the worker's framing (``common.framing``) against gunicorn's own HTTP/1
+"""Differential fuzzing of the worker's framing (``common.server.framing``) against gunicorn's own HTTP/1
 parser (``gunicorn.http``): requests built field by field (methods, targets, versions, framing
 fields with every spelling of their values, chunk sizes, extensions and trailers, bare LFs,
 folded and underscored names, pipelined bytes after the request), each framed by both.
@@ -13,7 +13,7 @@ refuse what gunicorn accepts: refusing what it cannot frame exactly is its job.
 The same requests also go to a running worker (real gunicorn), one connection each: every one
 is answered with a status line and never a 500, by the worker that was there before. And they
 go through nginx with the shipped template (deploy/nginx.conf.template) to an upstream that
-frames what nginx forwards with ``common.framing`` and echoes each body: every request nginx
+frames what nginx forwards with ``common.server.framing`` and echoes each body: every request nginx
 forwards is framed whole there (nothing nginx sends is refused or split differently), and
 where the framing accepts the client's original request, nginx forwarded the same body.
 
@@ -40,8 +40,8 @@ from gunicorn.http.parser import RequestParser
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from common.framing import Refused, RequestFraming
-from common.worker import Framed, FramedRequest, FramedUnreader
+from common.server.framing import Refused, RequestFraming
+from common.server.worker import Framed, FramedRequest, FramedUnreader
 from testing.nginx import nginx
 from testing.server import Server, gunicorn_server
 
@@ -314,7 +314,7 @@ def test_the_running_worker_answers_every_request(worker, data: bytes) -> None:
 
 
 class EchoUpstream(socketserver.ThreadingTCPServer):
-    """Frames what nginx forwards with ``common.framing``; answers each request with its body.
+    """Frames what nginx forwards with ``common.server.framing``; answers each request with its body.
     A refusal of what gunicorn's parser would take is recorded as a disagreement."""
 
     daemon_threads = True

@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from common.config import ConfigError
-from common.preflight import reason
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.settings import CoreSettings
+from common.setup.preflight import reason
 from services.hpsv3.inputs import IMAGE_TOKEN, REWARD_TOKEN
 from services.hpsv3.scorer import HPSv3Scorer
 from testing.images import encode, sample_images
@@ -300,7 +300,7 @@ def test_the_chat_template_may_come_from_the_processor_file(
 
 
 def test_limits_are_clear_errors(monkeypatch: pytest.MonkeyPatch, tiny: tuple[Path, Path], images: list[bytes]) -> None:
-    from common.errors import PayloadTooLarge
+    from common.limits.errors import PayloadTooLarge
 
     limited = make_scorer(monkeypatch, model=str(tiny[0]), base=str(tiny[1]), max_tokens="2000")
     limited.setup("cpu")
@@ -374,7 +374,7 @@ def test_server_without_weights_says_why_and_preflight_skips(tmp_path: Path) -> 
         response = post(server.url, {"images": [encode_blank()], "prompts": ["p"]})
         assert response.status_code == 503
     done = subprocess.run(
-        [sys.executable, "-S", "-m", "common.preflight"],
+        [sys.executable, "-S", "-m", "common.setup.preflight"],
         cwd=ROOT,
         env={**os.environ, "SCORER_SERVICE": "hpsv3", **env},
         capture_output=True,

@@ -1,7 +1,7 @@
 """HPSv3's image size is Qwen2-VL's smart resize with min = max = 256 tokens: the service's own
 arithmetic (``services/hpsv3/inputs.py``) against the rule as transformers publishes it, on every
 shape up to 300 pixels a side and on large random ones, the refusals of extreme shapes included.
-So is the judge's ``qwenvl`` size (``qwen_vl_utils``' bounds, ``common/qwen_resize.py``) where
+So is the judge's ``qwenvl`` size (``qwen_vl_utils``' bounds, ``common/models/qwen_resize.py``) where
 ``qwen_vl_utils`` and transformers agree: from 15 pixels a side (a shorter side rounds to 0,
 which ``qwen_vl_utils`` raises to 28 before its bounds, transformers after)."""
 
@@ -12,7 +12,7 @@ import random
 import pytest
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as published
 
-from common import qwen_resize
+from common.models import qwen_resize
 from services.hpsv3.inputs import smart_resize
 from services.judge.scorer import QWENVL_PIXELS
 

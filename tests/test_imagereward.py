@@ -17,8 +17,8 @@ import requests
 import torch
 from PIL import Image
 
-from common.config import ConfigError
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.settings import CoreSettings
 from services.imagereward.model import ImageRewardModel
 from services.imagereward.scorer import ImageRewardScorer
 from testing.imagereward_models import med_config, save_checkpoint, save_tokenizer

@@ -1,4 +1,4 @@
-"""Image decoding (common/images.py): the work a decode may cost is counted from the bytes
+"""Image decoding (common/imaging/images.py): the work a decode may cost is counted from the bytes
 before it starts, and every image reads as a viewer shows it, whatever its mode."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageCms
 
-from common.errors import PayloadTooLarge
-from common.images import (
+from common.configuration.settings import CoreSettings
+from common.imaging.images import (
     as_shown,
     load_images,
     metadata_bytes,
@@ -22,8 +22,8 @@ from common.images import (
     open_images,
     shown_size,
 )
-from common.media import MEAN, parse_media_request
-from common.settings import CoreSettings
+from common.imaging.media import MEAN, parse_media_request
+from common.limits.errors import PayloadTooLarge
 from testing.images import decoded, empty_chunks_png, encode, png_chunk, scan_bomb
 from testing.timing import within
 

@@ -1,7 +1,8 @@
 """The code reads in one direction: no import cycle among the repository's modules, counting
 every import (inside functions and under ``TYPE_CHECKING`` too), ``common/`` never imports
-a service (the registry names them as strings), and no module imports a test module (shared
-fixtures live in conftest.py, shared helpers in ``testing/``)."""
+a service (the registry names them as strings), ``common/``'s packages import only the layers
+below their own (``LAYERS``), and no module imports a test module (shared fixtures live in
+conftest.py, shared helpers in ``testing/``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,18 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "services", "bench", "tests", "testing", "deploy")
+# common/'s packages by layer, lowest first (docs/ARCHITECTURE.md §1): a package imports its own
+# modules and those of lower layers only; packages of one layer import neither the other.
+LAYERS = {
+    "limits": 0,
+    "configuration": 1,
+    "sdk": 1,
+    "models": 2,
+    "imaging": 2,
+    "pipeline": 3,
+    "setup": 4,
+    "server": 5,
+}
 
 
 def modules() -> dict[str, Path]:
@@ -96,6 +109,52 @@ def test_common_imports_no_service() -> None:
         if name.startswith("common")
     }
     assert not {name: targets for name, targets in offenders.items() if targets}
+
+
+def layer_of(name: str) -> str | None:
+    """The package of ``common`` that module ``name`` belongs to (``common.limits.errors`` -> ``limits``)."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "common" and len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module of a ``common`` package -> the modules it imports from a package not below its own."""
+    found = {}
+    for name, targets in graph.items():
+        own = layer_of(name)
+        if own is not None:
+            wrong = [t for t in targets if layer_of(t) not in (None, own) and LAYERS[layer_of(t)] >= LAYERS[own]]
+            if wrong:
+                found[name] = sorted(wrong)
+    return found
+
+
+def test_common_is_its_packages_and_each_says_what_it_holds() -> None:
+    """No module lies flat in ``common/``; each package is a layer and opens with a docstring."""
+    assert sorted(path.stem for path in (ROOT / "common").glob("*.py")) == ["__init__"]
+    packages = sorted(path.parent.name for path in (ROOT / "common").glob("*/__init__.py"))
+    assert packages == sorted(LAYERS)
+    for package in packages:
+        init = ROOT / "common" / package / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"common/{package}/__init__.py has no docstring"
+
+
+def test_common_packages_import_only_lower_layers() -> None:
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items() if name.startswith("common.")}
+    assert not upward_imports(graph)
+
+
+def test_an_upward_or_sideways_import_is_found() -> None:
+    graph = {
+        "common.limits.errors": {"common.server.app"},
+        "common.sdk.wire": {"common.configuration.config", "common.limits.errors", "common"},
+        "common.server.app": {"common.server.worker", "common.pipeline.scorer"},
+    }
+    assert upward_imports(graph) == {
+        "common.limits.errors": ["common.server.app"],
+        "common.sdk.wire": ["common.configuration.config"],
+    }
 
 
 def is_test_module(name: str) -> bool:

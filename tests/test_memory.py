@@ -1,4 +1,4 @@
-"""The worker's reclaimer (common/memory.py): the memory is reclaimed once no request is in
+"""The worker's reclaimer (common/pipeline/memory.py): the memory is reclaimed once no request is in
 flight, never while one is, once per quiet spell; and a reclaim collects reference cycles and
 trims malloc. The quiet spell runs on a clock the tests move by hand."""
 
@@ -12,8 +12,8 @@ import weakref
 
 import pytest
 
-from common import memory
-from common.memory import Reclaimer, reclaim_memory
+from common.pipeline import memory
+from common.pipeline.memory import Reclaimer, reclaim_memory
 from testing.clock import ManualClock
 
 pytestmark = pytest.mark.unit

@@ -25,9 +25,9 @@ from PIL import Image
 
 from bench.load.run import _load
 from bench.ocr.run import one_image_bodies
-from common import verl_omni
-from common.client import ScorerClient
-from common.retry import RetryPolicy, ScorerRequestError
+from common.sdk import verl_omni
+from common.sdk.client import ScorerClient
+from common.sdk.retry import RetryPolicy, ScorerRequestError
 from testing.images import blank, encode, render_text
 from testing.multi import multi_server, reward_settings
 from testing.server import Server, gunicorn_server

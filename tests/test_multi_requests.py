@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from common import install, registry, shell
-from common.errors import PayloadTooLarge, Unprocessable
-from common.media import MEAN, MediaRequest
-from common.rewards import rewards_url
-from common.scorer import ImageScorer
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
+from common.imaging.media import MEAN, MediaRequest
+from common.limits.errors import PayloadTooLarge, Unprocessable
+from common.pipeline.scorer import ImageScorer
+from common.sdk.rewards import rewards_url
+from common.setup import install, registry, shell
 from services.multi.combine import Combined, combined_results
 from services.multi.settings import listed_rewards
 from services.multi.wanted import Wanted, from_query, requested

@@ -15,7 +15,7 @@ import pytest
 import rapidocr_onnxruntime
 import requests
 
-from common.client import ScorerClient
+from common.sdk.client import ScorerClient
 from testing.images import blank, ocr_prompts, quoted, render_text
 from testing.server import gunicorn_server
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import Unprocessable
-from common.ocr_rule import RuleOptions, check_targets, match_score, reward, targets
+from common.limits.errors import Unprocessable
+from common.models.ocr_rule import RuleOptions, check_targets, match_score, reward, targets
 
 pytestmark = pytest.mark.unit
 

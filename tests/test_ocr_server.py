@@ -24,9 +24,9 @@ import pytest
 import requests
 from PIL import Image, ImageDraw, ImageFont
 
-from common.client import AsyncScorerClient, ScorerClient
-from common.ocr_rule import RuleOptions, targets
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
+from common.models.ocr_rule import RuleOptions, targets
+from common.sdk.client import AsyncScorerClient, ScorerClient
 from services.ocr.scorer import OcrSettings
 from testing.clock import wait_until
 from testing.images import blank, empty_chunks_png, ocr_prompts, quoted, render_text, scan_bomb
@@ -209,7 +209,7 @@ def test_health_ready_info_and_unknown_routes(ocr_server) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "common.client", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "common.sdk.client", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import ConfigError
-from common.ocr_rule import RuleOptions, reward
+from common.configuration.config import ConfigError
+from common.models.ocr_rule import RuleOptions, reward
 from services.ocr.engines import RapidOCREngine, check_providers
 from services.ocr.torch_engine import TorchOCREngine
 from testing.images import decoded, ocr_prompts, quoted, render_text

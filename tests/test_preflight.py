@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from huggingface_hub import try_to_load_from_cache
 
-from common import registry
-from common.hub import in_hub_cache
+from common.models.hub import in_hub_cache
+from common.setup import registry
 from testing.server import ROOT
 
 pytestmark = pytest.mark.unit
 
 
 def bare_preflight(service: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``python3 -m common.preflight`` as run.sh runs it: ``-S`` leaves every installed package out."""
+    """``python3 -m common.setup.preflight`` as run.sh runs it: ``-S`` leaves every installed package out."""
     return subprocess.run(
-        [sys.executable, "-S", "-m", "common.preflight", service],
+        [sys.executable, "-S", "-m", "common.setup.preflight", service],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,

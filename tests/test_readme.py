@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from common import install, registry
-from common.app import create_app
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
+from common.server.app import create_app
+from common.setup import install, registry
 from services.code.grading.judging import STATUSES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def check_module(words: list[str], env: dict[str, str], tmp_path: Path) -> None:
         done = run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / words[3])])
         assert done.returncode == 0, done.stderr
         return
-    if words[1:3] == ["-m", "common.client"]:
+    if words[1:3] == ["-m", "common.sdk.client"]:
         port = int(re.fullmatch(r"http://localhost:(\d+)", words[3]).group(1))  # type: ignore[union-attr]
         assert port in {s.port for s in registry.SERVICES.values()}, words
     assert words[1] == "-m" and words[2].startswith(("bench.", "common.", "services.")), words

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from common import install, registry, shell
-from common.config import ConfigError, env_name
-from common.scorer import Scorer
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, env_name
+from common.configuration.settings import CoreSettings
+from common.pipeline.scorer import Scorer
+from common.setup import install, registry, shell
 from services.code import languages
 
 pytestmark = pytest.mark.unit
@@ -24,11 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
     """``-S``: no site-packages, as the system python3 of a fresh machine has none of ours."""
     names = subprocess.run(
-        [sys.executable, "-S", "-m", "common.shell", "names"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-S", "-m", "common.setup.shell", "names"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert names.stdout.split() == list(registry.SERVICES)
     shell = subprocess.run(
-        [sys.executable, "-S", "-m", "common.shell", "shell", "code"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "common.setup.shell", "shell", "code"], cwd=ROOT, capture_output=True, text=True
     )
     assert shell.returncode == 0, shell.stderr
     assert "SYSTEM_PACKAGES=(bubblewrap gcc g++ openjdk-17-jdk-headless rustc-web nodejs)" in shell.stdout
@@ -39,7 +43,7 @@ def test_run_sh_can_read_it_with_the_standard_library_alone() -> None:
     assert f"GO_HOME={install.GO_HOME}" in shell.stdout.splitlines()
     assert "GO_BUILD_ENV=(GO111MODULE=off CGO_ENABLED=0 GOTOOLCHAIN=local GOENV=off GOFLAGS= " in shell.stdout
     unknown = subprocess.run(
-        [sys.executable, "-S", "-m", "common.shell", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "common.setup.shell", "shell", "nope"], cwd=ROOT, capture_output=True, text=True
     )
     assert unknown.returncode == 2 and "unknown service 'nope'" in unknown.stderr
 
@@ -107,7 +111,7 @@ def test_the_flags_are_the_settings_declared_flags() -> None:
     """Every flag ``run.sh all`` takes is a field declared ``flag=True`` of the core's or a
     service's settings, read with the standard library alone (``-S``), and each such field is one."""
     flags = subprocess.run(
-        [sys.executable, "-S", "-m", "common.shell", "flags", "all"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "common.setup.shell", "flags", "all"], cwd=ROOT, capture_output=True, text=True
     )
     assert flags.returncode == 0, flags.stderr
     shown = set(flags.stdout.strip().removeprefix("FLAGS=(").removesuffix(")").split())
@@ -148,7 +152,11 @@ def test_a_misspelt_setting_is_warned_of_and_the_others_are_not() -> None:
         "SCORER_TEST_SKIP_ENGINE": "1",
     }
     result = subprocess.run(
-        [sys.executable, "-S", "-m", "common.shell", "check", "code"], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "common.setup.shell", "check", "code"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0
     assert result.stderr.splitlines() == [
@@ -169,7 +177,7 @@ def test_a_misspelt_setting_is_warned_of_and_the_others_are_not() -> None:
 def test_what_run_sh_checks_before_it_installs(command: str, variable: str, refused: bool) -> None:
     env = {"PATH": "/usr/bin:/bin", variable: "x"}
     result = subprocess.run(
-        [sys.executable, "-S", "-m", "common.shell", "check", command],
+        [sys.executable, "-S", "-m", "common.setup.shell", "check", command],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -182,7 +190,7 @@ def test_run_sh_refuses_a_value_against_its_declared_rule_before_it_installs() -
     """``run.sh geneval`` with the system python3: the rule's error, one line, exit 2."""
     env = {"PATH": "/usr/bin:/bin", "SCORER_GENEVAL_THRESHOLD": "1.5"}
     result = subprocess.run(
-        [sys.executable, "-S", "-m", "common.shell", "check", "geneval"],
+        [sys.executable, "-S", "-m", "common.setup.shell", "check", "geneval"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from common.install import (
+from common.setup.install import (
     GO_BUILD_ENV,
     GO_HOME,
     GO_REQUIREMENTS,

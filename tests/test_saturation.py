@@ -10,7 +10,7 @@ order, until its deadline.
 ``SCORER_TEST_FLOW_GRPO_REWARDS`` (a copy of flow_grpo's ``flow_grpo/rewards.py``) and
 ``SCORER_TEST_VERL_OMNI`` (a VeRL-Omni checkout) run the trainers' own clients, unchanged;
 without them the tests use the same calls written here (flow_grpo's session and unpickling,
-and ``common/verl_omni.py``, whose attempts and timeouts are VeRL-Omni's).
+and ``common/sdk/verl_omni.py``, whose attempts and timeouts are VeRL-Omni's).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 from requests.adapters import HTTPAdapter, Retry
 
-from common import verl_omni
+from common.sdk import verl_omni
 from testing.geneval_models import geneval_service_settings
 from testing.images import render_text
 from testing.server import Server, gunicorn_server

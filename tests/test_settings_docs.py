@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from common import registry
-from common.config import declared
-from common.settings import CoreSettings
-from common.settings_docs import pages, render
+from common.configuration.config import declared
+from common.configuration.settings import CoreSettings
+from common.setup import registry
+from common.setup.settings_docs import pages, render
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ PAGE = ROOT / "docs" / "settings.md"
 
 @pytest.mark.parametrize("path", pages(), ids=lambda path: str(path.relative_to(ROOT)))
 def test_each_page_s_tables_are_what_the_declarations_make(path: Path) -> None:
-    """After changing a setting: ``.venv/bin/python -m common.settings_docs``."""
+    """After changing a setting: ``.venv/bin/python -m common.setup.settings_docs``."""
     page = path.read_text()
     assert render(page) == page
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from common import registry
-from common.config import declared, env_name
-from common.settings import CoreSettings
+from common.configuration.config import declared, env_name
+from common.configuration.settings import CoreSettings
+from common.setup import registry
 
 pytestmark = pytest.mark.unit
 

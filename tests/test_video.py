@@ -21,7 +21,7 @@ import requests
 from PIL import Image
 from rapidfuzz.distance import Levenshtein
 
-from common import verl_omni
+from common.sdk import verl_omni
 from testing.clip_models import save_model
 from testing.images import blank, encode, render_text, sample_images
 from testing.random_clip import save_random_clip
@@ -273,7 +273,7 @@ def test_verl_omni_module_imports_with_the_clients_dependencies_only(tmp_path: P
         f"class Block:\n def find_spec(self, name, path=None, target=None):\n"
         f"  if name.split('.')[0] in {blocked!r}: raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import common.verl_omni as m, numpy as np\n"
+        "import common.sdk.verl_omni as m, numpy as np\n"
         "assert m.frames_of(np.zeros((3, 5, 8, 8), np.uint8)).shape == (5, 8, 8, 3)\n"
     )
     done = subprocess.run(
@@ -330,7 +330,7 @@ def test_verl_omni_module_sends_whole_videos_and_images(aesthetic_server: str) -
 
 def test_verl_omni_module_retries_as_the_stock_client() -> None:
     """408, 429, 5xx and dropped connections are retried ``max_retries`` times with doubling
-    backoff (common/retry.py); other statuses raise at once."""
+    backoff (common/sdk/retry.py); other statuses raise at once."""
     from aiohttp import web
 
     async def serve(statuses: list[int], **kwargs: object) -> tuple[float | str, int]:

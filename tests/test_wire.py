@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from common.errors import BadRequest, PayloadTooLarge
-from common.wire import (
+from common.limits.errors import BadRequest, PayloadTooLarge
+from common.sdk.wire import (
     MAX_NESTING,
     JsonCap,
     check_json,

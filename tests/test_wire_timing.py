@@ -1,5 +1,5 @@
-"""What a hostile body costs to refuse, in CPU seconds: each refusal of ``common.wire`` and
-``common.errors`` must come from a walk bounded by the body's size (a DAG hashed as a key, a
+"""What a hostile body costs to refuse, in CPU seconds: each refusal of ``common.sdk.wire`` and
+``common.limits.errors`` must come from a walk bounded by the body's size (a DAG hashed as a key, a
 repr of 2**60 nodes, ``json.loads`` of 32 MB of ``[],`` took seconds to forever). The bounds
 are for a quiet machine, scaled by ``SCORER_TEST_TIME_FACTOR`` (``testing/timing.py``)."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from common.errors import QUOTE_CHARS, BadRequest, PayloadTooLarge, describe_error, quote
-from common.wire import MAX_NESTING, MAX_PICKLE_NODES, JsonCap, check_pickle, decode_body
+from common.limits.errors import QUOTE_CHARS, BadRequest, PayloadTooLarge, describe_error, quote
+from common.sdk.wire import MAX_NESTING, MAX_PICKLE_NODES, JsonCap, check_pickle, decode_body
 from testing.timing import within
 
 pytestmark = pytest.mark.timing

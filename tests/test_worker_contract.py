@@ -1,4 +1,4 @@
-"""The members of gunicorn's threaded worker that ``common.worker.ScorerWorker`` relies on.
+"""The members of gunicorn's threaded worker that ``common.server.worker.ScorerWorker`` relies on.
 
 The worker overrides gunicorn's gthread worker in eleven places, two of them private, and uses
 its attributes and helpers; only the version pin in requirements.txt guards them. Each test here
@@ -16,7 +16,7 @@ from gunicorn.http.parser import RequestParser
 from gunicorn.http.unreader import Unreader
 from gunicorn.workers import gthread
 
-from common.worker import FramedRequest, FramedUnreader, ScorerWorker
+from common.server.worker import FramedRequest, FramedUnreader, ScorerWorker
 
 pytestmark = pytest.mark.unit
 

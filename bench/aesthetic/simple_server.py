@@ -15,7 +15,7 @@ from PIL import Image
 from transformers import AutoImageProcessor, CLIPModel
 
 from bench.common import pickle_image_app
-from common.precision import torch_dtype
+from common.models.precision import torch_dtype
 from services.aesthetic.model import AestheticHead, image_features
 
 device = os.environ.get("DEVICE", "cpu")

@@ -11,7 +11,7 @@ import pickle
 from flask import Flask, request
 
 from bench.batching.synthetic import SyntheticSettings, model_call
-from common.config import from_env
+from common.configuration.config import from_env
 
 app = Flask(__name__)
 settings = from_env(SyntheticSettings, "synthetic")

@@ -3,7 +3,7 @@ small cost per item, with the GIL released meanwhile (a kernel launch and its wa
 20 ms + 0.2 ms per item. The score of an image is a checksum of its bytes, so every answer can be
 checked against the in-process one.
 
-Served by the real stack (gunicorn, ``common.app``, the dynamic batcher) with
+Served by the real stack (gunicorn, ``common.server.app``, the dynamic batcher) with
 ``gunicorn -c gunicorn.conf.py 'bench.batching.synthetic:app()'``; its cost comes from
 ``SCORER_SYNTHETIC_FIXED_MS`` and ``SCORER_SYNTHETIC_PER_ITEM_MS``.
 """
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.config import from_env
-from common.media import MEAN, parse_media_request
-from common.scorer import Scorer
-from common.settings import CoreSettings
+from common.configuration.config import from_env
+from common.configuration.settings import CoreSettings
+from common.imaging.media import MEAN, parse_media_request
+from common.pipeline.scorer import Scorer
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,6 @@ class SyntheticScorer(Scorer):
 
 
 def app() -> Any:
-    from common.app import create_app
+    from common.server.app import create_app
 
     return create_app(SyntheticScorer(from_env(CoreSettings)))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.aesthetic.bench import ROOT, free_port, make_images, percentiles, serve, stop
 from bench.common import burst, simple_gunicorn
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
 from services.clip.scorer import PickScoreScorer
 from testing.clip_models import save_random_clip_model
 

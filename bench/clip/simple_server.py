@@ -14,7 +14,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from bench.common import pickle_image_app
-from common.precision import torch_dtype
+from common.models.precision import torch_dtype
 from services.clip.towers import image_features, normalised, text_features
 
 device = os.environ.get("DEVICE", "cpu")

@@ -28,7 +28,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from common.settings import CoreSettings  # noqa: E402
+from common.configuration.settings import CoreSettings  # noqa: E402
 from services.geneval.scorer import GenEvalScorer  # noqa: E402
 from testing.clip_models import save_random_clip_model  # noqa: E402
 from testing.geneval_models import ellipses, save_random_mask2former  # noqa: E402

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
 from services.geneval.colors import ColorClassifier
 from services.geneval.crops import crop_pixels, masked_crop
 from services.geneval.detector import Detector, DetectorInput

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from common.ocr_rule import RuleOptions, reward
+from common.models.ocr_rule import RuleOptions, reward
 from services.ocr.engines import RapidOCREngine
 from services.ocr.torch_engine import TorchOCREngine
 from testing.images import decoded, ocr_prompts, quoted, render_text

@@ -15,7 +15,7 @@ from pathlib import Path
 import requests
 
 from bench.common import stop_on_sigterm
-from common.devices import visible_gpus
+from common.configuration.devices import visible_gpus
 from testing.server import gunicorn_server
 
 

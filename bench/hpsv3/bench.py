@@ -33,7 +33,7 @@ from pathlib import Path
 from bench.aesthetic.bench import ROOT, free_port, make_images, percentiles, serve, stop
 from bench.clip.bench import PROMPTS, bodies
 from bench.common import burst, simple_gunicorn, stop_on_sigterm
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
 from services.hpsv3.scorer import HPSv3Scorer
 from testing.qwen2vl_models import reward_model_state, save_base, save_checkpoint
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from bench.common import pickle_image_app
-from common.settings import CoreSettings
+from common.configuration.settings import CoreSettings
 from services.hpsv3.scorer import HPSv3Scorer
 
 scorer = HPSv3Scorer(CoreSettings(service="hpsv3"))

@@ -40,7 +40,7 @@ from typing import Any
 from PIL import Image
 
 from bench.common import burst, stop_on_sigterm
-from common.client import ScorerClient
+from common.sdk.client import ScorerClient
 from services.judge import prompts
 from testing.judge_engine import engine, save_judge_model
 from testing.server import ROOT, Server, free_port

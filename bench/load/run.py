@@ -1,5 +1,5 @@
 """One OCR node under training load, through the client semantics of VeRL-Omni: one request per
-image, 256 in flight, each retried by the clients' one policy (``common.retry``: each attempt
+image, 256 in flight, each retried by the clients' one policy (``common.sdk.retry``: each attempt
 given 120 s, two retries, after 0.5 s and 1 s, of a dropped connection, a timeout, 408, 429 or
 5xx). Three scenarios on the same node:
 
@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import percentile  # noqa: E402
 from bench.ocr.run import one_image_bodies  # noqa: E402
-from common.client import parse_answer  # noqa: E402
-from common.retry import RetryPolicy, post_async  # noqa: E402
+from common.sdk.client import parse_answer  # noqa: E402
+from common.sdk.retry import RetryPolicy, post_async  # noqa: E402
 from testing.images import render_text  # noqa: E402
 from testing.server import Server, gunicorn_server  # noqa: E402
 
@@ -51,7 +51,7 @@ PARTIAL_HEAD = b"POST / HTTP/1.1\r\nHost: scorer\r\nContent-Type: application/oc
 async def _load(url: str, bodies: list[bytes], concurrency: int, policy: RetryPolicy) -> dict[str, Any]:
     """Send every body to ``url`` as a trainer gives it (a path, a query: ``http://node:18100/?ocr=1``),
     ``concurrency`` requests in flight, each retried by ``policy`` (the clients' own,
-    ``common.retry``); count outcomes instead of raising."""
+    ``common.sdk.retry``); count outcomes instead of raising."""
     first: Counter[str] = Counter()
     final: Counter[str] = Counter()
     attempts_made: Counter[int] = Counter()

@@ -52,7 +52,7 @@ from bench.aesthetic.bench import percentiles  # noqa: E402
 from bench.clip.bench import cpu_seconds  # noqa: E402
 from bench.common import burst, stop_on_sigterm  # noqa: E402
 from bench.ocr.run import one_image_bodies  # noqa: E402
-from common.client import parse_answer  # noqa: E402
+from common.sdk.client import parse_answer  # noqa: E402
 from testing.clip_models import save_random_clip_model  # noqa: E402
 from testing.images import ocr_prompts, quoted, render_text  # noqa: E402
 from testing.random_clip import save_random_clip  # noqa: E402

@@ -31,7 +31,7 @@ from bench.common import (  # noqa: E402
     stage_totals,
     stop_on_sigterm,
 )
-from common.ocr_rule import RuleOptions, check_targets, reward  # noqa: E402
+from common.models.ocr_rule import RuleOptions, check_targets, reward  # noqa: E402
 from services.ocr.engines import RapidOCREngine  # noqa: E402
 from services.ocr.torch_engine import TorchOCREngine  # noqa: E402
 from testing.images import decoded, ocr_prompts, quoted, render_text  # noqa: E402

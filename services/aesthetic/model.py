@@ -15,9 +15,9 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, CLIPModel
 
-from common.hub import local_first
-from common.images import once_per_image
-from common.precision import torch_dtype
+from common.imaging.images import once_per_image
+from common.models.hub import local_first
+from common.models.precision import torch_dtype
 from services.clip.preprocess import input_bytes
 from services.clip.towers import image_features, normalised
 

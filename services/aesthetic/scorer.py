@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from common.config import ConfigError, env_name
-from common.devices import require_torch_device
-from common.media import MediaRequest
-from common.precision import micro_batch as default_micro_batch
-from common.scorer import ImageScorer
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, env_name
+from common.configuration.devices import require_torch_device
+from common.configuration.settings import CoreSettings
+from common.imaging.media import MediaRequest
+from common.models.precision import micro_batch as default_micro_batch
+from common.pipeline.scorer import ImageScorer
 from services.aesthetic.settings import CLIP_HINT, SECTION, missing, read_settings
 from services.clip.preprocess import check_clip_inputs
 

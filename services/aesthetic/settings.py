@@ -10,9 +10,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting
-from common.hub import missing_weights, offline_problem
-from common.precision import Precision
+from common.configuration.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting
+from common.models.hub import missing_weights, offline_problem
+from common.models.precision import Precision
 
 SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"

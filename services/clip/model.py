@@ -17,9 +17,9 @@ import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
-from common.hub import local_first
-from common.images import once_per_image
-from common.precision import torch_dtype
+from common.imaging.images import once_per_image
+from common.models.hub import local_first
+from common.models.precision import torch_dtype
 from services.clip.open_clip_checkpoint import load_open_clip_checkpoint, read_config
 from services.clip.preprocess import FloatTransform, input_bytes, open_clip_text
 from services.clip.towers import image_features, normalised, text_features

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from common.budget import hold_work
-from common.config import env_name
-from common.errors import PayloadTooLarge, Unprocessable
-from common.images import shown_size
-from common.settings import CoreSettings
+from common.configuration.config import env_name
+from common.configuration.settings import CoreSettings
+from common.imaging.images import shown_size
+from common.limits.budget import hold_work
+from common.limits.errors import PayloadTooLarge, Unprocessable
 
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 

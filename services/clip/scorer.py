@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from PIL import Image
 
-from common.config import ConfigError, env_name
-from common.devices import require_torch_device
-from common.hub import local_first
-from common.media import MediaRequest
-from common.precision import micro_batch as default_micro_batch
-from common.scorer import ImageScorer
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, env_name
+from common.configuration.devices import require_torch_device
+from common.configuration.settings import CoreSettings
+from common.imaging.media import MediaRequest
+from common.models.hub import local_first
+from common.models.precision import micro_batch as default_micro_batch
+from common.pipeline.scorer import ImageScorer
 from services.clip.preprocess import check_clip_inputs
 from services.clip.settings import HPS_FILE, WEIGHTS, missing, model_hint, processor_source, read_settings
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from common.config import NONZERO, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
-from common.hub import missing_weights, offline_problem
-from common.precision import Precision
+from common.configuration.config import NONZERO, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
+from common.models.hub import missing_weights, offline_problem
+from common.models.precision import Precision
 
 VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 HPS_FILE = "HPS_v2.1_compressed.pt"

@@ -38,7 +38,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from common.errors import Overloaded, PayloadTooLarge
+from common.limits.errors import Overloaded, PayloadTooLarge
 
 # A sample's floor: this many times its tests' measured cost, at least this many seconds.
 PLAN_MARGIN = 1.5

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import Unprocessable
+from common.limits.errors import Unprocessable
 from services.code.compare import MODES
 from services.code.languages import CHECKER_LANGUAGES, language_of
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from common import metrics
-from common.deadlines import Deadline
+from common.limits.deadlines import Deadline
+from common.pipeline import metrics
 from services.code import interactive
 from services.code.admission import Admission, Admitted, Cost, Rates, floor_shown
 from services.code.cancelling import Cancellation, Cancelled, HangUps

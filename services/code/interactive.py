@@ -39,7 +39,7 @@ import logging
 import signal
 from typing import Any
 
-from common.errors import Unprocessable
+from common.limits.errors import Unprocessable
 from services.code.checkers import EXIT_FAIL, EXIT_OK, REJECTIONS, Checker, custom_verdict, parse_checker
 from services.code.languages import Program, run_failure
 from services.code.sandbox.inside.compiled import ARTIFACT_DIR

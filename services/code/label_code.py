@@ -21,9 +21,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from types import CodeType
 
-from common.budget import hold_work
-from common.deadlines import Deadline
-from common.errors import Overloaded, PayloadTooLarge, Unprocessable
+from common.limits.budget import hold_work
+from common.limits.deadlines import Deadline
+from common.limits.errors import Overloaded, PayloadTooLarge, Unprocessable
 
 # Memory compiling takes, per character of code (1.25 MB of asserts peaked at ~210 MB over
 # the interpreter's own): held in the request's work budget while it compiles.

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import Unprocessable
+from common.limits.errors import Unprocessable
 from services.code import interactive
 from services.code.checkers import DEFAULT as DEFAULT_CHECKER
 from services.code.checkers import Checker, parse_checker

@@ -6,7 +6,7 @@ its toolchain, in the sample's sandbox, and its artifact is then run by each std
 fresh process (``inside.compiled``). JavaScript's build is a syntax check (``node
 --check``) that ships the source itself.
 
-Toolchains are system packages and a pinned Go (``common/install.py``: ``run.sh`` installs
+Toolchains are system packages and a pinned Go (``common/setup/install.py``: ``run.sh`` installs
 them); each one's version is read from it at startup (``/info``, and the build's cache key);
 a missing one is reported in ``/info`` and its samples get ``language_unavailable`` (no verdict).
 """
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.install import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS
+from common.setup.install import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS
 from services.code.sandbox.inside.compiled import ARTIFACT_DIR, OUTPUT_DIR
 from services.code.sandbox.inside.files import MAX_FILE_NAME_BYTES
 

@@ -4,7 +4,7 @@
 Request JSON ``{"query" | "outputs": [str], "prompts": [str], "labels": [any]}``; answer
 ``{"rewards", "scores", "extra_logs", "error_types"}``, one entry per sample in each list
 (every ``extra_logs`` value too: OpenRLHF logs each list's mean). Always JSON, encoded by
-``common.wire`` as the core's JSON twin is: NaN as the JSON constant, which Flask's own JSON
+``common.sdk.wire`` as the core's JSON twin is: NaN as the JSON constant, which Flask's own JSON
 provider refuses. OpenRLHF retries any failure, so a body it cannot decode or that is too large
 is a 422, which it does not retry.
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from common.config import env_name
-from common.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
-from common.protocols import WireProtocol
-from common.scorer import Query, Result
-from common.wire import JsonCap, decode_body, encode_body
+from common.configuration.config import env_name
+from common.limits.errors import BadRequest, PayloadTooLarge, ScorerError, Unprocessable
+from common.pipeline.scorer import Query, Result
+from common.sdk.wire import JsonCap, decode_body, encode_body
+from common.server.protocols import WireProtocol
 from services.code.grading.judging import STATUSES
 from services.code.scorer import SECTION, CodeScorer, Graded
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import from_env
+from common.configuration.config import from_env
 from services.code.settings import CodeSettings
 
 PACKAGES_DIR = Path(__file__).resolve().parents[2] / ".sandbox-packages"

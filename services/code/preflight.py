@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from common.config import ConfigError, env_name, from_env
+from common.configuration.config import ConfigError, env_name, from_env
 from services.code.settings import CodeSettings
 
 SECTION = "code"

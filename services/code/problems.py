@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from common.errors import Unprocessable
+from common.limits.errors import Unprocessable
 from services.code import interactive
 from services.code.checkers import KATTIS_DEFAULT, Checker, parse_checker
 from services.code.labels import Suite

@@ -19,13 +19,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from common.clients import current_client, hang_up_check
-from common.config import ConfigError, env_name, from_env
-from common.cpus import usable_cpus
-from common.deadlines import Deadline, current_deadline
-from common.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
-from common.scorer import Scored, Scorer
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, env_name, from_env
+from common.configuration.cpus import usable_cpus
+from common.configuration.settings import CoreSettings
+from common.limits.clients import current_client, hang_up_check
+from common.limits.deadlines import Deadline, current_deadline
+from common.limits.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
+from common.pipeline.scorer import Scored, Scorer
 from services.code import compile_cache, environments, label_code, languages, packages, problems
 from services.code.cancelling import Cancelled
 from services.code.extract import extract_program, response_from_query

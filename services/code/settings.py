@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import setting
-from common.cpus import usable_cpus
+from common.configuration.config import setting
+from common.configuration.cpus import usable_cpus
 from services.code.languages import time_scales
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from transformers import CLIPModel, CLIPTokenizer
 
-from common.hub import local_first
+from common.models.hub import local_first
 from services.clip.towers import image_features, normalised, text_features
 from services.geneval.rules import CLASSNAMES, COLORS
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Mask2FormerForUniversalSegmentation
 
-from common.hub import local_first
+from common.models.hub import local_first
 from services.geneval.settings import OWN_SIZE_PIXELS
 
 # Mask logits (queries x pixels) upsampled at once in the post-processing: 100 queries' masks at

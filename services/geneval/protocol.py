@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import Unprocessable
-from common.protocols import WireProtocol
-from common.scorer import Query, Result, Samples, Scored
+from common.limits.errors import Unprocessable
+from common.pipeline.scorer import Query, Result, Samples, Scored
+from common.server.protocols import WireProtocol
 from services.geneval.rules import group_lists
 from services.geneval.scorer import METADATA_KEY, ONLY_STRICT_KEY
 

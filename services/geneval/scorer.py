@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from common.budget import hold_work
-from common.config import ConfigError
-from common.deadlines import check_deadline
-from common.devices import require_torch_device
-from common.errors import Unprocessable
-from common.images import shown_size
-from common.media import MediaRequest
-from common.precision import torch_dtype
-from common.scorer import ImageScorer, Scored
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.devices import require_torch_device
+from common.configuration.settings import CoreSettings
+from common.imaging.images import shown_size
+from common.imaging.media import MediaRequest
+from common.limits.budget import hold_work
+from common.limits.deadlines import check_deadline
+from common.limits.errors import Unprocessable
+from common.models.precision import torch_dtype
+from common.pipeline.scorer import ImageScorer, Scored
 from services.geneval.crops import CROP_BYTES, crop_pixels, masked_crop
 from services.geneval.rules import (
     CLASSNAMES,

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting, within
-from common.hub import missing_weights, offline_problem
-from common.precision import Precision
+from common.configuration.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting, within
+from common.models.hub import missing_weights, offline_problem
+from common.models.precision import Precision
 
 SECTION = "geneval"
 # 1024 x 1024: the images trainers generate are post-processed at their own size, as mmdet does.

@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 from tokenizers import Tokenizer
 
-from common import qwen_resize
+from common.models import qwen_resize
 
 REWARD_TOKEN = "<|Reward|>"
 IMAGE_TOKEN = "<|image_pad|>"

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from common.budget import hold_work
-from common.config import ConfigError, env_name
-from common.devices import require_torch_device
-from common.errors import PayloadTooLarge, Unprocessable
-from common.hub import local_first
-from common.images import once_per_image, shown_size
-from common.media import MediaRequest
-from common.precision import torch_dtype
-from common.scorer import ImageScorer, Scored
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, env_name
+from common.configuration.devices import require_torch_device
+from common.configuration.settings import CoreSettings
+from common.imaging.images import once_per_image, shown_size
+from common.imaging.media import MediaRequest
+from common.limits.budget import hold_work
+from common.limits.errors import PayloadTooLarge, Unprocessable
+from common.models.hub import local_first
+from common.models.precision import torch_dtype
+from common.pipeline.scorer import ImageScorer, Scored
 from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, input_bytes, resized, smart_resize
 from services.hpsv3.settings import CHECKPOINT, missing, read_settings
 

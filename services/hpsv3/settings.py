@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config import FINITE, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
-from common.hub import missing_weights, offline_problem
-from common.precision import Precision
+from common.configuration.config import FINITE, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
+from common.models.hub import missing_weights, offline_problem
+from common.models.precision import Precision
 
 SECTION = "hpsv3"
 CHECKPOINT = "HPSv3.safetensors"

@@ -19,9 +19,9 @@ import torch
 from PIL import Image
 from transformers import BertTokenizer
 
-from common.hub import local_first
-from common.images import once_per_image
-from common.precision import torch_dtype
+from common.imaging.images import once_per_image
+from common.models.hub import local_first
+from common.models.precision import torch_dtype
 from services.clip.preprocess import centre_crop_normalised, resized_size
 from services.imagereward.convert import IMAGE_SIZE, ConversionError, convert
 from services.imagereward.settings import CHECKPOINT, MED_CONFIG

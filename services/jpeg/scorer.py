@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 
 from PIL import Image, features
 
-from common.config import ConfigError
-from common.deadlines import check_deadline
-from common.images import once_per_image
-from common.scorer import ImageScorer
+from common.configuration.config import ConfigError
+from common.imaging.images import once_per_image
+from common.limits.deadlines import check_deadline
+from common.pipeline.scorer import ImageScorer
 
 # flow_grpo's ``image.save(buffer, format="JPEG", quality=95)`` and ``buffer.tell() / 1000``.
 QUALITY = 95

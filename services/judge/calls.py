@@ -1,7 +1,7 @@
 """The engine calls a worker's requests wait to send, taken in turn: between clients
-(``common.clients``), then between each client's requests, one call at a time. A client that
+(``common.limits.clients``), then between each client's requests, one call at a time. A client that
 queues a thousand calls delays another's next call by one turn, not a thousand; a request whose
-calls would wait past its deadline (at the median recent call time, as ``common.batching``
+calls would wait past its deadline (at the median recent call time, as ``common.pipeline.batching``
 estimates) is refused whole at once, and so is one that would overfill the queue."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config import env_name
-from common.errors import Overloaded, PayloadTooLarge
+from common.configuration.config import env_name
+from common.limits.errors import Overloaded, PayloadTooLarge
 
 # The calls whose times the wait estimate looks at: their median, so that neither one quick
 # call nor one slow one sets it.

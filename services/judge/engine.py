@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 from prometheus_client import Counter
 
-from common.errors import Overloaded
-from common.retry import GaveUp, Retryable, RetryPolicy, call_before
+from common.limits.errors import Overloaded
+from common.sdk.retry import GaveUp, Retryable, RetryPolicy, call_before
 from services.judge.calls import FairQueue
 from services.judge.exchange import Answered, Connections, Unreachable
 from services.judge.prompts import MAX_REPLY_CHARS
@@ -165,7 +165,7 @@ class EngineClient:
 
     def replies(self, bodies: list[dict[str, Any]], expires: float, client: str) -> list[Reply]:
         """The chat completions of one request's ``bodies``, in order, queued for ``client``
-        (``common.clients``) and answered by ``expires``: the first failure fails them all
+        (``common.limits.clients``) and answered by ``expires``: the first failure fails them all
         (503), and the calls not yet sent are dropped."""
         queued = self.queue.add(client, bodies, expires)
         try:
@@ -195,7 +195,7 @@ class EngineClient:
 
     def complete(self, body: dict[str, Any], expires: float) -> Reply:
         """POST ``body`` to ``/v1/chat/completions``, retried by the clients' one policy
-        (``common.retry``: 408, 429, 5xx and connection errors, with backoff) while the deadline
+        (``common.sdk.retry``: 408, 429, 5xx and connection errors, with backoff) while the deadline
         allows; ``EngineUnavailable`` after, and at once for a 200 that is no chat completion."""
         data = json.dumps(body).encode()
 

@@ -17,16 +17,16 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from common import qwen_resize
-from common.clients import current_client
-from common.config import ConfigError, describe, env_name, from_env
-from common.deadlines import current_deadline
-from common.errors import PayloadTooLarge, Unprocessable
-from common.images import once_per_image, shown_size
-from common.media import MediaRequest, VideoRule
-from common.ocr_rule import RuleOptions, check_targets, reward
-from common.scorer import ImageScorer, Query, Samples, Scored
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError, describe, env_name, from_env
+from common.configuration.settings import CoreSettings
+from common.imaging.images import once_per_image, shown_size
+from common.imaging.media import MediaRequest, VideoRule
+from common.limits.clients import current_client
+from common.limits.deadlines import current_deadline
+from common.limits.errors import PayloadTooLarge, Unprocessable
+from common.models import qwen_resize
+from common.models.ocr_rule import RuleOptions, check_targets, reward
+from common.pipeline.scorer import ImageScorer, Query, Samples, Scored
 from services.judge import prompts
 from services.judge.engine import EngineClient, Reply
 from services.judge.prompts import ParseFailure

@@ -17,8 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common.config import from_env
-from common.devices import visible_gpus
+from common.configuration.config import from_env
+from common.configuration.devices import visible_gpus
 from services.judge.settings import SECTION, JudgeSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import ConfigError, above, at_least, env_name, from_env, setting
+from common.configuration.config import ConfigError, above, at_least, env_name, from_env, setting
 
 SECTION = "judge"
 # The judge that compares samples in pairs; the others score each alone.

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import metrics
-from common.errors import NotReady, Overloaded, ScorerError, Unprocessable, quote
-from common.media import VideoRule
-from common.scorer import Result, Scored, combine_frames
+from common.imaging.media import VideoRule
+from common.limits.errors import NotReady, Overloaded, ScorerError, Unprocessable, quote
+from common.pipeline import metrics
+from common.pipeline.scorer import Result, Scored, combine_frames
 from services.multi.wanted import Wanted
 
 # A reward's refusals that tell of the node's load (a full queue, the deadline, the work bytes

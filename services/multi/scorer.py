@@ -33,15 +33,15 @@ from typing import Any
 
 from PIL import Image
 
-from common import registry
-from common.budget import tentative_work, trial_work
-from common.config import ConfigError
-from common.errors import ScorerError
-from common.images import open_images
-from common.media import MEAN, MediaRequest, VideoRule, parse_media_request
-from common.runtime import ScorerRuntime
-from common.scorer import ImageScorer, Query, Result, Samples, Scorer, decode
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.settings import CoreSettings
+from common.imaging.images import open_images
+from common.imaging.media import MEAN, MediaRequest, VideoRule, parse_media_request
+from common.limits.budget import tentative_work, trial_work
+from common.limits.errors import ScorerError
+from common.pipeline.runtime import ScorerRuntime
+from common.pipeline.scorer import ImageScorer, Query, Result, Samples, Scorer, decode
+from common.setup import registry
 from services.multi import combine
 from services.multi.combine import FROM_THE_LOAD, combined_results, from_reward
 from services.multi.settings import listed_rewards

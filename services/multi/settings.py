@@ -8,9 +8,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from common import preflight as core_preflight
-from common import registry
-from common.config import from_env, setting
+from common.configuration.config import from_env, setting
+from common.setup import preflight as core_preflight
+from common.setup import registry
 
 SECTION = "multi"
 

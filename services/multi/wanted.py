@@ -4,7 +4,7 @@ of failing the request), which wins, else ``metadata["rewards"]`` (``{"ocr": 0.7
 {"weight": 0.3, "optional": true}}``), else every served reward with weight 1. A reward may be
 named by an alias its scorer gives (flow_grpo's name for it: ``qwenvl``, ``unifiedreward`` for
 the judge serving them), its ``details`` then keyed by that name. The clients write the query
-with ``common.rewards.rewards_url``."""
+with ``common.sdk.rewards.rewards_url``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import Unprocessable, quote
-from common.rewards import OPTIONAL
+from common.limits.errors import Unprocessable, quote
+from common.sdk.rewards import OPTIONAL
 
 
 @dataclass(frozen=True)

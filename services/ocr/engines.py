@@ -20,10 +20,10 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from common.config import ConfigError, env_name
-from common.deadlines import check_deadline
-from common.errors import PayloadTooLarge
-from common.ocr_rule import Line
+from common.configuration.config import ConfigError, env_name
+from common.limits.deadlines import check_deadline
+from common.limits.errors import PayloadTooLarge
+from common.models.ocr_rule import Line
 
 # Recognizer input widths are rounded up to this many pixels (see ``recognition_input``).
 REC_WIDTH_STEP = 32

@@ -8,15 +8,15 @@ from typing import Any, ClassVar
 
 from PIL import Image, ImageDraw, ImageFont
 
-from common.budget import hold_work
-from common.config import describe, env_name, from_env
-from common.deadlines import check_deadline
-from common.errors import PayloadTooLarge, Unprocessable
-from common.images import once_each, once_per_image, shown_size
-from common.media import MEAN, MediaRequest, VideoRule
-from common.ocr_rule import RuleOptions, check_targets, reward
-from common.scorer import ImageScorer
-from common.settings import CoreSettings
+from common.configuration.config import describe, env_name, from_env
+from common.configuration.settings import CoreSettings
+from common.imaging.images import once_each, once_per_image, shown_size
+from common.imaging.media import MEAN, MediaRequest, VideoRule
+from common.limits.budget import hold_work
+from common.limits.deadlines import check_deadline
+from common.limits.errors import PayloadTooLarge, Unprocessable
+from common.models.ocr_rule import RuleOptions, check_targets, reward
+from common.pipeline.scorer import ImageScorer
 from services.ocr.engines import OcrEngine, PaddleOCREngine, RapidOCREngine
 from services.ocr.settings import OcrSettings
 

@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import setting
-from common.ocr_rule import RuleOptions
+from common.configuration.config import setting
+from common.models.ocr_rule import RuleOptions
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from common.config import ConfigError
-from common.devices import require_torch_device
+from common.configuration.config import ConfigError
+from common.configuration.devices import require_torch_device
 from services.ocr.engines import RapidOCREngine
 
 DTYPES = ("float32", "float16", "bfloat16")

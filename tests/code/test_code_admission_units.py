@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from common.errors import Overloaded, PayloadTooLarge
+from common.limits.errors import Overloaded, PayloadTooLarge
 from services.code.admission import FIRST_TEST_S, PLAN_FLOOR_S, PLAN_MARGIN, Admission, Cost, Rates, floor_shown
 from services.code.cgroups import Cgroups
 from services.code.grader import Grader

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.errors import Unprocessable
+from common.limits.errors import Unprocessable
 from services.code import compile_cache
 from services.code.checkers import Checker, custom_verdict, parse_checker
 from services.code.compare import output_matches

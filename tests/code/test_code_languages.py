@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from common import install
+from common.setup import install
 from services.code import languages
 from services.code.extract import extract_program
 from services.code.languages import PYTHON

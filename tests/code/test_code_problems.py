@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from common.errors import Unprocessable
+from common.limits.errors import Unprocessable
 from services.code import checkers, kattis_default
 from services.code.problems import Problems, default_validator
 from testing import problems

@@ -1,4 +1,4 @@
-"""The code verifier's construction is cheap (common/scorer.py's contract): it reads and checks
+"""The code verifier's construction is cheap (common/pipeline/scorer.py's contract): it reads and checks
 its settings; probing the isolation and setting the interpreter's integer limit wait for
 ``setup``, where the sandbox starts."""
 
@@ -24,7 +24,7 @@ def test_constructing_the_scorer_runs_no_process_and_leaves_the_interpreter_as_i
         "import sys\n"
         "started = []\n"
         "sys.addaudithook(lambda event, args: started.append(args[0]) if event == 'subprocess.Popen' else None)\n"
-        "from common.settings import CoreSettings\n"
+        "from common.configuration.settings import CoreSettings\n"
         "from services.code.scorer import CodeScorer\n"
         "digits = sys.get_int_max_str_digits()\n"
         "CodeScorer(CoreSettings(service='code'))\n"

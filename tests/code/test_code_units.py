@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from common import install
-from common.config import ConfigError
-from common.deadlines import Deadline
-from common.errors import Unprocessable
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.settings import CoreSettings
+from common.limits.deadlines import Deadline
+from common.limits.errors import Unprocessable
+from common.setup import install
 from services.code import environments, languages
 from services.code.cancelling import Cancellation, Cancelled
 from services.code.cgroups import Cgroups

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import Unprocessable
+from common.limits.errors import Unprocessable
 from services.code.compile_cache import Unremembered
 from services.code.grading.trials import Trial
 from services.code.sandbox.inside.messages import StdinOutcome

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from common.errors import Overloaded, PayloadTooLarge
+from common.limits.errors import Overloaded, PayloadTooLarge
 from services.judge.calls import FairQueue
 from services.judge.engine import EngineHealth
 from testing.clock import ManualClock, wait_until

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.errors import PayloadTooLarge
+from common.limits.errors import PayloadTooLarge
 from services.judge.engine import MAX_ANSWER_BYTES, EngineClient, EngineUnavailable
 from testing.clock import wait_until
 from testing.engine_standin import StandInEngine

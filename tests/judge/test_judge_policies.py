@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from common.config import ConfigError
-from common.errors import PayloadTooLarge, Unprocessable
-from common.media import parse_media_request
-from common.settings import CoreSettings
+from common.configuration.config import ConfigError
+from common.configuration.settings import CoreSettings
+from common.imaging.media import parse_media_request
+from common.limits.errors import PayloadTooLarge, Unprocessable
 from services.judge import prompts
 from services.judge.engine import Reply
 from services.judge.scorer import JudgeItem, JudgeScorer

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from common.client import ScorerClient
+from common.sdk.client import ScorerClient
 from testing.images import blank, render_text
 from testing.judge_engine import engine, save_judge_model
 from testing.server import ROOT, free_port, gunicorn_server

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from common.ocr_rule import RuleOptions, check_targets, reward
+from common.models.ocr_rule import RuleOptions, check_targets, reward
 from services.judge import prompts
 from services.judge.prompts import ParseFailure
 from testing import fetched

@@ -17,7 +17,7 @@ from services.code.sandbox.host import Sandbox, SandboxFailure
 from services.code.sandbox.inside.messages import Fetched, Job, Outcome
 from services.code.settings import SUPERVISOR_MB, CodeSettings
 
-# Whom a run slot is lent to: a client (``common.clients``) and one of its requests (``FairSlots``).
+# Whom a run slot is lent to: a client (``common.limits.clients``) and one of its requests (``FairSlots``).
 Owner = tuple[str, object]
 # A sample's cgroup holds its supervisor (the sample's init) too: these tasks (it, a clean-up
 # helper, the tests' process) besides the program's, and ``SUPERVISOR_MB`` of memory.

@@ -189,7 +189,7 @@ class FairSlots:
     """Run slots (one uid each) lent round-robin between the clients waiting for one, and
     within a client between its requests.
 
-    An owner is ``(client, request)`` (``common.clients``; any object marks a request). A freed
+    An owner is ``(client, request)`` (``common.limits.clients``; any object marks a request). A freed
     slot goes straight to a waiter: the clients in turn, and of a client its requests in turn.
     From ``RESERVE_FROM_SLOTS`` slots on no client holds every slot: the last one is kept for
     another client (while only one client runs, it stays idle). So a client's many requests or

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import Unprocessable, quote
-from common.scorer import Scored
+from common.limits.errors import Unprocessable, quote
+from common.pipeline.scorer import Scored
 from services.code.compile_cache import Unremembered
 from services.code.grader import Grader
 from services.code.grading.trials import RunLimits, Trial
@@ -48,7 +48,7 @@ ANSWER_MARGIN_S = 2.0
 @dataclass(frozen=True)
 class RunCode:
     """One ``/run_code`` request, validated: ``language`` is ours ("" for a name SandboxFusion
-    knows and this node does not serve), ``asked`` the client's; ``client`` (``common.clients``)
+    knows and this node does not serve), ``asked`` the client's; ``client`` (``common.limits.clients``)
     whose turn at the run slots its run takes, as the client's graded samples do; ``answer_s``,
     how long after its arrival its client still reads the answer."""
 

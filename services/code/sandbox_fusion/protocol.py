@@ -1,4 +1,4 @@
-"""The routes of SandboxFusion's API on the code service's request path (``common.protocols``).
+"""The routes of SandboxFusion's API on the code service's request path (``common.server.protocols``).
 
 ``POST /run_code`` takes SandboxFusion's JSON request and answers its ``RunCodeResponse``
 (``api``). A run the sandbox could not make, an overloaded node and a node not ready yet are
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from common.clients import current_client
-from common.errors import NotReady, Overloaded, ScorerError, Unprocessable
-from common.protocols import WireProtocol
-from common.scorer import Query, Result
-from common.wire import decode_body, encode_body
+from common.limits.clients import current_client
+from common.limits.errors import NotReady, Overloaded, ScorerError, Unprocessable
+from common.pipeline.scorer import Query, Result
+from common.sdk.wire import decode_body, encode_body
+from common.server.protocols import WireProtocol
 from services.code.sandbox_fusion import api
 from services.code.scorer import CodeScorer
 
