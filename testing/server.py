@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import requests
+from requests.adapters import HTTPAdapter, Retry
 
 from common.setup import registry
 
@@ -192,6 +193,13 @@ def metric_total(url: str, name: str) -> float:
     return sum(float(value) for value in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
 
 
+def answered(url: str, status: int) -> float:
+    """Scoring requests the node answered with ``status`` so far, from its /metrics (its workers' merged)."""
+    text = requests.get(url + "/metrics", timeout=10).text
+    pattern = rf'^scorer_requests_total\{{[^}}]*status="{status}"[^}}]*\}} (\S+)$'
+    return sum(float(value) for value in re.findall(pattern, text, re.M))
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of a process so far (Linux)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -202,6 +210,18 @@ def cpu_seconds(pid: int) -> float:
 def post(url: str, payload: dict) -> requests.Response:
     """``payload`` pickled to an image service, as flow_grpo sends it."""
     return requests.post(url, data=pickle.dumps(payload), timeout=120)
+
+
+def flow_grpo_call(url: str, body: bytes, key: str = "scores") -> list[float]:
+    """One call of flow_grpo's remote rewards, as ``geneval_score`` makes it (``outputs`` for
+    ``deqa_score_remote`` and ``unifiedreward_score_remote``): a session retrying 500 only, a
+    thousand times with backoff, 120 s an attempt; the body unpickled whatever the status and
+    ``key`` read (an error's body has none: ``KeyError``)."""
+    session = requests.Session()
+    retries = Retry(total=1000, backoff_factor=1, status_forcelist=[500], allowed_methods=False)
+    session.mount("http://", HTTPAdapter(max_retries=retries))
+    response = session.post(url, data=body, timeout=120)
+    return pickle.loads(response.content)[key]
 
 
 def scores_of(response: requests.Response) -> list[float]:

@@ -95,7 +95,7 @@ class AltProtocol(WireProtocol):
     def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:
         return json.dumps(answer).encode(), "application/json"
 
-    def status(self, error: ScorerError) -> int:
+    def status(self, error: ScorerError, content_type: str | None) -> int:
         return 422 if isinstance(error, PayloadTooLarge) else error.status
 
 
@@ -156,16 +156,48 @@ def test_a_bearer_token_is_checked_before_anything_else() -> None:
     assert client.get("/health").status_code == 200  # GETs need no token
 
 
-def test_a_request_waits_for_the_model_then_gets_503() -> None:
+def test_a_request_waits_for_the_model_then_gets_the_status_its_client_retries() -> None:
+    """A pickle body's is flow_grpo's 500 (it retries no other), JSON's 503."""
     loaded = threading.Event()
     client = client_of(LengthScorer(CoreSettings(ready_wait_s=0.05), loaded=loaded))
     try:
         assert client.get("/health").status_code == 200
         assert client.get("/ready").status_code == 503
         status, answer = post_pickle(client, {"prompts": ["a"]})
-        assert status == 503 and "loading" in answer["error"]
+        assert status == 500 and "loading" in answer["error"]
+        response = client.post("/", json={"prompts": ["a"]})
+        assert response.status_code == 503 and "loading" in response.get_json()["error"]
     finally:
         loaded.set()
+
+
+def test_a_deadline_passed_is_overload_a_pickle_body_gets_as_500() -> None:
+    client = client_of(LengthScorer(CoreSettings(request_timeout_s=1e-6)))
+    wait_until_ready(client)
+    status, answer = post_pickle(client, {"prompts": ["a"]})
+    assert status == 500 and "deadline passed" in answer["error"]
+    response = client.post("/", json={"prompts": ["a"]})
+    assert response.status_code == 503 and "deadline passed" in response.get_json()["error"]
+
+
+class FaultyScorer(LengthScorer):
+    """A model that raises on every batch: a fault a retry would meet again."""
+
+    name = "faulty"
+
+    def score(self, batch: Sequence[str]) -> list[Scored]:
+        raise FloatingPointError("the model produced NaN")
+
+
+def test_a_fault_is_a_503_on_a_pickle_body_and_a_500_in_json() -> None:
+    """flow_grpo would retry a 500 a thousand times: a fault that would repeat is a 503 there."""
+    client = client_of(FaultyScorer(CoreSettings()))
+    wait_until_ready(client)
+    status, answer = post_pickle(client, {"prompts": ["a"]})
+    assert status == 503 and answer == {"error": "internal error: FloatingPointError: the model produced NaN"}
+    response = client.post("/", json={"prompts": ["a"]})
+    assert response.status_code == 500 and "the model produced NaN" in response.get_json()["error"]
+    assert post_pickle(client, {"prompts": [1]})[0] == 422  # bad input stays a 4xx
 
 
 def test_a_request_arriving_while_loading_is_answered_once_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,9 +220,11 @@ def test_a_request_arriving_while_loading_is_answered_once_loaded(monkeypatch: p
 
 
 def test_a_failed_setup_shows_its_reason_on_ready_and_on_requests() -> None:
+    """A 503 in both formats: a pickle body's 500 would be retried a thousand times."""
     client = client_of(LengthScorer(CoreSettings(), fail="weights not found: set SCORER_X"))
     status, answer = post_pickle(client, {"prompts": ["a"]})
     assert status == 503 and "weights not found: set SCORER_X" in answer["error"]
+    assert client.post("/", json={"prompts": ["a"]}).status_code == 503
     ready = client.get("/ready")
     assert ready.status_code == 503 and "weights not found" in ready.get_json()["reason"]
 

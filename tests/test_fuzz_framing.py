@@ -11,7 +11,8 @@ parser, handed only that head on a request thread, reads past or short of. The f
 refuse what gunicorn accepts: refusing what it cannot frame exactly is its job.
 
 The same requests also go to a running worker (real gunicorn), one connection each: every one
-is answered with a status line and never a 500, by the worker that was there before. And they
+is answered with a status line and never an internal fault (a 500; on a pickle body, a 503
+that says so), by the worker that was there before. And they
 go through nginx with the shipped template (deploy/nginx.conf.template) to an upstream that
 frames what nginx forwards with ``common.server.framing`` and echoes each body: every request nginx
 forwards is framed whole there (nothing nginx sends is refused or split differently), and
@@ -310,6 +311,7 @@ def test_the_running_worker_answers_every_request(worker, data: bytes) -> None:
     statuses = [int(status) for status in STATUS_LINE.findall(answer)]
     assert answer.startswith(b"HTTP/1.") and statuses, answer[:200]
     assert all(status < 500 or status in (501, 503, 505) for status in statuses), answer[:500]
+    assert b"internal error" not in answer, answer[:500]  # a fault: a 503 on a pickle body
     assert http.get(worker.url + "/health", timeout=10).json()["pid"] == pid
 
 

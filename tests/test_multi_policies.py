@@ -110,7 +110,7 @@ def test_multi_is_not_ready_while_a_rewards_engine_is_down(tmp_path: Path) -> No
         assert requests.get(server.url + "/ready", timeout=30).status_code == 200
         engine.down()
         status, _ = post(server, "?ocr=1&judge=1", [OPEN])  # a call that finds the engine down
-        assert status == 503
+        assert status == 500  # on a pickle body, the overload flow_grpo retries
         ready = requests.get(server.url + "/ready", timeout=30)
         assert ready.status_code == 503 and "judge" in ready.json()["reason"], ready.text
         engine.up()

@@ -5,7 +5,8 @@ flow_grpo's remote rewards retry a 500 only and unpickle any other answer as sco
 its ``KeyError('scores')``. VeRL-Omni's ``http_scorer_client`` makes three attempts, 0.5 s and
 1 s apart: a request refused early three times is a lost sample. On 40d4ae2 a full batch queue
 and an estimated wait past the deadline were 503s at once; now a request waits, in deadline
-order, until its deadline.
+order, until its deadline. On 9c673f5 a backlog past the deadline was still a 503 (flow_grpo's
+``KeyError``); now, on a pickle body, overload is the 500 flow_grpo retries with backoff.
 
 ``SCORER_TEST_FLOW_GRPO_REWARDS`` (a copy of flow_grpo's ``flow_grpo/rewards.py``) and
 ``SCORER_TEST_VERL_OMNI`` (a VeRL-Omni checkout) run the trainers' own clients, unchanged;
@@ -23,8 +24,9 @@ import math
 import os
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,12 +36,11 @@ import pytest
 import requests
 import torch
 from PIL import Image
-from requests.adapters import HTTPAdapter, Retry
 
 from common.sdk import verl_omni
 from testing.geneval_models import geneval_service_settings
 from testing.images import render_text
-from testing.server import Server, gunicorn_server
+from testing.server import Server, answered, flow_grpo_call, gunicorn_server
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +49,7 @@ VERL_OMNI = os.environ.get("SCORER_TEST_VERL_OMNI")
 FLOW_GRPO_PORT = 18085  # where flow_grpo's geneval_score posts
 CHUNK = 64  # flow_grpo's requests: chunks of 64 images
 METADATA = {"tag": "colors", "include": [{"class": "dog", "count": 1, "color": "red"}], "prompt": "a red dog"}
+DEFAULT_DEADLINE_S = 110.0  # SCORER_REQUEST_TIMEOUT_S's
 BURST = 128  # VeRL-Omni: one image a request, a step's batch at once
 
 
@@ -70,15 +72,57 @@ def load(path: Path, name: str) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def geneval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """GenEval whose detector queue holds one of flow_grpo's chunks."""
+@dataclass(frozen=True)
+class Node:
+    """A GenEval node, its deadline and the burst of flow_grpo's chunks sent to it at once."""
+
+    server: Server
+    deadline_s: float
+    chunks: int
+
+
+@pytest.fixture(scope="module", params=["held within the deadline", "past a short deadline"])
+def geneval(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """GenEval whose detector queue holds one of flow_grpo's chunks: three chunks at once under
+    the default deadline (held until served); or a deadline three times a chunk alone (5 s at
+    least: about 0.9 s a chunk on a quiet two-core node) and as many chunks as make a backlog
+    of 2.5 deadlines, so that most wait past it. A chunk alone is timed on a node of its own
+    first: one that never fits the deadline, flow_grpo's client would retry without end."""
     env = {**geneval_service_settings(tmp_path_factory.mktemp("models")), "SCORER_MAX_QUEUE": str(CHUNK)}
     port = FLOW_GRPO_PORT if FLOW_GRPO_REWARDS else 0
     logs = tmp_path_factory.mktemp("logs")
-    with on_two_cores(), gunicorn_server("geneval", env, threads=16, require_ready=False, log_dir=logs, port=port) as s:
-        s.wait_ready(timeout=400)
-        yield s
+
+    def node(settings: dict[str, str]) -> contextlib.AbstractContextManager[Server]:
+        return gunicorn_server("geneval", settings, threads=16, require_ready=False, log_dir=logs, port=port)
+
+    deadline_s, chunks = DEFAULT_DEADLINE_S, 3
+    with on_two_cores():
+        if request.param == "past a short deadline":
+            with node(env) as server:
+                server.wait_ready(timeout=400)
+                alone_s = slowest_chunk_s(server.url)
+            deadline_s = max(5.0, math.ceil(3 * alone_s))
+            chunks = min(40, math.ceil(2.5 * deadline_s / alone_s))
+            env["SCORER_REQUEST_TIMEOUT_S"] = str(deadline_s)
+        with node(env) as server:
+            server.wait_ready(timeout=400)
+            yield Node(server, deadline_s, chunks)
+
+
+def slowest_chunk_s(url: str) -> float:
+    """The slowest of three chunks sent alone (after one to warm the node)."""
+    times = []
+    for _ in range(4):
+        started = time.monotonic()
+        response = requests.post(url, data=chunk(), timeout=120)
+        times.append(time.monotonic() - started)
+        assert response.status_code == 200, response.content[:300]
+    return max(times[1:])
+
+
+def chunk() -> bytes:
+    """One of flow_grpo's 64-image GenEval requests."""
+    return pickle.dumps({"images": [jpeg(p) for p in pixels(CHUNK)], "meta_datas": [METADATA] * CHUNK})
 
 
 def pixels(count: int) -> np.ndarray:
@@ -91,36 +135,38 @@ def jpeg(image: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def flow_grpo_call(url: str, body: bytes) -> list[float]:
-    """One call of flow_grpo's remote rewards, as ``geneval_score`` makes it: a session retrying
-    500 only, a thousand times with backoff, 120 s an attempt; the body unpickled whatever the
-    status and its scores read (a 503's body has none: ``KeyError``)."""
-    session = requests.Session()
-    retries = Retry(total=1000, backoff_factor=1, status_forcelist=[500], allowed_methods=False)
-    session.mount("http://", HTTPAdapter(max_retries=retries))
-    response = session.post(url, data=body, timeout=120)
-    return pickle.loads(response.content)["scores"]
+def assert_every_chunk_scored(node: Node, call: Callable[[], list[float]]) -> None:
+    """``call`` (one of flow_grpo's chunks) alone, then ``node.chunks`` of it at once: every one
+    gets the scores it got alone. Past a short deadline the node answered 500s (overload, which
+    flow_grpo retries with backoff), held within the deadline none."""
+    alone = call()
+    retried, started = answered(node.server.url, 500), time.monotonic()
+    with ThreadPoolExecutor(node.chunks) as pool:
+        answers = list(pool.map(lambda _: call(), range(node.chunks)))
+    took = time.monotonic() - started
+    assert answers == [alone] * node.chunks
+    retried = answered(node.server.url, 500) - retried
+    print(f"[backlog] {node.chunks} chunks of {CHUNK} at once, {node.deadline_s:.0f} s deadline: {retried:.0f} 500s")
+    print(f"[backlog] retried, every score in {took:.1f} s")
+    held = node.deadline_s == DEFAULT_DEADLINE_S
+    assert retried == 0 if held else retried > 0, f"{retried} of {node.chunks} chunks answered 500 and retried"
+    assert answered(node.server.url, 503) == 0
 
 
-def test_flow_grpos_calls_at_three_times_the_queue_get_every_score(geneval: Server) -> None:
-    """Three of flow_grpo's 64-image chunks at once against a queue of 64: the second and third
-    were 503s, ``KeyError('scores')`` in the trainer; now they wait for room and get the scores
-    one chunk alone gets."""
-    body = pickle.dumps({"images": [jpeg(p) for p in pixels(CHUNK)], "meta_datas": [METADATA] * CHUNK})
-    alone = flow_grpo_call(geneval.url, body)
-    with ThreadPoolExecutor(3) as pool:
-        answers = list(pool.map(lambda _: flow_grpo_call(geneval.url, body), range(3)))
-    assert answers == [alone] * 3
+def test_flow_grpos_calls_get_every_score_from_a_backlog(geneval: Node) -> None:
+    """flow_grpo's 64-image chunks at once against a queue of 64: the later ones were 503s,
+    ``KeyError('scores')`` in the trainer (on 40d4ae2 at once, on 9c673f5 at the deadline); now
+    they wait for room within the deadline, and past it get a 500 that flow_grpo retries until
+    the node has caught up, and the scores one chunk alone gets."""
+    body = chunk()
+    assert_every_chunk_scored(geneval, lambda: flow_grpo_call(geneval.server.url, body))
 
 
 @pytest.mark.skipif(not FLOW_GRPO_REWARDS, reason="SCORER_TEST_FLOW_GRPO_REWARDS names no copy of flow_grpo/rewards.py")
-def test_flow_grpos_own_geneval_score_at_three_times_the_queue(geneval: Server) -> None:
+def test_flow_grpos_own_geneval_score_gets_every_score_from_a_backlog(geneval: Node) -> None:
     score = load(Path(str(FLOW_GRPO_REWARDS)), "flow_grpo_rewards").geneval_score("cpu")
     images, prompts, metadatas = pixels(CHUNK), [""] * CHUNK, [METADATA] * CHUNK
-    alone = score(images, prompts, metadatas, False)[0]
-    with ThreadPoolExecutor(3) as pool:
-        answers = list(pool.map(lambda _: score(images, prompts, metadatas, False)[0], range(3)))
-    assert answers == [alone] * 3
+    assert_every_chunk_scored(geneval, lambda: score(images, prompts, metadatas, False)[0])
 
 
 def verl_omni_client() -> Any:

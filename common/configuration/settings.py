@@ -62,22 +62,24 @@ class CoreSettings:
     max_queue: int = setting(
         4096,
         "items waiting for a model call per stage; beyond it a request waits for room, in deadline order, until its "
-        "deadline (then 503; 413 for a request that alone has more)",
+        "deadline (then 503, a pickle body's 500; 413 for a request that alone has more)",
     )
     # A 16 KB white 2000x2000 PNG is a 56.5 MB OCR detector input.
     max_work_bytes: int = setting(
         4 * 2**30,
         "bytes of request work a worker holds at once (decoded images, model inputs, items waiting for a model "
-        "call), estimated from the image headers before any is made; beyond it requests get 503 at once (413 for a "
-        "request that alone needs more)",
+        "call), estimated from the image headers before any is made; beyond it requests get 503 at once (a pickle "
+        "body's 500; 413 for a request that alone needs more)",
         renamed_from="max_queue_bytes",
     )
-    ready_wait_s: float = setting(60.0, "a request arriving while the model loads waits this long, then 503")
+    ready_wait_s: float = setting(
+        60.0, "a request arriving while the model loads waits this long, then 503 (a pickle body's 500)"
+    )
     # Trainers time out at 120 s.
     request_timeout_s: float = setting(
         110.0,
         "a request's deadline from its arrival, across all its batched stages; one that cannot be answered by then "
-        "gets 503 (a full queue or busy model is waited for until then, never refused early)",
+        "gets 503, a pickle body's 500 (a full queue or busy model is waited for until then, never refused early)",
     )
     head_timeout_s: float = setting(
         10.0, "a request's head must arrive within this (of the connection, or of its first byte), else 408"

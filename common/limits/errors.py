@@ -1,7 +1,9 @@
 """Errors as first-class objects: each carries the HTTP status its client must see.
 
 Statuses follow the retry rules of the trainers' clients (docs/ARCHITECTURE.md §5.3): a malformed request is
-a 4xx that is never retried, an overloaded server 503 (retried), an internal fault 500.
+a 4xx that is never retried, an overloaded server 503 (retried), an internal fault 500. A protocol
+may answer an error with another status (``WireProtocol.status``): on a pickle body, flow_grpo's
+clients retry a 500 only, so there overload (``retry_later``) is the 500 and a fault a 503.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class ScorerError(Exception):
     """Base class; ``status`` is the HTTP status the request is answered with."""
 
     status: int = 500
+    # The node's load or start-up refused the request, not the request nor a fault: the same
+    # request succeeds later, here or on another node.
+    retry_later: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -101,6 +106,7 @@ class Overloaded(ScorerError):
     ``retry_after_s`` when the node can tell (the answer's ``Retry-After``)."""
 
     status = 503
+    retry_later = True
 
     def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
@@ -108,10 +114,20 @@ class Overloaded(ScorerError):
 
 
 class NotReady(ScorerError):
-    """The model is still loading (or failed to load)."""
+    """The model is still loading."""
 
     status = 503
+    retry_later = True
+
+
+class SetupFailed(NotReady):
+    """The model failed to load: the node answers nothing else until it is restarted."""
+
+    retry_later = False
 
 
 class InternalError(ScorerError):
+    """A fault of the node's own (its model's exception, a result that is no score): the same
+    request would fail the same way."""
+
     status = 500

@@ -16,7 +16,7 @@ from common.configuration.devices import choose_device
 from common.configuration.settings import CoreSettings
 from common.limits.budget import WorkBudget
 from common.limits.deadlines import Deadline, current_deadline
-from common.limits.errors import NotReady
+from common.limits.errors import NotReady, SetupFailed
 from common.limits.slots import OrderedSlots
 from common.pipeline import metrics
 from common.pipeline.batching import BatchedCall
@@ -86,8 +86,10 @@ class ScorerRuntime:
     def wait_ready(self) -> None:
         """Block a request while the model loads (bounded, and by its deadline), then 503 with the reason."""
         self._done.wait(max(0.0, min(self.scorer.core.ready_wait_s, serving_deadline(self.scorer.core).remaining())))
+        if self.setup_error is not None:
+            raise SetupFailed(self.setup_error)
         if not self._ready.is_set():
-            raise NotReady(self.setup_error or "model is still loading; retry shortly")
+            raise NotReady("model is still loading; retry shortly")
 
     def score(self, items: Sequence[Any]) -> list[Result]:
         """Score one request's items: through the batcher to ``score``, or ``score_request``."""

@@ -276,6 +276,14 @@ def _openers(text: bytes) -> int:
     return 1 + sum(text.count(char) for char in b"[{,:")
 
 
+def pickle_status(status: int, retry_later: bool) -> int:
+    """An error's status on a pickle body of the core protocol (``WireProtocol.status``): 500
+    for what a retry later cures, 503 for any other failure of the node's, a 4xx as it is."""
+    if status < 500:
+        return status
+    return 500 if retry_later else 503
+
+
 def wire_format(content_type: str | None) -> WireFormat:
     """JSON when the client says so; everything else is the pickle protocol.
 

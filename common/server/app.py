@@ -24,6 +24,7 @@ from common.configuration.settings import CoreSettings
 from common.limits.clients import client_of, request_client, trusted_networks
 from common.limits.deadlines import Deadline, request_deadline
 from common.limits.errors import (
+    InternalError,
     Overloaded,
     PayloadTooLarge,
     ScorerError,
@@ -118,7 +119,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
 
     @app.errorhandler(ScorerError)
     def scorer_error(error: ScorerError) -> Response:
-        status = current_protocol().status(error)
+        status = current_protocol().status(error, request.content_type)
         if status >= 500:
             log.warning("%s %s -> %d: %s", request.method, request.path, status, error.message)
         response = answer({"error": error.message}, status)
@@ -133,7 +134,8 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
     @app.errorhandler(Exception)
     def internal_error(error: Exception) -> Response:
         log.exception("internal error on %s %s", request.method, request.path)
-        return answer({"error": f"internal error: {describe_error(error)}"}, 500)
+        fault = InternalError(f"internal error: {describe_error(error)}")
+        return answer({"error": fault.message}, current_protocol().status(fault, request.content_type))
 
     @app.after_request
     def count(response: Response) -> Response:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from http import HTTPStatus
 
 CRLF = b"\r\n"
 HEAD_END = b"\r\n\r\n"
@@ -83,15 +82,12 @@ def field_section(lines: list[bytes]) -> dict[bytes, list[bytes]]:
 
 
 class Refused(Exception):
-    """The request cannot be framed or is over a limit: answer ``status`` and close."""
+    """The request cannot be framed or is over a limit: answer ``status`` and close;
+    ``retry_later`` when the worker's load refused it (``ScorerError.retry_later``)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_later: bool = False) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
-
-    @property
-    def reason(self) -> str:
-        return HTTPStatus(self.status).phrase
+        self.status, self.message, self.retry_later = status, message, retry_later
 
 
 @dataclass(frozen=True)

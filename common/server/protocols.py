@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from common.configuration.config import env_name
 from common.limits.errors import ScorerError
 from common.pipeline.scorer import Query, Result, Samples, Scored, Scorer
-from common.sdk.wire import JsonCap, decode_body, encode_body, wire_format
+from common.sdk.wire import JsonCap, decode_body, encode_body, pickle_status, wire_format
 
 
 class WireProtocol:
@@ -60,6 +60,14 @@ class WireProtocol:
         """An answer or ``{"error": message}`` -> the body and its mimetype."""
         return encode_body(answer, wire_format(content_type))
 
-    def status(self, error: ScorerError) -> int:
-        """The status this protocol's clients must see for ``error``: its own by default."""
-        return error.status
+    def status(self, error: ScorerError, content_type: str | None) -> int:
+        """The status this protocol's clients must see for ``error`` on a body of ``content_type``.
+
+        A JSON body's is the error's own. A pickle body's is flow_grpo's: its remote rewards
+        retry a 500 only (a thousand times, with backoff, 120 s an attempt) and read any other
+        answer as scores, so a 503 is its ``KeyError`` and a step lost. There the node's load or
+        start-up (``retry_later``: the deadline passed, the work bytes taken, the model loading)
+        is the 500 it retries, and a fault that would repeat (the model's exception, a model
+        that failed to load, a judge's engine answering no chat completion) the 503 that stops
+        it at once instead of a thousand times. Every other client retries any 5xx alike."""
+        return pickle_status(error.status, error.retry_later) if wire_format(content_type) == "pickle" else error.status

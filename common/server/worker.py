@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from http import HTTPStatus
 
 from gunicorn.http.errors import InvalidHeader
 from gunicorn.http.message import Request
@@ -53,7 +54,7 @@ from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
 from common.configuration.config import from_env
 from common.configuration.settings import CoreSettings
-from common.sdk.wire import encode_body, wire_format
+from common.sdk.wire import encode_body, pickle_status, wire_format
 from common.server.auth import bearer_token_matches
 from common.server.framing import Head, Refused, RequestFraming
 
@@ -324,7 +325,8 @@ class ScorerWorker(ThreadWorker):
         conn.held += size
         self.buffered_bytes += size
         if self.buffered_bytes > self.buffered_limit:
-            raise Refused(503, f"the worker holds {self.buffered_limit} bytes of requests; retry later")
+            message = f"the worker holds {self.buffered_limit} bytes of requests; retry later"
+            raise Refused(503, message, retry_later=True)
 
     def _unhold(self, conn: TConn, keep: int = 0) -> None:
         self.buffered_bytes -= getattr(conn, "held", 0) - keep
@@ -343,7 +345,11 @@ class ScorerWorker(ThreadWorker):
         if refusal.status != 401 and 400 <= refusal.status < 500:
             self.log.info("refused a request: %d %s", refusal.status, refusal.message)
         extra = 'WWW-Authenticate: Bearer realm="scorer"\r\n' if refusal.status == 401 else ""
-        answer = error_answer(refusal.status, refusal.reason, head and head.content_type, refusal.message, extra)
+        content_type = head and head.content_type
+        status = refusal.status
+        if refusal.retry_later and wire_format(content_type) == "pickle":  # the load's: flow_grpo's 500
+            status = pickle_status(status, retry_later=True)
+        answer = error_answer(status, HTTPStatus(status).phrase, content_type, refusal.message, extra)
         self._send(conn.sock, answer)
         self._linger(conn)
 

@@ -68,6 +68,6 @@ class OpenRLHFProtocol(WireProtocol):
     def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:
         return encode_body(answer, "json")
 
-    def status(self, error: ScorerError) -> int:
+    def status(self, error: ScorerError, content_type: str | None) -> int:
         """OpenRLHF retries any failure: a body it cannot decode or that is too large is a 422."""
         return Unprocessable.status if isinstance(error, BadRequest | PayloadTooLarge) else error.status

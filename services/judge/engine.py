@@ -1,8 +1,10 @@
 """The OpenAI-compatible engine client: each call bounded by its request's deadline and in bytes
 (``exchange``), retried inside the deadline, its answer checked whole (anything but a chat
-completion is the engine's fault: 503 naming it); the worker's calls sent ``concurrency`` at a
-time, taken fairly between clients and requests (``calls``); what the calls and an occasional
-probe show of the engine for ``/ready``; the engine's token usage in ``/metrics``."""
+completion is the engine's fault: 503 naming it, on a pickle body too; an engine that does not
+answer in time is the node's overload: 503, on a pickle body flow_grpo's retried 500); the
+worker's calls sent ``concurrency`` at a time, taken fairly between clients and requests
+(``calls``); what the calls and an occasional probe show of the engine for ``/ready``; the
+engine's token usage in ``/metrics``."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, NoReturn
 
 from prometheus_client import Counter
 
-from common.limits.errors import Overloaded
+from common.limits.errors import Overloaded, ScorerError
 from common.sdk.retry import GaveUp, Retryable, RetryPolicy, call_before
 from services.judge.calls import FairQueue
 from services.judge.exchange import Answered, Connections, Unreachable
@@ -37,8 +39,17 @@ PROBE_TIMEOUT_S = 5.0
 
 
 class EngineUnavailable(Overloaded):
-    """The engine did not answer within the request's deadline, retries included, or answered
-    something that is no chat completion (503)."""
+    """The engine did not answer within the request's deadline, retries included (503; on a
+    pickle body flow_grpo's 500, which it retries: an engine restarting or busy answers later)."""
+
+
+class EngineFault(ScorerError):
+    """The engine answered what no retry mends: something that is no chat completion, or a
+    refusal it would repeat (a 4xx but 408 and 429: a wrong model name, key or request). 503
+    naming the engine, on a pickle body too: a fault flow_grpo stops at, where it would retry
+    a 500 a thousand times."""
+
+    status = 503
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,8 @@ class EngineClient:
     def complete(self, body: dict[str, Any], expires: float) -> Reply:
         """POST ``body`` to ``/v1/chat/completions``, retried by the clients' one policy
         (``common.sdk.retry``: 408, 429, 5xx and connection errors, with backoff) while the deadline
-        allows; ``EngineUnavailable`` after, and at once for a 200 that is no chat completion."""
+        allows; ``EngineUnavailable`` after; ``EngineFault`` at once for a 200 that is no chat
+        completion or a status the policy does not retry."""
         data = json.dumps(body).encode()
 
         def attempt(remaining: float) -> Answered:
@@ -211,8 +223,11 @@ class EngineClient:
                 raise Retryable(type(exc).__name__, f"did not answer: {type(exc).__name__}") from None
             self.health.answered()
             if answer.status != 200:
-                text = answer.body[:200].decode(errors="replace")
-                raise Retryable(str(answer.status), f"answered {answer.status}: {text}")
+                problem = f"answered {answer.status}: {answer.body[:200].decode(errors='replace')}"
+                if not self.policy.retried(str(answer.status)):
+                    self._count("failed")
+                    raise EngineFault(f"the judge's engine refused the call: it {problem}")
+                raise Retryable(str(answer.status), problem)
             return answer
 
         try:
@@ -265,7 +280,7 @@ class EngineClient:
 
     def _malformed(self, what: str) -> NoReturn:
         self._count("failed")
-        raise EngineUnavailable(f"the judge's engine answered no chat completion: {what}")
+        raise EngineFault(f"the judge's engine answered no chat completion: {what}")
 
     def close(self) -> None:
         self.queue.close()

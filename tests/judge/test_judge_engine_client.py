@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from common.limits.errors import PayloadTooLarge
-from services.judge.engine import MAX_ANSWER_BYTES, EngineClient, EngineUnavailable
+from services.judge.engine import MAX_ANSWER_BYTES, EngineClient, EngineFault, EngineUnavailable
 from testing.clock import wait_until
 from testing.engine_standin import StandInEngine
 
@@ -70,7 +70,7 @@ def test_retries_end_with_a_503_that_names_the_engine(engine: StandInEngine) -> 
 
 def test_a_client_error_is_not_retried(engine: StandInEngine) -> None:
     engine.statuses = [400]
-    with pytest.raises(EngineUnavailable, match="400"):
+    with pytest.raises(EngineFault, match="refused the call: it answered 400"):
         client(engine.url, sleeps=[]).complete({"model": "m"}, time.monotonic() + 60)
     assert engine.calls == 1
 
@@ -113,7 +113,7 @@ def test_a_200_that_is_no_chat_completion_is_the_engines_failure_not_retried(
     engine: StandInEngine, body: bytes
 ) -> None:
     engine.body = body
-    with pytest.raises(EngineUnavailable, match="no chat completion"):
+    with pytest.raises(EngineFault, match="no chat completion"):
         client(engine.url, sleeps=[]).complete({"model": "m"}, time.monotonic() + 60)
     assert engine.calls == 1
 

@@ -16,6 +16,7 @@ import requests
 from testing.clock import wait_until
 from testing.engine_standin import StandInEngine, answer, completion, judge_server, memo_flood, post
 from testing.images import blank
+from testing.server import answered, flow_grpo_call
 from testing.timing import within
 
 
@@ -38,7 +39,7 @@ def test_an_engine_sending_slowly_is_cut_off_at_the_requests_deadline(
         started = time.monotonic()
         response = post(server, [blank(64)])
         took = time.monotonic() - started
-        assert response.status_code == 503 and "engine" in answer(response)["error"], response.content
+        assert response.status_code == 500 and "engine" in answer(response)["error"], response.content
         assert took <= 4 + within(1.0), took
         wait_until(lambda: standin.answers[0].ended > 0, "the engine's sending ended")
         # The engine notices at its next byte or the one after.
@@ -81,12 +82,19 @@ MALFORMED = {
 
 
 def test_a_malformed_completion_is_a_503_naming_the_engine(standin: StandInEngine, tmp_path: Path) -> None:
+    """A fault a retry would meet again: a 503 on a pickle body too, where flow_grpo's client
+    would retry a 500 a thousand times; it stops at once, on the one answer."""
     with judge_server(standin, tmp_path) as server:
         for name, body in MALFORMED.items():
             standin.body = body
             response = post(server, [blank(64)])
             assert response.status_code == 503, (name, response.status_code, response.content[:300])
             assert "engine" in answer(response)["error"], (name, response.content)
+        calls = standin.calls
+        request = pickle.dumps({"images": [blank(64)], "prompts": ["a cat"]})
+        with pytest.raises(KeyError, match="outputs"):  # unifiedreward_score_remote's read
+            flow_grpo_call(server.url, request, "outputs")
+        assert standin.calls == calls + 1 and answered(server.url, 500) == 0
         standin.body = completion("Final Score: 4")
         assert answer(post(server, [blank(64)]))["scores"] == [0.8]  # the worker is unharmed
 
@@ -120,19 +128,20 @@ def test_one_clients_flood_of_calls_does_not_hold_back_another_clients_request(
         for thread in attackers:
             thread.join(timeout=120)
         # Each scored, or refused by its estimated wait on a machine slow enough to need it.
-        assert len(statuses) == 3 and set(statuses) <= {200, 503}, statuses
+        assert len(statuses) == 3 and set(statuses) <= {200, 500}, statuses
 
 
 @pytest.mark.timing
 def test_calls_that_would_wait_past_the_deadline_are_refused_at_once(standin: StandInEngine, tmp_path: Path) -> None:
     """1,024 calls of 100 ms, 4 at once: ~26 s against a 10 s deadline, known from the time of
-    the calls before; a 503 at once, before any of its calls is sent, not at the deadline."""
+    the calls before; refused at once (on a pickle body, the 500 flow_grpo retries), before any of
+    its calls is sent, not at the deadline."""
     standin.delay_s = 0.1
     with judge_server(standin, tmp_path, concurrency="4", REQUEST_TIMEOUT_S="10") as server:
         assert answer(post(server, [blank(64)] * 8))["scores"] == [0.8] * 8  # the call time known
         calls, started = standin.calls, time.monotonic()
         response = post(server, memo_flood())
-        assert response.status_code == 503 and "deadline" in answer(response)["error"], response.content
+        assert response.status_code == 500 and "deadline" in answer(response)["error"], response.content
         assert time.monotonic() - started <= within(1.0) and standin.calls == calls
 
 
@@ -154,7 +163,7 @@ def test_ready_follows_the_engine_down_and_back_with_occasional_probes(standin: 
         wait_until(lambda: requests.get(server.url + "/ready", timeout=10).status_code == 200, "ready", pause_s=0.05)
         # A call that could not reach the engine says so at once, and one answered that it is back.
         standin.down()
-        assert post(server, [blank(64)]).status_code == 503
+        assert post(server, [blank(64)]).status_code == 500
         assert requests.get(server.url + "/ready", timeout=10).status_code == 503
         standin.up()
         assert answer(post(server, [blank(64)]))["scores"] == [0.8]

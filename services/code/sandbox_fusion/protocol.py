@@ -52,7 +52,7 @@ class RunCodeProtocol(WireProtocol):
     def encode(self, answer: dict[str, Any], content_type: str | None) -> tuple[bytes, str]:
         return encode_body(answer, "json")
 
-    def status(self, error: ScorerError) -> int:
+    def status(self, error: ScorerError, content_type: str | None) -> int:
         return RETRIED if isinstance(error, Overloaded | NotReady) else error.status
 
 
