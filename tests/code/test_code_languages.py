@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from common import install
-from services.code import languages
+from services.code import java, languages
 from services.code.extract import extract_program
 from services.code.languages import PYTHON
 from testing.code import APLUSB, LANGUAGES_ENV, grade_programs
@@ -223,7 +223,7 @@ def test_a_named_language_takes_its_own_block_else_an_untagged_one() -> None:
     ],
 )
 def test_java_file_and_main_class(source: str, names: tuple[str, str]) -> None:
-    assert languages.java_names(source) == names
+    assert java.java_names(source) == names
 
 
 def test_the_code_is_the_last_block_in_a_known_language_or_untagged() -> None:
