@@ -56,7 +56,7 @@ def test_every_entry_is_whole() -> None:
         assert issubclass(registry.load_scorer_class(name), Scorer)
         files = [*service.requirements, *service.gpu_requirements, *sum(service.engine_requirements.values(), ())]
         assert all((ROOT / f).is_file() for f in files), files
-        assert set(service.system_packages) <= set(install.SYSTEM_COMMANDS)
+        assert set(install.packages_of(service)) <= set(install.known_packages())
 
 
 def test_run_sh_counts_a_toolchain_only_where_the_code_sandbox_finds_it() -> None:
@@ -64,8 +64,9 @@ def test_run_sh_counts_a_toolchain_only_where_the_code_sandbox_finds_it() -> Non
     directories the sandbox searches (``languages.tool_paths``), and each such command is one
     the language needs: a rustc that only rustup's ``~/.cargo/bin`` holds gets installed."""
     for language in languages.LANGUAGES.values():
-        assert all(install.SYSTEM_COMMAND_DIRS[p] == install.SANDBOX_TOOL_DIRS for p in language.packages)
-        assert {install.SYSTEM_COMMANDS[p] for p in language.packages} <= set(language.tools)
+        known = install.known_packages()
+        assert all(known[p.name].dirs == install.SANDBOX_TOOL_DIRS for p in language.packages)
+        assert {p.command for p in language.packages} <= set(language.tools)
 
 
 def test_the_sandbox_finds_the_pinned_go_and_its_standard_library() -> None:
@@ -81,7 +82,7 @@ def test_the_sandbox_finds_the_pinned_go_and_its_standard_library() -> None:
 def test_what_each_command_sets_up() -> None:
     test = install.setup_of("test", {})
     assert test.venv == ".venv" and test.requirements[-1] == "requirements-dev.txt"
-    assert set(test.system_packages) == {*registry.SERVICES["code"].system_packages, "nginx"}
+    assert set(test.system_packages) == {*install.packages_of(registry.SERVICES["code"]), "nginx"}
     assert install.setup_of("all", {}).venv == ""  # each service has its own
     paddle = install.setup_of("ocr", {"SCORER_OCR_ENGINE": "paddleocr"})
     assert paddle.venv == ".venv-ocr-paddleocr" and paddle.requirements == ("requirements-ocr-paddle.txt",)

@@ -29,9 +29,7 @@ from common.setup.install import (
     GO_HOME,
     GO_REQUIREMENTS,
     SANDBOX_TOOL_DIRS,
-    SYSTEM_COMMAND_DIRS,
-    SYSTEM_COMMANDS,
-    SYSTEM_PACKAGE_NAMES,
+    known_packages,
     setup_of,
 )
 
@@ -42,11 +40,11 @@ SEARCHED = [*os.environ["PATH"].split(":"), "/usr/sbin", "/sbin"]
 SANDBOX_DIRS = list(dict.fromkeys(os.path.realpath(d) for d in SANDBOX_TOOL_DIRS.split(":") if os.path.isdir(d)))
 # The code toolchains, whose commands count only in the sandbox's directories: their packages
 # by every manager's name, and their commands.
-TOOLCHAINS = {
-    *SYSTEM_COMMAND_DIRS,
-    *(SYSTEM_PACKAGE_NAMES.get(p, {}).get(m, p) for p in SYSTEM_COMMAND_DIRS for m in ("dnf", "apk")),
-}
-TOOLCHAIN_COMMANDS = {SYSTEM_COMMANDS[p] for p in SYSTEM_COMMAND_DIRS}
+PACKAGES = known_packages()
+# Each system package's command, by the package's name in every manager.
+SYSTEM_COMMANDS = {name: p.command for p in PACKAGES.values() for name in (p.name, *p.other_names.values())}
+TOOLCHAINS = {name for p in PACKAGES.values() if p.dirs for name in (p.name, *p.other_names.values())}
+TOOLCHAIN_COMMANDS = {p.command for p in PACKAGES.values() if p.dirs}
 # The directory overlaid for the pinned Go's installs (GO_HOME's, which exists on Debian).
 GO_LAYER = "/usr/local/lib"
 
@@ -118,13 +116,9 @@ def fake() -> Iterator[Path]:
 
 def manager(fake: Path, name: str) -> None:
     """A package manager stand-in called ``name`` on the fake PATH."""
-    names = {
-        **SYSTEM_COMMANDS,
-        **{alt: SYSTEM_COMMANDS[p] for p, alts in SYSTEM_PACKAGE_NAMES.items() for alt in alts.values()},
-    }
     arms = " ".join(
         f"{package}) cmd={command} dir={SANDBOX_DIRS[0] if package in TOOLCHAINS else '$FAKE/bin'} ;;"
-        for package, command in names.items()
+        for package, command in SYSTEM_COMMANDS.items()
     )
     _write(fake / "bin" / name, MANAGER.format(arms=arms))
 

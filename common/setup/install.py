@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from common.setup.registry import CODE_TOOLCHAINS, SERVICES, Service, engine_of, get, members
+from common.setup.registry import SERVICES, Service, engine_of, get, load_class, members
 
 # The directories the code sandbox finds its toolchains in (``services/code/languages.py``):
 # system directories it shows read-only, never a user's ``~/.cargo/bin`` or the like.
@@ -27,24 +27,28 @@ GO_BUILD_ENV = {"GO111MODULE": "off", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"
                 "GODEBUG": "installgoroot=all"}  # fmt: skip
 
 
-# The command that shows a system package is installed.
-SYSTEM_COMMANDS: dict[str, str] = {
-    "bubblewrap": "bwrap", "nginx": "nginx",
-    "gcc": "gcc", "g++": "g++", "openjdk-17-jdk-headless": "javac", "rustc-web": "rustc", "nodejs": "node",
-}  # fmt: skip
-# The oldest version of a package's command that counts as installed (its ``--version``): an
-# older one is upgraded (Debian 12's own ``rustc`` 1.63 refuses ``let ... else``).
-SYSTEM_COMMAND_MINIMUM: dict[str, str] = {"rustc-web": "1.65"}
-# Where a package's command must be to count as installed (colon-separated; a package not
-# listed: on PATH or in the sbin directories). The code sandbox's toolchains count only where
-# the sandbox finds them, so rustup's rustc in ~/.cargo/bin, an nvm node or a conda gcc does
-# not stop run.sh installing the distribution's.
-SYSTEM_COMMAND_DIRS: dict[str, str] = dict.fromkeys(CODE_TOOLCHAINS, SANDBOX_TOOL_DIRS)
-# A system package's name where dnf's or apk's differs from apt-get's (the registry's names).
-SYSTEM_PACKAGE_NAMES: dict[str, dict[str, str]] = {
-    "g++": {"dnf": "gcc-c++"},
-    "openjdk-17-jdk-headless": {"dnf": "java-17-openjdk-devel", "apk": "openjdk17-jdk"},
-    "rustc-web": {"dnf": "rust", "apk": "rust"},
+@dataclass(frozen=True)
+class SystemPackage:
+    """A distribution package a service needs, by apt-get's name, and how ``run.sh`` sees it
+    installed: its command, where that must be, how old it may be."""
+
+    name: str
+    # The command that shows it installed.
+    command: str
+    # The oldest version of ``command`` that counts as installed (its ``--version``): an older
+    # one is upgraded (Debian 12's own ``rustc`` 1.63 refuses ``let ... else``); "": any.
+    minimum: str = ""
+    # dnf's and apk's names where they differ from apt-get's.
+    other_names: Mapping[str, str] = field(default_factory=dict)
+    # Where ``command`` must be to count (colon-separated); "": on PATH or in the sbin
+    # directories. A code toolchain counts only where the sandbox finds it (``known_packages``).
+    dirs: str = ""
+
+
+# The system packages services name in ``Service.system_packages``; the code toolchains are
+# the languages' own (``Service.toolchains``).
+HOST_PACKAGES = {
+    package.name: package for package in (SystemPackage("bubblewrap", "bwrap"), SystemPackage("nginx", "nginx"))
 }
 # What the test suite needs beyond every service's own: the torch OCR engine, pytest and ruff;
 # nginx for the scale-out tests.
@@ -93,13 +97,13 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             venv=".venv",
             requirements=_unique([*(f for s in services for f in s.requirements), *TEST_REQUIREMENTS]),
             no_deps=_unique([*(p for s in services for p in s.no_deps), *TEST_NO_DEPS]),
-            system_packages=_unique([*(p for s in services for p in s.system_packages), *TEST_SYSTEM_PACKAGES]),
+            system_packages=_unique([*(p for s in services for p in packages_of(s)), *TEST_SYSTEM_PACKAGES]),
             go_home=_go_home(services),
             prepare=_unique(m for s in services for m in s.prepare),
         )
     if command == "all":
         return Setup(
-            system_packages=_unique(p for s in services for p in s.system_packages),
+            system_packages=_unique(p for s in services for p in packages_of(s)),
             go_home=_go_home(services),
         )
     if command == "reference":
@@ -118,7 +122,7 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
             requirements=requirements,
             # An engine on top of the service's own requirements needs its no-deps packages too.
             no_deps=service.no_deps if set(service.requirements) <= set(requirements) else (),
-            system_packages=service.system_packages,
+            system_packages=packages_of(service),
             go_home=_go_home([service]),
             prepare=service.prepare,
         )
@@ -128,10 +132,28 @@ def setup_of(command: str, environ: Mapping[str, str] = os.environ) -> Setup:
         requirements=service.requirements,
         no_deps=service.no_deps,
         gpu_requirements=service.gpu_requirements,
-        system_packages=service.system_packages,
+        system_packages=packages_of(service),
         go_home=_go_home([service]),
         prepare=service.prepare,
     )
+
+
+def toolchains(service: Service) -> tuple[SystemPackage, ...]:
+    """The packages of ``service``'s toolchains (``Service.toolchains``), each counted as
+    installed only where the code sandbox finds it, so that rustup's rustc in ~/.cargo/bin,
+    an nvm node or a conda gcc does not stop ``run.sh`` installing the distribution's."""
+    found = load_class(service.toolchains) if service.toolchains else ()
+    return tuple(replace(package, dirs=SANDBOX_TOOL_DIRS) for package in found)
+
+
+def packages_of(service: Service) -> tuple[str, ...]:
+    """The system packages ``service`` needs: its own, then its toolchains'."""
+    return _unique([*service.system_packages, *(package.name for package in toolchains(service))])
+
+
+def known_packages() -> dict[str, SystemPackage]:
+    """Every system package a service or the tests name, by apt-get's name."""
+    return {**HOST_PACKAGES, **{package.name: package for s in SERVICES.values() for package in toolchains(s)}}
 
 
 def _go_home(services: Iterable[Service]) -> str:
@@ -152,7 +174,7 @@ def _joint_setup(joint: Service, environ: Mapping[str, str]) -> Setup:
         requirements=_unique(requirements),
         no_deps=_unique(p for r in rewards for p in r.no_deps),
         gpu_requirements=_unique(f for r in rewards for f in r.gpu_requirements),
-        system_packages=_unique(p for r in rewards for p in r.system_packages),
+        system_packages=_unique(p for r in rewards for p in packages_of(r)),
         go_home=_go_home(rewards),
         prepare=_unique(m for r in rewards for m in r.prepare),
     )

@@ -21,11 +21,6 @@ if TYPE_CHECKING:
     from common.pipeline.scorer import Scorer
 
 
-# The code sandbox's toolchains, the distribution packages of the languages beside Python
-# (apt-get's names; Debian 12's ``rustc-web`` is a current rustc that replaces ``rustc``).
-CODE_TOOLCHAINS = ("gcc", "g++", "openjdk-17-jdk-headless", "rustc-web", "nodejs")
-
-
 @dataclass(frozen=True)
 class Service:
     """One scorer service and what it needs on a node."""
@@ -42,8 +37,11 @@ class Service:
     no_deps: tuple[str, ...] = ()
     # Requirement files installed on top on a GPU node.
     gpu_requirements: tuple[str, ...] = ()
-    # Distribution packages (apt-get's names; ``SYSTEM_PACKAGE_NAMES`` has dnf's and apk's where they differ).
+    # Distribution packages (apt-get's names; ``common.setup.install.HOST_PACKAGES`` has each one's record).
     system_packages: tuple[str, ...] = ()
+    # "module:name" of the distribution packages of its toolchains (``common.setup.install.SystemPackage``
+    # records: the code service's languages'), standard library only as ``run.sh`` reads them.
+    toolchains: str = ""
     # Needs the pinned Go toolchain (``GO_HOME``), which ``run.sh`` installs with the system packages.
     go: bool = False
     # ``SCORER_<NAME>_ENGINE`` values that need other requirement files, in their own environment.
@@ -202,7 +200,8 @@ SERVICES: dict[str, Service] = {
             scorer="services.code.scorer:CodeScorer",
             uses_gpu=False,
             requirements=("requirements.txt", "requirements-code.txt"),
-            system_packages=("bubblewrap", *CODE_TOOLCHAINS),
+            system_packages=("bubblewrap",),
+            toolchains="services.code.languages:TOOLCHAINS",
             go=True,
             settings="services.code.settings:CodeSettings",
             preflight="services.code.preflight:preflight",

@@ -19,10 +19,7 @@ from common.setup.install import (
     GO_BUILD_ENV,
     GO_COMMAND,
     GO_REQUIREMENTS,
-    SYSTEM_COMMAND_DIRS,
-    SYSTEM_COMMAND_MINIMUM,
-    SYSTEM_COMMANDS,
-    SYSTEM_PACKAGE_NAMES,
+    known_packages,
     setup_of,
 )
 from common.setup.registry import SERVICES, get, read_settings, settings_class
@@ -42,15 +39,15 @@ def shell(command: str) -> str:
             lines.append(f"{item.name.upper()}=({' '.join(shlex.quote(v) for v in value)})")
         else:
             lines.append(f"{item.name.upper()}={shlex.quote(str(value))}")
-    lines.append(f"SYSTEM_COMMANDS=({' '.join(SYSTEM_COMMANDS[p] for p in setup.system_packages)})")
-    dirs = (shlex.quote(SYSTEM_COMMAND_DIRS.get(p, "")) for p in setup.system_packages)
-    lines.append(f"SYSTEM_COMMAND_DIRS=({' '.join(dirs)})")
-    minimum = (shlex.quote(SYSTEM_COMMAND_MINIMUM.get(p, "")) for p in setup.system_packages)
-    lines.append(f"SYSTEM_COMMAND_MINIMUM=({' '.join(minimum)})")
+    known = known_packages()
+    packages = [known[name] for name in setup.system_packages]
+    lines.append(f"SYSTEM_COMMANDS=({' '.join(p.command for p in packages)})")
+    lines.append(f"SYSTEM_COMMAND_DIRS=({' '.join(shlex.quote(p.dirs) for p in packages)})")
+    lines.append(f"SYSTEM_COMMAND_MINIMUM=({' '.join(shlex.quote(p.minimum) for p in packages)})")
     lines.append(f"GO_REQUIREMENTS={shlex.quote(GO_REQUIREMENTS)} GO_COMMAND={shlex.quote(GO_COMMAND)}")
     lines.append(f"GO_BUILD_ENV=({' '.join(shlex.quote(f'{k}={v}') for k, v in GO_BUILD_ENV.items())})")
     for manager in ("dnf", "apk"):
-        names = (SYSTEM_PACKAGE_NAMES.get(p, {}).get(manager, p) for p in setup.system_packages)
+        names = (p.other_names.get(manager, p.name) for p in packages)
         lines.append(f"SYSTEM_PACKAGES_{manager.upper()}=({' '.join(names)})")
     return "\n".join(lines)
 

@@ -223,14 +223,16 @@ class Builds:
 
     def run_job(self, program: Program, job: Job, cgroups: bool) -> Job:
         """``job`` turned into runs of ``program``'s build: the memory limit is the sample's
-        cgroup (a runtime's address space reservations do not count), else the address space."""
+        cgroup (a runtime's address space reservations do not count), else the address space
+        (its language's ``address_space_extra`` beyond it)."""
+        extra = program.language.address_space_extra
         return dataclasses.replace(
             job,
             command=program.run,
             env=program.env,
             artifact=self.cache.entry(program.key),
-            judged_data_bytes=0 if fallback_extra(program.language) else job.judged_memory_bytes,
-            memory_bytes=resource.RLIM_INFINITY if cgroups else job.memory_bytes + fallback_extra(program.language),
+            judged_data_bytes=0 if extra else job.judged_memory_bytes,
+            memory_bytes=resource.RLIM_INFINITY if cgroups else job.memory_bytes + extra,
         )
 
     def check_job(
@@ -269,12 +271,3 @@ class Builds:
 class Unremembered(str):
     """A compile error the cache does not keep: the build ran out of time, which the node's
     load may have caused (the next sample of that source builds again)."""
-
-
-# Without cgroups, address space beyond the memory limit for runtimes that reserve much more
-# than they use (their heap is held to the limit by their own flags).
-FALLBACK_EXTRA = {"java": 2048 << 20, "javascript": 4096 << 20, "go": 1024 << 20}
-
-
-def fallback_extra(language: Language) -> int:
-    return FALLBACK_EXTRA.get(language.name, 0)

@@ -1,4 +1,7 @@
-"""The languages graded programs may be written in: names and aliases, toolchains, commands.
+"""The languages graded programs may be written in: one ``Language`` record each in
+``LANGUAGES`` (names and aliases, toolchain packages, commands, defaults), which the aliases,
+``run.sh``'s installer (``TOOLCHAINS``), the compile cache, the settings and SandboxFusion's
+language names all read; docs/adding-a-language.md says how to add one.
 
 Python runs in the warm zygote (``inside.program``). Every other language is *built* once
 per distinct source (``compile_cache``: keyed by language, flags and the source's hash) by
@@ -6,126 +9,40 @@ its toolchain, in the sample's sandbox, and its artifact is then run by each std
 fresh process (``inside.compiled``). JavaScript's build is a syntax check (``node
 --check``) that ships the source itself.
 
-Toolchains are system packages and a pinned Go (``common/setup/install.py``: ``run.sh`` installs
-them); each one's version is read from it at startup (``/info``, and the build's cache key);
-a missing one is reported in ``/info`` and its samples get ``language_unavailable`` (no verdict).
+Toolchains are system packages (each record's ``packages``) and a pinned Go
+(``common/setup/install.py``: ``run.sh`` installs them); each one's version is read from it at
+startup (``/info``, and the build's cache key); a missing one is reported in ``/info`` and
+its samples get ``language_unavailable`` (no verdict).
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.setup.install import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS
+from common.setup.install import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS, SystemPackage
+from services.code.java import java_source_names
 from services.code.sandbox.inside.compiled import ARTIFACT_DIR, OUTPUT_DIR
-from services.code.sandbox.inside.files import MAX_FILE_NAME_BYTES
 
 PYTHON = "python"
+# Python's names (it runs in the warm zygote, no ``Language`` of its own), and SandboxFusion's.
+PYTHON_ALIASES = (PYTHON, "py", "python3")
+PYTHON_SANDBOX_FUSION = "python"
 # Where a build's source is written, in the sample's /tmp (a language that ships its source
 # writes it in the build's output directory).
 SOURCE_DIR = "/tmp/src"
-# Host directories a toolchain reads besides /usr (shown read-only in the sandbox).
-JDK_ETC = "/etc/java-17-openjdk"
 # testlib.h (vendored), for custom checkers, shown read-only at TESTLIB.
 TESTLIB_DIR = str(Path(__file__).resolve().parents[2] / "third_party" / "testlib")
 TESTLIB = "/testlib"
-TOOLCHAIN_BINDS = ("--ro-bind-try", JDK_ETC, JDK_ETC, "--ro-bind", TESTLIB_DIR, TESTLIB)
 # The interpreter Python checkers run with: the service's own (its prefix is in the sandbox).
 PYTHON_INTERPRETER = os.path.realpath(sys.executable)
-
-# The first word of a fenced block's info string (case-insensitive), or a label's or request's
-# "language", to a language.
-ALIASES = {
-    "c": "c",
-    "cpp": "cpp", "c++": "cpp", "cc": "cpp", "cxx": "cpp", "cpp20": "cpp", "c++20": "cpp",
-    "cpp17": "cpp17", "c++17": "cpp17", "cpp14": "cpp14", "c++14": "cpp14", "cpp11": "cpp11", "c++11": "cpp11",
-    "java": "java",
-    "go": "go", "golang": "go",
-    "rust": "rust", "rs": "rust",
-    "javascript": "javascript", "js": "javascript", "node": "javascript", "nodejs": "javascript",
-    "python": PYTHON, "py": PYTHON, "python3": PYTHON,
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Language:
-    """How one language is built and run.
-
-    ``build`` and ``run`` are argument lists where ``{src}`` is the source file, ``{out}`` the
-    build's output directory, ``{art}`` where the build products are shown to tests,
-    ``{main}`` the class holding ``main`` (Java) and ``{memory_mb}`` the memory limit.
-    """
-
-    name: str
-    title: str
-    extension: str
-    tools: tuple[str, ...]  # commands that must exist; the first is the compiler, whose version is shown
-    build: tuple[str, ...]
-    run: tuple[str, ...]
-    # Debian packages that provide ``tools`` (run.sh installs them).
-    packages: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-    # The build ships the source itself (an interpreted language whose build only checks it).
-    ships_source: bool = False
-
-    def key(self, source: str, versions: Mapping[str, str]) -> str:
-        """The cache key of ``source`` built by this language's toolchain (its ``versions``)
-        and flags: a build by an older compiler is not one of the newer's."""
-        digest = hashlib.sha256()
-        for part in (self.name, *self.build, *(versions.get(tool, "") for tool in self.tools), "\0", source):
-            digest.update(part.encode(errors="surrogatepass") + b"\0")
-        return digest.hexdigest()[:40]
-
-
-C_FLAGS = ("-O2", "-DONLINE_JUDGE", "-pipe", "-w", "-fmax-errors=20")
-# ``cpp`` (and ``c++``, ``cc``, ``cxx``) is GNU C++20, what models write; an older standard by name.
-CPP_STANDARDS = {"cpp": "gnu++20", "cpp17": "c++17", "cpp14": "c++14", "cpp11": "c++11"}
-# The pinned Go (``run.sh`` installs it, the standard library precompiled for these variables).
-GO = f"{GOROOT}/bin/go"
-GO_ENV = {**GO_BUILD_ENV, "GOROOT": GOROOT, "GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath"}
-# The JVM's memory: the heap is the limit (its OutOfMemoryError is memory_limit), the rest small.
-JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=64m",
-             "-XX:MaxMetaspaceSize=256m", "-Xshare:auto")  # fmt: skip
-
-LANGUAGES: dict[str, Language] = {
-    lang.name: lang
-    for lang in (
-        Language("c", "C (gcc, C17)", "c", ("gcc",), ("gcc", "-std=c17", *C_FLAGS, "-o", "{out}/prog", "{src}", "-lm"),
-                 ("{art}/prog",), ("gcc",)),
-        *(Language(name, f"C++ (g++, {standard.upper()})", "cpp", ("g++",),
-                   ("g++", f"-std={standard}", *C_FLAGS, "-o", "{out}/prog", "{src}"), ("{art}/prog",), ("g++",))
-          for name, standard in CPP_STANDARDS.items()),
-        Language("java", "Java 17 (OpenJDK)", "java", ("javac", "java"),
-                 ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-encoding", "UTF-8",
-                  "-proc:none", "-nowarn", "-d", "{out}", "{src}"),
-                 ("java", "-Xmx{memory_mb}m", "-Xss64m", *JVM_FLAGS, "-cp", "{art}", "{main}"),
-                 ("openjdk-17-jdk-headless",)),
-        Language("go", "Go (gc)", "go", (GO,), (GO, "build", "-o", "{out}/prog", "{src}"), ("{art}/prog",),
-                 (), env=GO_ENV),
-        Language("rust", "Rust (rustc, 2021 edition)", "rs", ("rustc", "gcc"),
-                 ("rustc", "--edition", "2021", "-O", "-C", "linker={gcc}", "-C", "strip=debuginfo",
-                  "--cfg", "online_judge", "-o", "{out}/prog", "{src}"),
-                 ("{art}/prog",), ("rustc-web",)),
-        Language("javascript", "JavaScript (Node.js)", "js", ("node",), ("node", "--check", "{src}"),
-                 ("node", "--max-old-space-size={memory_mb}", "--stack-size=65500", "{art}/main.js"),
-                 ("nodejs",), ships_source=True),
-        # Custom checkers (a label's "checker" program), never a graded program's language.
-        Language("checker_cpp", "C++ checker (g++, C++17, testlib.h)", "cpp", ("g++",),
-                 ("g++", "-std=c++17", "-O2", "-pipe", "-w", f"-I{TESTLIB}", "-o", "{out}/prog", "{src}"),
-                 ("{art}/prog",), ("g++",)),
-        Language("checker_python", "Python checker", "py", (),
-                 ("{python}", "-I", "-S", "-c", "import ast, sys; ast.parse(open(sys.argv[1]).read())", "{src}"),
-                 ("{python}", "-I", "-S", "{art}/main.py"), (), ships_source=True),
-    )
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -140,6 +57,166 @@ class TimeScale:
 
     def of(self, seconds: float) -> float:
         return seconds * self.factor + self.offset_s
+
+    def __str__(self) -> str:
+        """As ``time_scales`` reads it after ``LANGUAGE=``."""
+        return f"{self.factor:g}" + (f"+{self.offset_s:g}" if self.offset_s else "")
+
+
+@dataclass(frozen=True)
+class Language:
+    """Everything the service knows of one language: its record in ``LANGUAGES`` is read by
+    the aliases, the installer (``TOOLCHAINS``), the compile cache, the settings' defaults and
+    SandboxFusion's language names.
+
+    ``build`` and ``run`` are argument lists where ``{src}`` is the source file, ``{out}`` the
+    build's output directory, ``{art}`` where the build products are shown to tests,
+    ``{main}`` the class holding ``main`` (Java), ``{memory_mb}`` the memory limit, ``{gcc}``
+    gcc's real path and ``{python}`` the service's interpreter.
+    """
+
+    name: str
+    title: str
+    extension: str
+    # Commands that must exist; the first is the compiler, whose version is shown.
+    tools: tuple[str, ...]
+    build: tuple[str, ...]
+    run: tuple[str, ...]
+    # The first words of a fenced block's info string (any case), or a label's or request's
+    # "language", that name it; none: only a checker's entry (``CHECKER_LANGUAGES``).
+    aliases: tuple[str, ...] = ()
+    # Distribution packages that provide ``tools`` (run.sh installs them; a toolchain it
+    # installs otherwise, the pinned Go, is ``common/setup/install.py``'s).
+    packages: tuple[SystemPackage, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    # Host directories its toolchain reads besides /usr, shown read-only in the sandbox where
+    # they exist.
+    host_dirs: tuple[str, ...] = ()
+    # The build ships the source itself (an interpreted language whose build only checks it).
+    ships_source: bool = False
+    # How the compiler says its version.
+    version_args: tuple[str, ...] = ("--version",)
+    # (its file's name, ``{main}``) of a source whose file and entry it names itself (Java);
+    # None: ``main.<extension>``.
+    names: Callable[[str], tuple[str, str]] | None = None
+    # ``SCORER_CODE_TIME_SCALES``'s default for it: what its runtime spends before and around
+    # the program (bench/code/startup.py measures it).
+    time_scale: TimeScale = TimeScale()
+    # Without cgroups, address space allowed beyond the memory limit: a runtime that reserves
+    # much more than it uses (its heap held to the limit by its own flags).
+    address_space_extra: int = 0
+    # SandboxFusion's name for it (``/run_code``'s ``language``); "": not one it runs.
+    sandbox_fusion: str = ""
+
+    def key(self, source: str, versions: Mapping[str, str]) -> str:
+        """The cache key of ``source`` built by this language's toolchain (its ``versions``)
+        and flags: a build by an older compiler is not one of the newer's."""
+        digest = hashlib.sha256()
+        for part in (self.name, *self.build, *(versions.get(tool, "") for tool in self.tools), "\0", source):
+            digest.update(part.encode(errors="surrogatepass") + b"\0")
+        return digest.hexdigest()[:40]
+
+
+C_FLAGS = ("-O2", "-DONLINE_JUDGE", "-pipe", "-w", "-fmax-errors=20")
+# ``cpp`` (and ``c++``, ``cc``, ``cxx``) is GNU C++20, what models write; an older standard by
+# name; each standard's aliases.
+CPP_STANDARDS = {
+    "cpp": ("gnu++20", ("cpp", "c++", "cc", "cxx", "cpp20", "c++20")),
+    "cpp17": ("c++17", ("cpp17", "c++17")),
+    "cpp14": ("c++14", ("cpp14", "c++14")),
+    "cpp11": ("c++11", ("cpp11", "c++11")),
+}
+# The packages more than one language needs.
+GCC = SystemPackage("gcc", "gcc")
+GXX = SystemPackage("g++", "g++", other_names={"dnf": "gcc-c++"})
+# The pinned Go (``run.sh`` installs it, the standard library precompiled for these variables).
+GO = f"{GOROOT}/bin/go"
+GO_ENV = {**GO_BUILD_ENV, "GOROOT": GOROOT, "GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath"}
+# The JVM's memory: the heap is the limit (its OutOfMemoryError is memory_limit), the rest small.
+JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=64m",
+             "-XX:MaxMetaspaceSize=256m", "-Xshare:auto")  # fmt: skip
+
+LANGUAGES: dict[str, Language] = {
+    lang.name: lang
+    for lang in (
+        Language(
+            "c", "C (gcc, C17)", "c", ("gcc",), ("gcc", "-std=c17", *C_FLAGS, "-o", "{out}/prog", "{src}", "-lm"),
+            ("{art}/prog",), aliases=("c",), packages=(GCC,),
+        ),
+        *(
+            Language(
+                name, f"C++ (g++, {standard.upper()})", "cpp", ("g++",),
+                ("g++", f"-std={standard}", *C_FLAGS, "-o", "{out}/prog", "{src}"), ("{art}/prog",),
+                aliases=aliases, packages=(GXX,), sandbox_fusion="cpp" if name == "cpp" else "",
+            )
+            for name, (standard, aliases) in CPP_STANDARDS.items()
+        ),
+        Language(
+            "java", "Java 17 (OpenJDK)", "java", ("javac", "java"),
+            ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-encoding", "UTF-8",
+             "-proc:none", "-nowarn", "-d", "{out}", "{src}"),
+            ("java", "-Xmx{memory_mb}m", "-Xss64m", *JVM_FLAGS, "-cp", "{art}", "{main}"),
+            aliases=("java",),
+            packages=(SystemPackage("openjdk-17-jdk-headless", "javac",
+                                    other_names={"dnf": "java-17-openjdk-devel", "apk": "openjdk17-jdk"}),),
+            host_dirs=("/etc/java-17-openjdk",), version_args=("-version",), names=java_source_names,
+            time_scale=TimeScale(2, 0.5), address_space_extra=2048 << 20, sandbox_fusion="java",
+        ),
+        Language(
+            "go", "Go (gc)", "go", (GO,), (GO, "build", "-o", "{out}/prog", "{src}"), ("{art}/prog",),
+            aliases=("go", "golang"), env=GO_ENV, version_args=("version",), address_space_extra=1024 << 20,
+            sandbox_fusion="go",
+        ),
+        Language(
+            "rust", "Rust (rustc, 2021 edition)", "rs", ("rustc", "gcc"),
+            ("rustc", "--edition", "2021", "-O", "-C", "linker={gcc}", "-C", "strip=debuginfo",
+             "--cfg", "online_judge", "-o", "{out}/prog", "{src}"),
+            ("{art}/prog",), aliases=("rust", "rs"),
+            # Debian 12's ``rustc-web`` is a current rustc that replaces its ``rustc`` (1.63).
+            packages=(SystemPackage("rustc-web", "rustc", "1.65", {"dnf": "rust", "apk": "rust"}), GCC),
+            sandbox_fusion="rust",
+        ),
+        Language(
+            "javascript", "JavaScript (Node.js)", "js", ("node",), ("node", "--check", "{src}"),
+            ("node", "--max-old-space-size={memory_mb}", "--stack-size=65500", "{art}/main.js"),
+            aliases=("javascript", "js", "node", "nodejs"), packages=(SystemPackage("nodejs", "node"),),
+            ships_source=True, time_scale=TimeScale(2, 0.5), address_space_extra=4096 << 20,
+            sandbox_fusion="nodejs",
+        ),
+        # Custom checkers (a label's "checker" program), never a graded program's language.
+        Language(
+            "checker_cpp", "C++ checker (g++, C++17, testlib.h)", "cpp", ("g++",),
+            ("g++", "-std=c++17", "-O2", "-pipe", "-w", f"-I{TESTLIB}", "-o", "{out}/prog", "{src}"),
+            ("{art}/prog",), packages=(GXX,),
+        ),
+        Language(
+            "checker_python", "Python checker", "py", (),
+            ("{python}", "-I", "-S", "-c", "import ast, sys; ast.parse(open(sys.argv[1]).read())", "{src}"),
+            ("{python}", "-I", "-S", "{art}/main.py"), ships_source=True,
+        ),
+    )
+}  # fmt: skip
+
+# A name (the first word of a fenced block's info string, any case, or a label's or request's
+# "language") to the language it names.
+ALIASES = {
+    **dict.fromkeys(PYTHON_ALIASES, PYTHON),
+    **{alias: lang.name for lang in LANGUAGES.values() for alias in lang.aliases},
+}
+# The distribution packages of every language's toolchain (``Service.toolchains``: run.sh installs them).
+TOOLCHAINS = tuple({package.name: package for lang in LANGUAGES.values() for package in lang.packages}.values())
+# SandboxFusion's language names this node runs, to ours.
+SANDBOX_FUSION_NAMES = {
+    PYTHON_SANDBOX_FUSION: PYTHON,
+    **{lang.sandbox_fusion: lang.name for lang in LANGUAGES.values() if lang.sandbox_fusion},
+}
+# What the sandbox shows of the host for the toolchains: each language's ``host_dirs``, testlib.
+HOST_DIRS = tuple(dict.fromkeys(d for lang in LANGUAGES.values() for d in lang.host_dirs))
+TOOLCHAIN_BINDS = (*(arg for d in HOST_DIRS for arg in ("--ro-bind-try", d, d)), "--ro-bind", TESTLIB_DIR, TESTLIB)
+# ``SCORER_CODE_TIME_SCALES``'s default: each language's own ``time_scale``.
+DEFAULT_TIME_SCALES = " ".join(
+    f"{lang.name}={lang.time_scale}" for lang in LANGUAGES.values() if lang.time_scale != TimeScale()
+)
 
 
 _SCALE = re.compile(r"([\w+]+)=([0-9.]+)(?:\+([0-9.]+))?")
@@ -213,19 +290,19 @@ def tool_paths() -> dict[str, str]:
     return found
 
 
-# How each compiler says its version (``--version`` otherwise).
-VERSION_ARGS = {GO: ("version",), "javac": ("-version",)}
-
-
 def tool_versions(tools: Mapping[str, str]) -> dict[str, str]:
     """The first line each compiler (a language's first tool) of ``tools`` prints for its
     version, asked once: what ``/info`` shows and what the cache keys hold."""
     versions: dict[str, str] = {}
-    for tool in {lang.tools[0] for lang in LANGUAGES.values() if lang.tools} & set(tools):
+    compilers: dict[str, Language] = {}
+    for lang in LANGUAGES.values():
+        if lang.tools and lang.tools[0] in tools:
+            compilers.setdefault(lang.tools[0], lang)
+    for tool, lang in compilers.items():
         try:
             said = subprocess.run(
-                [tools[tool], *VERSION_ARGS.get(tool, ("--version",))], capture_output=True, text=True, timeout=60,
-                env={"PATH": SANDBOX_TOOL_DIRS, **(GO_ENV if tool == GO else {})},
+                [tools[tool], *lang.version_args], capture_output=True, text=True, timeout=60,
+                env={"PATH": SANDBOX_TOOL_DIRS, **lang.env},
             )  # fmt: skip
             versions[tool] = (said.stdout + said.stderr).strip().splitlines()[0]
         except (OSError, subprocess.SubprocessError, IndexError):
@@ -259,69 +336,6 @@ def missing_tools(language: Language, tools: dict[str, str]) -> list[str]:
     return [tool for tool in language.tools if tool not in tools]
 
 
-# A Java source's type declarations, its main method and its package. A declaration starts the
-# source or follows a ``;``, ``{`` or ``}`` (comments and annotations blanked), its modifiers on
-# any lines: each scan starts at one of those characters and ends at the first other word, so
-# no scan overlaps another.
-_JAVA_TYPE = re.compile(
-    r"(?:\A|[;{}])\s*((?:(?:public|protected|private|final|abstract|strictfp|static|sealed|non-sealed)\s+)*)"
-    r"(?:class|interface|enum|record)\s+([\w$]+)"
-)
-# An annotation (``@SuppressWarnings(...)``, ``@java.lang.Deprecated``), never ``@interface``;
-# its arguments nest parentheses once at most (strings are blanked before).
-_JAVA_ANNOTATION = re.compile(r"@(?!interface\b)\s*[\w$.]+(?:\s*\((?:[^()]|\([^()]*\))*\))?")
-_JAVA_MAIN = re.compile(r"\bstatic\s+(?:(?:public|final|synchronized|strictfp)\s+)*void\s+main\s*\(")
-_JAVA_PACKAGE = re.compile(r"^\s*package\s+([\w.]+)\s*;", re.M)
-# Comments and string, text block and char literals: blanked before braces are counted. Each
-# alternative matches wherever it starts (an unclosed one runs to the end of its line or of
-# the source), so the scan is linear: a failed match would be retried at every later opener.
-_JAVA_NOT_CODE = re.compile(
-    r'"""(?:\\.|[^\\])*?(?:"""|\Z)|//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"?|\'(?:\\.|[^\'\\\n])*\'?', re.S
-)
-
-
-def java_names(source: str) -> tuple[str, str]:
-    """(file name without ``.java``, class to run) of a Java source.
-
-    javac wants a public top-level class in a file of its name; the class to run is the
-    innermost type whose body holds ``static void main`` (``Outer$Inner`` when nested),
-    qualified by the package. Linear in the source's length (it is a sample's to choose).
-    """
-    text = _JAVA_NOT_CODE.sub(lambda m: " " * len(m.group()), source)
-    text = _JAVA_ANNOTATION.sub(lambda m: " " * len(m.group()), text)
-    opens: list[int] = []
-    closes: list[int] = []
-    closing: dict[int, int] = {}  # an opening brace's closing one
-    open_now: list[int] = []
-    for brace in re.finditer(r"[{}]", text):
-        if brace.group() == "{":
-            opens.append(brace.start())
-            open_now.append(brace.start())
-        else:
-            closes.append(brace.start())
-            if open_now:
-                closing[open_now.pop()] = brace.start()
-
-    def body(after: int) -> tuple[int, int]:
-        """The braces of the type declared before ``after`` (to the end when unclosed)."""
-        first = bisect.bisect_left(opens, after)
-        return (opens[first], closing.get(opens[first], len(text))) if first < len(opens) else (after, after)
-
-    def top_level(at: int) -> bool:
-        return bisect.bisect_left(opens, at) == bisect.bisect_left(closes, at)
-
-    types = [(m.group(2), m.group(1).split(), top_level(m.start(1)), body(m.end())) for m in _JAVA_TYPE.finditer(text)]
-    public = next((name for name, modifiers, top, _ in types if top and "public" in modifiers), None)
-    main_at = _JAVA_MAIN.search(text)
-    # Every type whose body holds main, outermost first (types are in source order).
-    holder = "$".join(
-        name for name, _, _, (start, end) in types if main_at is not None and start < main_at.start() <= end
-    )
-    holder = holder or public or next((name for name, _, top, _ in types if top), "Main")
-    package = _JAVA_PACKAGE.search(text)
-    return public or holder, (f"{package.group(1)}." if package else "") + holder
-
-
 @dataclass(frozen=True)
 class Program:
     """One source in one language: what its build and its runs execute."""
@@ -349,14 +363,7 @@ def program(
     """The build and run commands of ``source`` (tools by their real paths; ``versions``: the
     compilers', ``tool_versions``)."""
     source = _unpadded(source)
-    source_name = f"main.{language.extension}"
-    main = ""
-    if language.name == "java":
-        file_name, main = java_names(source)
-        # A name past what a file name may hold keeps the default one: javac then refuses the
-        # public class in it (a compile error, where writing the file would fail the build).
-        if len(f"{file_name}.class".encode()) <= MAX_FILE_NAME_BYTES:
-            source_name = f"{file_name}.java"
+    source_name, main = language.names(source) if language.names else (f"main.{language.extension}", "")
     source_path = f"{OUTPUT_DIR if language.ships_source else SOURCE_DIR}/{source_name}"
     fill = {"src": source_path, "out": OUTPUT_DIR, "art": ARTIFACT_DIR, "main": main,
             "memory_mb": str(memory_mb), "gcc": tools.get("gcc", "gcc"), "python": PYTHON_INTERPRETER}  # fmt: skip

@@ -8,7 +8,7 @@ from typing import Literal
 
 from common.configuration.config import setting
 from common.configuration.cpus import usable_cpus
-from services.code.languages import time_scales
+from services.code.languages import DEFAULT_TIME_SCALES, time_scales
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,10 @@ class CodeSettings:
     )
     # Per language, its share of those two test limits (``languages.time_scales``): items
     # LANGUAGE=FACTOR[+SECONDS], a test of that language getting the limit x FACTOR + SECONDS;
-    # a language not named gets them as they are. The defaults pay for what a runtime spends
-    # before and around the program (bench/code/startup.py measures it).
+    # a language not named gets them as they are. The default: each language's record's
+    # ``time_scale``.
     time_scales: str = setting(
-        "java=2+0.5 javascript=2+0.5",
+        DEFAULT_TIME_SCALES,
         "per language, its tests' two limits x FACTOR + SECONDS, its sample's wall time x FACTOR + SECONDS per test "
         "(`LANGUAGE=FACTOR[+SECONDS]`, by any alias, separated by spaces or commas; a language not named keeps them)",
         check=time_scales,

