@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,17 +17,49 @@ import aiohttp
 # repository root would get this service's settings (128 threads turn ``-k sync`` into gthread,
 # post_fork hides the GPU). Baselines start with an empty configuration instead.
 NO_CONFIG = ["-c", "/dev/null"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def image_bench_arguments(
+    parser: argparse.ArgumentParser, precision: str, requests: int, batch_sizes: list[int]
+) -> None:
+    """The flags the image benches share: the device and precision, the load (concurrent
+    one-image requests, measured rounds, the images' size), the in-process batch sizes swept and
+    the JSON written; a bench adds its model's own."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default=precision, choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--requests", type=int, default=requests, help="concurrent one-image requests per round")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each (after a warm-up)")
+    parser.add_argument("--image-size", type=int, default=512)
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=batch_sizes)
+    parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
+
+
+def results_dir() -> Path:
+    """``bench/results/``, where the benches write their figures and their servers' logs."""
+    results = ROOT / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    return results
+
+
+def service_under_gunicorn(service: str, port: int, device: str, settings: dict[str, str]) -> tuple[list[str], dict]:
+    """The command and environment of ``service`` as ``run.sh`` serves it: one worker on
+    ``127.0.0.1:port`` on ``device``, with ``settings`` (its own ``SCORER_<SERVICE>_*``, core ones)."""
+    env = {
+        "SCORER_SERVICE": service,
+        "SCORER_BIND": f"127.0.0.1:{port}",
+        "SCORER_WORKERS": "1",
+        "SCORER_DEVICE": device,
+        **settings,
+    }
+    return [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")], env
 
 
 def simple_gunicorn(port: int, app: str) -> list[str]:
     """The command of a baseline server: ``app`` under gunicorn with one sync worker (a slow
     model call may take its time: 600 s), on ``127.0.0.1:port``, importable from the repository."""
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
     worker = ["-w", "1", "-k", "sync", "-t", "600", "-b", f"127.0.0.1:{port}"]
-    return [sys.executable, "-m", "gunicorn", *NO_CONFIG, *worker, "--pythonpath", str(root), app]
+    return [sys.executable, "-m", "gunicorn", *NO_CONFIG, *worker, "--pythonpath", str(ROOT), app]
 
 
 def pickle_image_app(score: Callable[[list[Any], list[str]], list[float]]) -> Any:

@@ -58,13 +58,15 @@ class Server:
         port: int = 0,
         python: str | None = None,
         cpus: set[int] | None = None,
+        root: Path = ROOT,
     ) -> None:
         if UNIT_TEST is not None:
             raise RuntimeError(f"{UNIT_TEST} is marked unit but starts a {service} server: it is an integration test")
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
-        prepare(service, env, python)
+        if root == ROOT:  # another copy's services are in its registry, not this process's: none prepares
+            prepare(service, env, python)
         full_env = {
             **os.environ,
             "SCORER_SERVICE": service,
@@ -77,8 +79,8 @@ class Server:
             full_env["SCORER_THREADS"] = str(threads)
         self._log = open(log, "wb")
         self.process = subprocess.Popen(
-            [python or sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
-            cwd=ROOT,
+            [python or sys.executable, "-m", "gunicorn", "-c", str(root / "gunicorn.conf.py")],
+            cwd=root,
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -152,14 +154,17 @@ def gunicorn_server(
     port: int = 0,
     python: str | None = None,
     cpus: set[int] | None = None,
+    root: Path = ROOT,
 ) -> Iterator[Server]:
     """Start ``service`` under gunicorn, yield the running ``Server`` (``.url``), stop it after.
 
     ``port`` pins the port (a node restarted behind a balancer comes back on its address);
-    ``python`` runs it from another virtual environment; ``cpus`` pins it to those CPUs."""
+    ``python`` runs it from another virtual environment; ``cpus`` pins it to those CPUs; ``root``
+    serves another copy of the tree (one a test has added a service to)."""
     log_dir = log_dir or Path(os.environ.get("SCORER_TEST_LOGS", "/tmp"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    server = Server(service, env, workers, threads, log_dir / f"{service}-{free_port()}.log", port, python, cpus)
+    log = log_dir / f"{service}-{free_port()}.log"
+    server = Server(service, env, workers, threads, log, port, python, cpus, root)
     try:
         server.wait_ready(require_ready=require_ready)
         yield server
@@ -205,6 +210,27 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def refused_without_weights(service: str, env: dict[str, str], variable: str, payload: dict, log_dir: Path) -> None:
+    """``service`` with ``variable`` naming no weights file: the server stays up, ``/ready`` and a
+    request answer 503 with the variable named, and run.sh's preflight (under a bare python3)
+    refuses it for the same reason before anything is installed."""
+    with gunicorn_server(service, env=env, require_ready=False, log_dir=log_dir) as server:
+        ready = server.settled_ready(100, 0.2)
+        assert ready.status_code == 503
+        assert variable in ready.json()["reason"]
+        assert post(server.url, payload).status_code == 503
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "common.setup.preflight"],
+        cwd=ROOT,
+        env={**os.environ, "SCORER_SERVICE": service, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert variable in done.stderr and "not a directory or a checkpoint file" in done.stderr
 
 
 def post(url: str, payload: dict) -> requests.Response:

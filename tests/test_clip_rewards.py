@@ -9,10 +9,7 @@ preprocessing), in the shape flow_grpo calls them; ``run.sh test`` builds that e
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +27,7 @@ from services.clip.scorer import ClipRewardScorer, ClipScoreScorer, HPSv2Scorer,
 from testing.clip_models import TINY_OPEN_CLIP, save_model, save_processor, save_random_clip_model
 from testing.images import encode, sample_images
 from testing.reference import needs_reference, run_reference
-from testing.server import ROOT, batch_stats, gunicorn_server
+from testing.server import batch_stats, gunicorn_server, refused_without_weights
 
 SCORERS: dict[str, type[ClipRewardScorer]] = {
     "pickscore": PickScoreScorer,
@@ -278,22 +275,6 @@ def test_info_names_model_processor_and_divisor(pickscore_server: str, pickscore
 
 def test_server_without_weights_says_why_and_preflight_skips(tmp_path: Path) -> None:
     env = {"SCORER_HPSV2_MODEL": str(tmp_path / "none.pt"), "SCORER_DEVICE": "cpu", "SCORER_READY_WAIT_S": "5"}
-    with gunicorn_server("hpsv2", env=env, require_ready=False, log_dir=tmp_path) as server:
-        for _ in range(100):
-            ready = requests.get(server.url + "/ready", timeout=10)
-            if ready.json().get("reason", "").startswith("ConfigError"):
-                break
-        assert ready.status_code == 503
-        assert "SCORER_HPSV2_MODEL" in ready.json()["reason"]
-        response = post(server.url, {"images": sample_images(1), "prompts": ["p"]})
-        assert response.status_code == 503
-    done = subprocess.run(
-        [sys.executable, "-S", "-m", "common.setup.preflight"],
-        cwd=ROOT,
-        env={**os.environ, "SCORER_SERVICE": "hpsv2", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    refused_without_weights(
+        "hpsv2", env, "SCORER_HPSV2_MODEL", {"images": sample_images(1), "prompts": ["p"]}, tmp_path
     )
-    assert done.returncode == 1
-    assert "SCORER_HPSV2_MODEL" in done.stderr and "not a directory or a checkpoint file" in done.stderr

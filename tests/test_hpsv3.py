@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from services.hpsv3.scorer import HPSv3Scorer
 from testing.images import encode, sample_images
 from testing.qwen2vl_models import old_layout, reward_model_state, save_base, save_checkpoint
 from testing.reference import needs_reference, run_reference
-from testing.server import ROOT, batch_stats, gunicorn_server
+from testing.server import batch_stats, gunicorn_server, refused_without_weights
 
 # VeRL-Omni's verl_omni/utils/reward_score/hpsv3_reward.py, when a copy is at hand (not shipped).
 VERL_OMNI_FILE = os.environ.get("SCORER_TEST_VERL_OMNI_HPSV3")
@@ -367,22 +365,9 @@ def test_server_without_weights_says_why_and_preflight_skips(tmp_path: Path) -> 
         "SCORER_DEVICE": "cpu",
         "SCORER_READY_WAIT_S": "5",
     }
-    with gunicorn_server("hpsv3", env=env, require_ready=False, log_dir=tmp_path) as server:
-        ready = server.settled_ready(100, 0.2)
-        assert ready.status_code == 503
-        assert "SCORER_HPSV3_MODEL" in ready.json()["reason"]
-        response = post(server.url, {"images": [encode_blank()], "prompts": ["p"]})
-        assert response.status_code == 503
-    done = subprocess.run(
-        [sys.executable, "-S", "-m", "common.setup.preflight"],
-        cwd=ROOT,
-        env={**os.environ, "SCORER_SERVICE": "hpsv3", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    refused_without_weights(
+        "hpsv3", env, "SCORER_HPSV3_MODEL", {"images": [encode_blank()], "prompts": ["p"]}, tmp_path
     )
-    assert done.returncode == 1
-    assert "SCORER_HPSV3_MODEL" in done.stderr and "not a directory or a checkpoint file" in done.stderr
 
 
 def encode_blank() -> bytes:

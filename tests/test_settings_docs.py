@@ -67,13 +67,13 @@ def row(variable: str) -> str:
 
 
 def test_each_service_s_batching_default_is_shown() -> None:
-    """The defaults are the scorer classes' own, HPSv3's and GenEval's included; the services
-    that batch nothing (code, judge, multi) have none."""
-    shown = row("SCORER_MAX_BATCH").split(" | ")[2]
-    assert shown == (
-        "each service's own: ocr 16, aesthetic 64, pickscore 64, clipscore 64, hpsv2 64, hpsv3 16, geneval 16, "
-        "imagereward 64"
-    )
+    """The defaults are the scorer classes' own, HPSv3's and GenEval's included, one for each
+    service that batches; those that batch nothing (code, judge, multi) have none."""
+    shown = row("SCORER_MAX_BATCH").split(" | ")[2].removeprefix("each service's own: ").split(", ")
+    assert {"ocr 16", "aesthetic 64", "pickscore 64", "hpsv3 16", "geneval 16", "imagereward 64"} <= set(shown)
+    batched = [name for name in registry.SERVICES if registry.load_scorer_class(name).batched]
+    assert [each.split(" ")[0] for each in shown] == batched
+    assert {"code", "judge", "multi"}.isdisjoint(batched)
 
 
 def test_a_renamed_setting_shows_both_names() -> None:
@@ -107,5 +107,6 @@ def test_a_service_marker_holds_its_own_settings_and_its_batching_defaults() -> 
     assert "| `SCORER_MAX_BATCH` |  | `16` |" in hpsv3 and "SCORER_PORT" not in hpsv3
     assert "`SCORER_MULTI_REWARDS`" in rendered.split("<!-- settings:multi:start -->")[1]
     assert "stale row" not in rendered
-    with pytest.raises(ValueError, match="unknown service 'brightness'"):
-        render("<!-- settings:brightness:start -->\n<!-- settings:brightness:end -->\n")
+    # A name no service has (not "brightness": tests/test_adding_a_scorer.py adds that one).
+    with pytest.raises(ValueError, match="unknown service 'nosuchservice'"):
+        render("<!-- settings:nosuchservice:start -->\n<!-- settings:nosuchservice:end -->\n")

@@ -25,7 +25,6 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,16 @@ import numpy as np
 import requests
 from PIL import Image
 
-from bench.common import print_profile, simple_gunicorn, stage_profile, stage_totals, stop_on_sigterm
+from bench.common import (
+    image_bench_arguments,
+    print_profile,
+    results_dir,
+    service_under_gunicorn,
+    simple_gunicorn,
+    stage_profile,
+    stage_totals,
+    stop_on_sigterm,
+)
 from services.aesthetic.settings import DEFAULT_HEAD
 from testing.images import decoded
 from testing.random_clip import save_random_clip
@@ -170,19 +178,12 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "b16", "l14"], default="b16", help="random CLIP vision tower")
     parser.add_argument("--clip", help="an existing CLIP directory instead of a random one")
     parser.add_argument("--head", default=str(DEFAULT_HEAD))
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default="float16", choices=["float16", "bfloat16", "float32"])
-    parser.add_argument("--requests", type=int, default=64, help="concurrent one-image requests per round")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each (after a warm-up)")
-    parser.add_argument("--image-size", type=int, default=512)
-    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32])
+    image_bench_arguments(parser, precision="float16", requests=64, batch_sizes=[1, 8, 16, 32])
     parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: (a)'s best batch size)")
-    parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
     args = parser.parse_args()
     stop_on_sigterm()
 
-    logs = ROOT / "bench" / "results"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = results_dir()
     images = make_images(args.requests, args.image_size)
     with tempfile.TemporaryDirectory(prefix="aesthetic-bench-") as tmp:
         clip_dir = Path(args.clip) if args.clip else save_random_clip(Path(tmp) / "clip", size=args.size)
@@ -191,22 +192,17 @@ def main() -> None:
         sweep = in_process.sweep(args.batch_sizes)
         best_batch = max(sweep, key=sweep.__getitem__)
 
-        python = sys.executable
         simple_port, service_port = free_port(), free_port()
         simple_env = {"CLIP_DIR": str(clip_dir), "HEAD_PATH": args.head, "DEVICE": args.device}
         simple_env["PRECISION"] = args.precision
         simple_argv = simple_gunicorn(simple_port, "bench.aesthetic.simple_server:app")
-        service_env = {
-            "SCORER_SERVICE": "aesthetic",
-            "SCORER_BIND": f"127.0.0.1:{service_port}",
-            "SCORER_WORKERS": "1",
-            "SCORER_DEVICE": args.device,
+        settings = {
             "SCORER_AESTHETIC_CLIP": str(clip_dir),
             "SCORER_AESTHETIC_HEAD": args.head,
             "SCORER_AESTHETIC_PRECISION": args.precision,
+            "SCORER_AESTHETIC_MICRO_BATCH": str(args.micro_batch or best_batch),
         }
-        service_env["SCORER_AESTHETIC_MICRO_BATCH"] = str(args.micro_batch or best_batch)
-        service_argv = [python, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")]
+        service_argv, service_env = service_under_gunicorn("aesthetic", service_port, args.device, settings)
         servers = []
         try:
             servers.append(serve(simple_argv, simple_env, simple_port, logs / "aesthetic-simple.log"))

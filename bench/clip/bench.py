@@ -21,13 +21,12 @@ import json
 import os
 import pickle
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.aesthetic.bench import ROOT, free_port, make_images, percentiles, serve, stop
-from bench.common import burst, simple_gunicorn
+from bench.aesthetic.bench import free_port, make_images, percentiles, serve, stop
+from bench.common import burst, image_bench_arguments, results_dir, service_under_gunicorn, simple_gunicorn
 from common.configuration.settings import CoreSettings
 from services.clip.scorer import PickScoreScorer
 from testing.clip_models import save_random_clip_model
@@ -98,19 +97,12 @@ def bodies(images: list[bytes], prompts: list[str]) -> list[bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["tiny", "b14", "h14"], default="b14", help="random CLIP towers")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default="float16", choices=["float16", "bfloat16", "float32"])
-    parser.add_argument("--requests", type=int, default=64, help="concurrent one-image requests per round")
+    image_bench_arguments(parser, precision="float16", requests=64, batch_sizes=[1, 8, 32])
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts per round (GRPO groups)")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each (after a warm-up)")
-    parser.add_argument("--image-size", type=int, default=512)
-    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     parser.add_argument("--micro-batch", type=int, help="the service's micro-batch (default: (a)'s best batch size)")
-    parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
     args = parser.parse_args()
 
-    logs = ROOT / "bench" / "results"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = results_dir()
     images = make_images(args.requests, args.image_size)
     prompts = [PROMPTS[i % args.prompts % len(PROMPTS)] for i in range(args.requests)]
     distinct = [f"{prompts[i]}, variation {i}" for i in range(args.requests)]
@@ -126,20 +118,15 @@ def main() -> None:
             print(f"  in-process batch {batch_size:3d}: {sweep[batch_size]:.2f} images/s", flush=True)
         best_batch = max(sweep, key=sweep.__getitem__)
 
-        python = sys.executable
         simple_port, service_port = free_port(), free_port()
         simple_env = {"MODEL_DIR": str(model_dir), "DEVICE": args.device, "PRECISION": args.precision}
         simple_argv = simple_gunicorn(simple_port, "bench.clip.simple_server:app")
-        service_env = {
-            "SCORER_SERVICE": "pickscore",
-            "SCORER_BIND": f"127.0.0.1:{service_port}",
-            "SCORER_WORKERS": "1",
-            "SCORER_DEVICE": args.device,
+        settings = {
             "SCORER_PICKSCORE_MODEL": str(model_dir),
             "SCORER_PICKSCORE_PRECISION": args.precision,
             "SCORER_PICKSCORE_MICRO_BATCH": str(args.micro_batch or best_batch),
         }
-        service_argv = [python, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")]
+        service_argv, service_env = service_under_gunicorn("pickscore", service_port, args.device, settings)
         requests_of = bodies(images, prompts)
         runs: dict[str, tuple[list[float], list[float]]] = {
             name: ([], []) for name in ("in_process", "simple", "service")

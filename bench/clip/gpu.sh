@@ -10,10 +10,6 @@
 # (bash run.sh pickscore builds such a venv, .venv-clip, on a GPU node), plus
 # open_clip_torch==3.3.0 installed with --no-deps for CLIP's vocabulary (tests/clip_models.py).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-PYTHON=${PYTHON:-python3}
-"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else f"torch {torch.__version__}: no CUDA GPU")'
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_node.sh" torch
 exec timeout 290 "$PYTHON" -m bench.clip.bench --size h14 --device cuda --precision float16 \
   --requests 64 --prompts 4 --rounds 5 --batch-sizes 8,16,32,64 "$@"

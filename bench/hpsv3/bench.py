@@ -23,16 +23,22 @@ import os
 import pickle
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.aesthetic.bench import ROOT, free_port, make_images, percentiles, serve, stop
+from bench.aesthetic.bench import free_port, make_images, percentiles, serve, stop
 from bench.clip.bench import PROMPTS, bodies
-from bench.common import burst, simple_gunicorn, stop_on_sigterm
+from bench.common import (
+    burst,
+    image_bench_arguments,
+    results_dir,
+    service_under_gunicorn,
+    simple_gunicorn,
+    stop_on_sigterm,
+)
 from common.configuration.settings import CoreSettings
 from services.hpsv3.scorer import HPSv3Scorer
 from testing.qwen2vl_models import reward_model_state, save_base, save_checkpoint
@@ -144,18 +150,11 @@ def main() -> None:
     stop_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["tiny", "7b"], default="tiny")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--requests", type=int, default=32, help="concurrent one-image requests per round")
+    image_bench_arguments(parser, precision="bfloat16", requests=32, batch_sizes=[1, 4, 8])
     parser.add_argument("--prompts", type=int, default=4, help="distinct prompts per round (GRPO groups)")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each (after a warm-up)")
-    parser.add_argument("--image-size", type=int, default=512)
-    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8])
-    parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
     args = parser.parse_args()
 
-    logs = ROOT / "bench" / "results"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = results_dir()
     images = make_images(args.requests, args.image_size)
     prompts = [PROMPTS[i % args.prompts % len(PROMPTS)] for i in range(args.requests)]
     with tempfile.TemporaryDirectory(prefix="hpsv3-bench-", dir=scratch_dir(args.size)) as tmp:
@@ -169,15 +168,9 @@ def main() -> None:
             "SCORER_HPSV3_MAX_TOKENS": MAX_TOKENS,
         }
         simple_port, service_port = free_port(), free_port()
-        service_env = {
-            **settings,
-            "SCORER_SERVICE": "hpsv3",
-            "SCORER_BIND": f"127.0.0.1:{service_port}",
-            "SCORER_WORKERS": "1",
-            "SCORER_DEVICE": args.device,
-            "SCORER_MAX_BATCH": str(max(args.batch_sizes)),
-        }
-        service_argv = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")]
+        service_argv, service_env = service_under_gunicorn(
+            "hpsv3", service_port, args.device, {**settings, "SCORER_MAX_BATCH": str(max(args.batch_sizes))}
+        )
         simple_argv = simple_gunicorn(simple_port, "bench.hpsv3.simple_server:app")
         # The two servers load while this process loads its own copy and sweeps (at the 7B size,
         # loading is most of the time).

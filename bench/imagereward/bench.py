@@ -19,16 +19,15 @@ import json
 import os
 import pickle
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from PIL import Image
 
-from bench.aesthetic.bench import ROOT, free_port, make_images, percentiles, serve, stop
+from bench.aesthetic.bench import free_port, make_images, percentiles, serve, stop
 from bench.clip.bench import PROMPTS, bodies
-from bench.common import burst, stop_on_sigterm
+from bench.common import burst, image_bench_arguments, results_dir, service_under_gunicorn, stop_on_sigterm
 from services.imagereward.model import ImageRewardModel
 from testing.imagereward_models import save_checkpoint, save_tokenizer
 
@@ -51,17 +50,10 @@ def main() -> None:
     stop_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=list(SIZES), default="base")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default="float16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--requests", type=int, default=32, help="concurrent one-image requests per round")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each (after a warm-up)")
-    parser.add_argument("--image-size", type=int, default=512)
-    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16])
-    parser.add_argument("--out", type=Path, help="the JSON file (default: a dated one in bench/results/)")
+    image_bench_arguments(parser, precision="float16", requests=32, batch_sizes=[1, 4, 8, 16])
     args = parser.parse_args()
 
-    logs = ROOT / "bench" / "results"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = results_dir()
     images = make_images(args.requests, args.image_size)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     with tempfile.TemporaryDirectory(prefix="imagereward-bench-") as tmp:
@@ -77,18 +69,14 @@ def main() -> None:
         best = max(sweep, key=sweep.__getitem__)
         _, expected = in_process_round(model, images, prompts, 1)
         port = free_port()
-        env = {
-            "SCORER_SERVICE": "imagereward",
-            "SCORER_BIND": f"127.0.0.1:{port}",
-            "SCORER_WORKERS": "1",
-            "SCORER_DEVICE": args.device,
+        settings = {
             "SCORER_MAX_BATCH": str(best),
             "SCORER_IMAGEREWARD_MICRO_BATCH": str(best),
             "SCORER_IMAGEREWARD_WEIGHTS": str(weights),
             "SCORER_IMAGEREWARD_TOKENIZER": str(tokenizer),
             "SCORER_IMAGEREWARD_PRECISION": args.precision,
         }
-        argv = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")]
+        argv, env = service_under_gunicorn("imagereward", port, args.device, settings)
         server = serve(argv, env, port, logs / "imagereward-service.log")
         try:
             url, requests_of = f"http://127.0.0.1:{port}/", bodies(images, prompts)

@@ -9,11 +9,7 @@
 # PYTHON needs requirements-ocr.txt with onnxruntime-gpu instead of onnxruntime, and
 # rapidocr-onnxruntime (--no-deps): `bash run.sh ocr` builds such a venv, .venv-ocr, on a GPU node.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-PYTHON=${PYTHON:-python3}
-"$PYTHON" -c 'import sys, onnxruntime as o; sys.exit(0 if "CUDAExecutionProvider" in o.get_available_providers() else "onnxruntime has no CUDA provider")'
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_node.sh" onnxruntime
 for det_batch in 1 16; do
   timeout 140 "$PYTHON" -m bench.ocr.run --device cuda --det-batch "$det_batch" --rounds 2 \
     --batches 1,8,16,32 --out "bench/results/ocr-gpu-det$det_batch.json"

@@ -12,9 +12,9 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from common.configuration.config import ConfigError
+from common.configuration.config import PATH_OR_HUB_ID, ConfigError, setting
 
 # The weight files of a ``save_pretrained`` (transformers) checkpoint.
 PRETRAINED_WEIGHTS = (
@@ -27,6 +27,11 @@ PRETRAINED_WEIGHTS = (
 T = TypeVar("T")
 # What the hub accepts as a repository id (huggingface_hub's validate_repo_id, in short).
 HUB_ID = re.compile(r"(?:[\w.-]+/)?[\w.-]+")
+
+
+def weights_setting(default: str, help: str) -> Any:
+    """A setting naming where weights come from: a path or a hub id (not blank), a ``run.sh`` flag."""
+    return setting(default, help, flag=True, check=PATH_OR_HUB_ID)
 
 
 def hub_cache() -> Path:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from common.configuration.config import ConfigError, env_name
-from common.configuration.devices import require_torch_device
+from common.configuration.config import env_name
 from common.configuration.settings import CoreSettings
 from common.imaging.media import MediaRequest
+from common.models.loading import Refusal, dtype_name, load_model, require_weights, warm_up
 from common.models.precision import micro_batch as default_micro_batch
 from common.pipeline.scorer import ImageScorer
 from services.aesthetic.settings import CLIP_HINT, SECTION, missing, read_settings
@@ -41,29 +41,27 @@ class AestheticScorer(ImageScorer):
         self.model: AestheticModel | None = None
 
     def setup(self, device: str) -> None:
-        problem = missing(self.settings, allow_download=True)
-        if problem:
-            raise ConfigError(problem)
+        require_weights(missing(self.settings, allow_download=True))
         from services.aesthetic.model import AestheticModel, HeadError  # not at module level: see model.py
 
-        require_torch_device(device)
         settings = self.settings
         micro_batch = default_micro_batch(settings.micro_batch, device)
-        try:
-            model = AestheticModel(settings.clip, settings.head, device, settings.precision, micro_batch)
-        except OSError as exc:
-            setting = env_name(SECTION, "clip")
-            raise ConfigError(
-                f"CLIP weights could not be loaded from {setting}={settings.clip!r}: {exc} "
-                + CLIP_HINT.format(setting=setting)
-            ) from None
-        except HeadError as exc:
-            raise ConfigError(
+        clip = env_name(SECTION, "clip")
+        model = load_model(
+            device,
+            lambda: AestheticModel(settings.clip, settings.head, device, settings.precision, micro_batch),
+            Refusal(
+                OSError,
+                f"CLIP weights could not be loaded from {clip}={settings.clip!r}",
+                CLIP_HINT.format(setting=clip),
+            ),
+            Refusal(
+                HeadError,
                 f"{env_name(SECTION, 'head')}={settings.head!r} is not a LAION aesthetic head for this CLIP's "
-                f"embeddings (768-d, ViT-L/14): {exc}"
-            ) from None
-        warm = micro_batch if device.startswith("cuda") else 1
-        model.raw_scores(model.preprocess([Image.new("RGB", (256, 256), (128, 128, 128))] * warm))
+                "embeddings (768-d, ViT-L/14)",
+            ),
+        )
+        warm_up(lambda images, _: model.raw_scores(model.preprocess(images)), device, micro_batch)
         self.model = model
         log.info("aesthetic: CLIP %s, head %s, on %s in %s", settings.clip, settings.head, device, model.dtype)
 
@@ -89,7 +87,7 @@ class AestheticScorer(ImageScorer):
             "head": self.settings.head,
             # Where the weights actually are, not the setting.
             "device": str(next(self.model.clip.parameters()).device) if self.model else None,
-            "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
+            "precision": dtype_name(self.model),
             "micro_batch": self.model.micro_batch if self.model else self.settings.micro_batch,
             "scale": self.settings.scale,
             "offset": self.settings.offset,

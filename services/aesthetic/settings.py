@@ -10,9 +10,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.configuration.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting
-from common.models.hub import missing_weights, offline_problem
-from common.models.precision import Precision
+from common.configuration.config import env_name, from_env, setting
+from common.models.hub import missing_weights, offline_problem, weights_setting
+from common.models.precision import Precision, micro_batch_setting
 
 SECTION = "aesthetic"
 HEAD_FILE = "laion-aesthetic-sac-logos-ava1-l14-linearMSE.pth"
@@ -30,12 +30,10 @@ CLIP_HINT = (
 class AestheticSettings:
     """``SCORER_AESTHETIC_<FIELD>``; ``run.sh aesthetic --clip`` / ``--head`` set the first two."""
 
-    clip: str = setting(
+    clip: str = weights_setting(
         "openai/clip-vit-large-patch14",
         "the CLIP: a local directory (`save_pretrained` layout) or a hub id (read from the hub cache first, "
         "downloaded at start otherwise)",
-        flag=True,
-        check=PATH_OR_HUB_ID,
     )
     head: str = setting(
         str(DEFAULT_HEAD),
@@ -49,12 +47,7 @@ class AestheticSettings:
     )
     # Images per forward pass: bounds GPU memory whatever the batch size. Unset: 32 on GPU, 8 on
     # CPU, where larger batches run slower (measured with ViT-B/16, bench/aesthetic/README.md).
-    micro_batch: int | None = setting(
-        None,
-        "images per forward pass: a large request or batch never runs the GPU out of memory",
-        shown_default="32 on GPU, 8 on CPU",
-        check=at_least(1),
-    )
+    micro_batch: int | None = micro_batch_setting()
     # score = raw * scale + offset; the defaults give the raw score.
     scale: float = setting(1.0, "score = raw × scale + offset")
     offset: float = setting(0.0, "score = raw × scale + offset")

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from PIL import Image
 
-from common.configuration.config import ConfigError, env_name
-from common.configuration.devices import require_torch_device
+from common.configuration.config import env_name
 from common.configuration.settings import CoreSettings
 from common.imaging.media import MediaRequest
 from common.models.hub import local_first
+from common.models.loading import Refusal, dtype_name, load_model, require_weights, warm_up
 from common.models.precision import micro_batch as default_micro_batch
 from common.pipeline.scorer import ImageScorer
 from services.clip.preprocess import check_clip_inputs
@@ -69,32 +69,33 @@ class ClipRewardScorer(ImageScorer):
         return local_first(lambda offline: hf_hub_download(self.settings.model, HPS_FILE, local_files_only=offline))
 
     def setup(self, device: str) -> None:
-        problem = missing(self.name, self.settings, allow_download=True)
-        if problem:
-            raise ConfigError(problem)
+        require_weights(missing(self.name, self.settings, allow_download=True))
         from services.clip.model import ClipRewardModel, Recipe  # not at module level: see model.py
         from services.clip.open_clip_checkpoint import CheckpointError
 
-        require_torch_device(device)
         settings = self.settings
         micro_batch = default_micro_batch(settings.micro_batch, device)
         recipe = Recipe(self.checkpoint, self.float_resize, self.open_clip_text, self.logit_scale)
         processor = self.processor_source()
-        try:
+
+        def load() -> ClipRewardModel:
             model_source = self.checkpoint_path() if self.checkpoint == "open_clip" else settings.model
-            model = ClipRewardModel(
+            return ClipRewardModel(
                 recipe, model_source, processor, device, settings.precision, micro_batch, settings.divisor
             )
-        except CheckpointError as exc:
-            raise ConfigError(f"{self.setting('model')}={settings.model!r} is not an HPSv2 checkpoint: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(
-                f"{self.name} could not load the model {self.setting('model')}={settings.model!r} or the processor "
-                f"{self.setting('processor')}={processor!r}: {exc} {model_hint(self.name)}"
-            ) from None
-        warm = micro_batch if device.startswith("cuda") else 1
-        image = Image.new("RGB", (256, 256), (128, 128, 128))
-        model.scores(self._pairs(model, [image] * warm, ["a photo"] * warm))
+
+        model = load_model(
+            device,
+            load,
+            Refusal(CheckpointError, f"{self.setting('model')}={settings.model!r} is not an HPSv2 checkpoint"),
+            Refusal(
+                OSError,
+                f"{self.name} could not load the model {self.setting('model')}={settings.model!r} or the "
+                f"processor {self.setting('processor')}={processor!r}",
+                model_hint(self.name),
+            ),
+        )
+        warm_up(lambda images, prompts: model.scores(self._pairs(model, images, prompts)), device, micro_batch)
         self.model = model
         log.info("%s: model %s, processor %s, on %s in %s", self.name, settings.model, processor, device, model.dtype)
 
@@ -130,7 +131,7 @@ class ClipRewardScorer(ImageScorer):
         return {
             "model": self.settings.model,
             "processor": self.processor_source(),
-            "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
+            "precision": dtype_name(self.model),
             "micro_batch": self.model.micro_batch if self.model else self.settings.micro_batch,
             "divisor": self.settings.divisor,
         }

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from common.configuration.config import NONZERO, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
-from common.models.hub import missing_weights, offline_problem
-from common.models.precision import Precision
+from common.configuration.config import NONZERO, env_name, from_env, setting
+from common.models.hub import missing_weights, offline_problem, weights_setting
+from common.models.precision import Precision, micro_batch_setting
 
 VIT_H_14_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 HPS_FILE = "HPS_v2.1_compressed.pt"
@@ -22,12 +22,7 @@ PROCESSOR_FILES = (("preprocessor_config.json",), ("tokenizer.json", "vocab.json
 
 def model_setting(default: str) -> Any:
     """The ``model`` field, whose default each reward sets."""
-    return setting(
-        default,
-        "the model: a local directory (or, for HPSv2, a checkpoint file) or a hub id",
-        flag=True,
-        check=PATH_OR_HUB_ID,
-    )
+    return weights_setting(default, "the model: a local directory (or, for HPSv2, a checkpoint file) or a hub id")
 
 
 def divisor_setting(default: float) -> Any:
@@ -49,9 +44,7 @@ class ClipRewardSettings:
     # Used on GPU only; the CPU always runs float32.
     precision: Precision = setting("float16", "`float16`, `bfloat16` or `float32` on GPU; the CPU always uses float32")
     # Samples per forward pass of each tower. Unset: 32 on GPU, 8 on CPU.
-    micro_batch: int | None = setting(
-        None, "samples per forward pass of each tower", shown_default="32 on GPU, 8 on CPU", check=at_least(1)
-    )
+    micro_batch: int | None = micro_batch_setting("samples per forward pass of each tower")
     # score = cosine x (logit_scale.exp() where the recipe uses it) / divisor.
     divisor: float = divisor_setting(1.0)
 

@@ -23,13 +23,13 @@ import numpy as np
 from PIL import Image
 
 from common.configuration.config import ConfigError
-from common.configuration.devices import require_torch_device
 from common.configuration.settings import CoreSettings
 from common.imaging.images import shown_size
 from common.imaging.media import MediaRequest
 from common.limits.budget import hold_work
 from common.limits.deadlines import check_deadline
 from common.limits.errors import Unprocessable
+from common.models.loading import Refusal, load_model, require_weights, warm_up
 from common.models.precision import torch_dtype
 from common.pipeline.scorer import ImageScorer, Scored
 from services.geneval.crops import CROP_BYTES, crop_pixels, masked_crop
@@ -108,42 +108,27 @@ class GenEvalScorer(ImageScorer):
         self.device = "cpu"
 
     def setup(self, device: str) -> None:
-        problem = missing(self.settings, allow_download=True)
-        if problem:
-            raise ConfigError(problem)
+        require_weights(missing(self.settings, allow_download=True))
         from services.geneval.colors import ColorClassifier
         from services.geneval.detector import Detector
 
-        require_torch_device(device)
         s = self.settings
         dtype = torch_dtype(s.precision, device)
-        try:
-            detector = Detector(
-                s.detector,
-                device,
-                dtype,
-                s.min_size,
-                s.max_size,
-                s.max_detections,
-                s.channels == "bgr",
-                s.own_size_pixels,
-            )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"SCORER_GENEVAL_DETECTOR={s.detector!r} is not a Mask2Former: {exc}") from None
+        options = (s.min_size, s.max_size, s.max_detections, s.channels == "bgr", s.own_size_pixels)
+        refusal = Refusal((OSError, ValueError), f"SCORER_GENEVAL_DETECTOR={s.detector!r} is not a Mask2Former")
+        detector = load_model(device, lambda: Detector(s.detector, device, dtype, *options), refusal)
         if detector.num_classes != len(CLASSNAMES):
             raise ConfigError(
                 f"SCORER_GENEVAL_DETECTOR={s.detector!r} has {detector.num_classes} classes, not COCO's 80 in "
                 "GenEval's order"
             )
-        try:
-            classifier = ColorClassifier(s.clip, device, dtype)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"SCORER_GENEVAL_CLIP={s.clip!r} is not a CLIP: {exc}") from None
+        refusal = Refusal((OSError, ValueError), f"SCORER_GENEVAL_CLIP={s.clip!r} is not a CLIP")
+        classifier = load_model(device, lambda: ColorClassifier(s.clip, device, dtype), refusal)
         self.device = device
         self.detect = self.batched_stage(detector, "detector")
         self.classify = self.batched_stage(classifier, "colors", s.color_batch)
         warm = {METADATA_KEY: [{"tag": "colors", "include": [{"class": "dog", "count": 1, "color": "red"}]}]}
-        self.score_request(self.prepare_images([Image.new("RGB", (64, 64), (128, 128, 128))], [""], warm))
+        warm_up(lambda images, prompts: self.score_request(self.prepare_images(images, prompts, warm)), device, 1, 64)
         log.info("geneval: detector %s, clip %s, on %s in %s", s.detector, s.clip, device, dtype)
 
     def check_images(self, images: Sequence[Image.Image], request: MediaRequest) -> None:

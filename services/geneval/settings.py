@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from common.configuration.config import PATH_OR_HUB_ID, at_least, env_name, from_env, setting, within
-from common.models.hub import missing_weights, offline_problem
+from common.configuration.config import at_least, env_name, from_env, setting, within
+from common.models.hub import missing_weights, offline_problem, weights_setting
 from common.models.precision import Precision
 
 SECTION = "geneval"
@@ -23,18 +23,13 @@ class GenEvalSettings:
     """``SCORER_GENEVAL_<FIELD>``; ``run.sh geneval --detector`` / ``--clip`` set the first two."""
 
     # GenEval's own mmdet checkpoint is converted by ``python -m services.geneval.convert``.
-    detector: str = setting(
+    detector: str = weights_setting(
         "facebook/mask2former-swin-small-coco-instance",
         "a transformers Mask2FormerForUniversalSegmentation with COCO's 80 classes: a directory or a hub id",
-        flag=True,
-        check=PATH_OR_HUB_ID,
     )
     # ViT-L/14 with OpenAI's weights, as GenEval's open_clip ViT-L-14 "openai".
-    clip: str = setting(
-        "openai/clip-vit-large-patch14",
-        "the colour classifier, a transformers CLIP: a directory or a hub id",
-        flag=True,
-        check=PATH_OR_HUB_ID,
+    clip: str = weights_setting(
+        "openai/clip-vit-large-patch14", "the colour classifier, a transformers CLIP: a directory or a hub id"
     )
     # The models' precision on GPU; the CPU runs float32. Post-processing is float32 everywhere.
     precision: Precision = setting("float16", "`float16`, `bfloat16` or `float32` on GPU (the CPU runs float32)")

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from common.configuration.config import ConfigError, env_name
-from common.configuration.devices import require_torch_device
+from common.configuration.config import env_name
 from common.configuration.settings import CoreSettings
 from common.imaging.images import once_per_image, shown_size
 from common.imaging.media import MediaRequest
 from common.limits.budget import hold_work
 from common.limits.errors import PayloadTooLarge, Unprocessable
 from common.models.hub import local_first
+from common.models.loading import Refusal, dtype_name, load_model, require_weights, warm_up
 from common.models.precision import torch_dtype
 from common.pipeline.scorer import ImageScorer, Scored
 from services.hpsv3.inputs import REWARD_TOKEN, Item, PromptLayout, image_tokens, input_bytes, resized, smart_resize
@@ -84,18 +84,16 @@ class HPSv3Scorer(ImageScorer):
         tokenizer.chat_template = json.loads(path.read_text())["chat_template"]
 
     def setup(self, device: str) -> None:
-        problem = missing(self.settings, allow_download=True)
-        if problem:
-            raise ConfigError(problem)
+        require_weights(missing(self.settings, allow_download=True))
         from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLImageProcessorPil
 
         from services.hpsv3.model import CheckpointError, HPSv3, load_reward_model
 
-        require_torch_device(device)
         settings = self.settings
         dtype = torch_dtype(settings.precision, device)
         base = settings.base
-        try:
+
+        def load_base() -> tuple[Any, Any]:
             config = local_first(lambda offline: Qwen2VLConfig.from_pretrained(base, local_files_only=offline))
             tokenizer = local_first(lambda offline: AutoTokenizer.from_pretrained(base, local_files_only=offline))
             # The PIL image processor: the default one needs torchvision, which this service does without.
@@ -103,24 +101,32 @@ class HPSv3Scorer(ImageScorer):
                 lambda offline: Qwen2VLImageProcessorPil.from_pretrained(base, local_files_only=offline)
             )
             self._chat_template(tokenizer)
-        except (OSError, KeyError, ValueError) as exc:
-            raise ConfigError(
-                f"hpsv3 could not load the base files of {self.setting('base')}={base!r}: {exc}"
-            ) from None
+            return config, tokenizer
+
+        config, tokenizer = load_model(
+            device,
+            load_base,
+            Refusal(
+                (OSError, KeyError, ValueError),
+                f"hpsv3 could not load the base files of {self.setting('base')}={base!r}",
+            ),
+        )
         # As HPSv3 does: the reward token added, the embeddings sized to the tokenizer.
         tokenizer.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]})
         reward_id = tokenizer.convert_tokens_to_ids(REWARD_TOKEN)
         self.layout = PromptLayout(tokenizer, reward_id, config.image_token_id)
         checkpoint = self.checkpoint_path()
-        try:
-            reward_model = load_reward_model(checkpoint, config, len(tokenizer), device, dtype)
-        except CheckpointError as exc:
-            raise ConfigError(
+        reward_model = load_model(
+            device,
+            lambda: load_reward_model(checkpoint, config, len(tokenizer), device, dtype),
+            Refusal(
+                CheckpointError,
                 f"{self.setting('model')}={settings.model!r} is not an HPSv3 checkpoint on the base "
-                f"{self.setting('base')}={base!r}: {exc}"
-            ) from None
+                f"{self.setting('base')}={base!r}",
+            ),
+        )
         model = HPSv3(reward_model, tokenizer.pad_token_id, config.image_token_id, device, dtype)
-        model.rewards(self.prepare_images([Image.new("RGB", (256, 256), (128, 128, 128))], ["a photo"], {}))
+        warm_up(lambda images, prompts: model.rewards(self.prepare_images(images, prompts, {})), device, 1)
         self.model = model
         log.info("hpsv3: checkpoint %s, base %s, on %s in %s", checkpoint, base, device, dtype)
 
@@ -177,7 +183,7 @@ class HPSv3Scorer(ImageScorer):
         return {
             "model": self.settings.model,
             "base": self.settings.base,
-            "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
+            "precision": dtype_name(self.model),
             "scale": self.settings.scale,
             "max_tokens": self.settings.max_tokens,
         }

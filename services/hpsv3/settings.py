@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.configuration.config import FINITE, PATH_OR_HUB_ID, at_least, env_name, from_env, setting
-from common.models.hub import missing_weights, offline_problem
+from common.configuration.config import FINITE, at_least, env_name, from_env, setting
+from common.models.hub import missing_weights, offline_problem, weights_setting
 from common.models.precision import Precision
 
 SECTION = "hpsv3"
@@ -20,18 +20,13 @@ CHECKPOINT = "HPSv3.safetensors"
 class HPSv3Settings:
     """``SCORER_HPSV3_<FIELD>``; ``run.sh hpsv3 --model`` / ``--base`` set the first two."""
 
-    model: str = setting(
-        "MizzenAI/HPSv3",
-        "the checkpoint: `HPSv3.safetensors`, a directory holding it, or a hub id",
-        flag=True,
-        check=PATH_OR_HUB_ID,
+    model: str = weights_setting(
+        "MizzenAI/HPSv3", "the checkpoint: `HPSv3.safetensors`, a directory holding it, or a hub id"
     )
-    base: str = setting(
+    base: str = weights_setting(
         "Qwen/Qwen2-VL-7B-Instruct",
         "Qwen2-VL-7B-Instruct's configuration, tokenizer, chat template and `preprocessor_config.json`: a "
         "directory or a hub id",
-        flag=True,
-        check=PATH_OR_HUB_ID,
     )
     # The backbone's precision on GPU (the reference's bfloat16); the head is float32, and the CPU
     # runs float32 throughout.

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from common.configuration.config import ConfigError, env_name
-from common.configuration.devices import require_torch_device
+from common.configuration.config import env_name
 from common.configuration.settings import CoreSettings
 from common.imaging.media import MediaRequest
+from common.models.loading import Refusal, dtype_name, load_model, require_weights, warm_up
 from common.models.precision import micro_batch as default_micro_batch
 from common.pipeline.scorer import ImageScorer
 from services.clip.preprocess import check_clip_inputs
@@ -41,29 +41,27 @@ class ImageRewardScorer(ImageScorer):
         self.model: ImageRewardModel | None = None
 
     def setup(self, device: str) -> None:
-        problem = missing(self.settings, allow_download=True)
-        if problem:
-            raise ConfigError(problem)
+        require_weights(missing(self.settings, allow_download=True))
         from services.imagereward.convert import ConversionError  # not at module level: see model.py
         from services.imagereward.model import ImageRewardModel
 
-        require_torch_device(device)
         settings = self.settings
         micro_batch = default_micro_batch(settings.micro_batch, device)
-        try:
-            model = ImageRewardModel(settings.weights, settings.tokenizer, device, settings.precision, micro_batch)
-        except OSError as exc:
-            raise ConfigError(
-                f"ImageReward could not be loaded from {env_name(SECTION, 'weights')}={settings.weights!r} and "
-                f"{env_name(SECTION, 'tokenizer')}={settings.tokenizer!r}: {exc}"
-            ) from None
-        except ConversionError as exc:
-            raise ConfigError(
-                f"{env_name(SECTION, 'weights')}={settings.weights!r} is not ImageReward-v1.0's ImageReward.pt and "
-                f"med_config.json: {exc}"
-            ) from None
-        warm = micro_batch if device.startswith("cuda") else 1
-        model.scores(model.prepare([Image.new("RGB", (224, 224), (128, 128, 128))] * warm, ["a photo"] * warm))
+        weights = env_name(SECTION, "weights")
+        model = load_model(
+            device,
+            lambda: ImageRewardModel(settings.weights, settings.tokenizer, device, settings.precision, micro_batch),
+            Refusal(
+                OSError,
+                f"ImageReward could not be loaded from {weights}={settings.weights!r} and "
+                f"{env_name(SECTION, 'tokenizer')}={settings.tokenizer!r}",
+            ),
+            Refusal(
+                ConversionError,
+                f"{weights}={settings.weights!r} is not ImageReward-v1.0's ImageReward.pt and med_config.json",
+            ),
+        )
+        warm_up(lambda images, prompts: model.scores(model.prepare(images, prompts)), device, micro_batch, size=224)
         self.model = model
         log.info("imagereward: %s on %s in %s", settings.weights, device, model.dtype)
 
@@ -88,6 +86,6 @@ class ImageRewardScorer(ImageScorer):
             "tokenizer": self.settings.tokenizer,
             # Where the weights actually are, not the setting.
             "device": str(next(self.model.vision.parameters()).device) if self.model else None,
-            "precision": str(self.model.dtype).removeprefix("torch.") if self.model else None,
+            "precision": dtype_name(self.model),
             "micro_batch": self.model.micro_batch if self.model else self.settings.micro_batch,
         }

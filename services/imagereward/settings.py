@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.configuration.config import ConfigError, env_name, from_env, setting
-from common.models.hub import missing_weights, offline_problem
-from common.models.precision import Precision
+from common.configuration.config import env_name, from_env, setting
+from common.models.hub import missing_weights, offline_problem, weights_setting
+from common.models.precision import Precision, micro_batch_setting
 
 SECTION = "imagereward"
 # The release's files (THUDM/ImageReward on the hub), as the package's ``RM.load`` reads them.
@@ -21,40 +21,27 @@ CHECKPOINT, MED_CONFIG = "ImageReward.pt", "med_config.json"
 class ImageRewardSettings:
     """``SCORER_IMAGEREWARD_<FIELD>``; ``run.sh imagereward --weights`` / ``--tokenizer`` set the first two."""
 
-    weights: str = setting(
+    weights: str = weights_setting(
         "THUDM/ImageReward",
         f"ImageReward-v1.0: a directory holding the released `{CHECKPOINT}` and `{MED_CONFIG}` "
         "(`hf download THUDM/ImageReward --local-dir DIR`), or that hub id (read from the hub cache first, "
         "downloaded at start otherwise)",
-        flag=True,
     )
     # The package tokenizes with bert-base-uncased plus BLIP's [DEC] and [ENC] tokens.
-    tokenizer: str = setting(
-        "bert-base-uncased",
-        "BERT's tokenizer (`vocab.txt`), as the package loads it: a directory or a hub id",
-        flag=True,
+    tokenizer: str = weights_setting(
+        "bert-base-uncased", "BERT's tokenizer (`vocab.txt`), as the package loads it: a directory or a hub id"
     )
     # Used on GPU only; the CPU always runs float32. The head runs in float32 everywhere.
     precision: Precision = setting(
         "float16", "`float16`, `bfloat16` or `float32` for BLIP on GPU; the CPU always uses float32"
     )
     # Images per forward pass: bounds GPU memory whatever the batch size.
-    micro_batch: int | None = setting(
-        None,
-        "images per forward pass: a large request or batch never runs the GPU out of memory",
-        shown_default="32 on GPU, 8 on CPU",
-    )
+    micro_batch: int | None = micro_batch_setting()
 
 
 def read_settings() -> ImageRewardSettings:
     """The settings from the environment; ``ConfigError`` for a bad one."""
-    settings = from_env(ImageRewardSettings, SECTION)
-    if settings.micro_batch is not None and settings.micro_batch < 1:
-        raise ConfigError(f"{env_name(SECTION, 'micro_batch')} must be at least 1")
-    for field in ("weights", "tokenizer"):
-        if not getattr(settings, field).strip():
-            raise ConfigError(f"{env_name(SECTION, field)} is empty; give a directory or a hub id")
-    return settings
+    return from_env(ImageRewardSettings, SECTION)
 
 
 def missing(settings: ImageRewardSettings, allow_download: bool) -> str | None:
