@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import io
 import math
 import os
@@ -26,7 +25,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -37,6 +35,7 @@ from PIL import Image
 from requests.adapters import HTTPAdapter, Retry
 
 from common import verl_omni
+from testing import fetched
 from testing.geneval_models import geneval_service_settings
 from testing.images import render_text
 from testing.server import Server, gunicorn_server
@@ -60,14 +59,6 @@ def on_two_cores() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +106,7 @@ def test_flow_grpos_calls_at_three_times_the_queue_get_every_score(geneval: Serv
 
 @pytest.mark.skipif(not FLOW_GRPO_REWARDS, reason="SCORER_TEST_FLOW_GRPO_REWARDS names no copy of flow_grpo/rewards.py")
 def test_flow_grpos_own_geneval_score_at_three_times_the_queue(geneval: Server) -> None:
-    score = load(Path(str(FLOW_GRPO_REWARDS)), "flow_grpo_rewards").geneval_score("cpu")
+    score = fetched.load_module(Path(str(FLOW_GRPO_REWARDS)), "flow_grpo_rewards").geneval_score("cpu")
     images, prompts, metadatas = pixels(CHUNK), [""] * CHUNK, [METADATA] * CHUNK
     alone = score(images, prompts, metadatas, False)[0]
     with ThreadPoolExecutor(3) as pool:
@@ -127,7 +118,9 @@ def verl_omni_client() -> Any:
     """VeRL-Omni's own ``compute_score`` when a checkout is named, else the drop-in (the same
     three attempts, 0.5 s and 1 s apart, 120 s each)."""
     if VERL_OMNI:
-        return load(Path(VERL_OMNI) / "verl_omni/utils/reward_score/http_scorer_client.py", "http_scorer_client")
+        return fetched.load_module(
+            Path(VERL_OMNI) / "verl_omni/utils/reward_score/http_scorer_client.py", "http_scorer_client"
+        )
     return verl_omni
 
 
