@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from common.errors import BadRequest, quote
+from common.errors import BadRequest, PayloadTooLarge, quote
 
 RECONSTRUCT, FROMBUFFER, NDARRAY, DTYPE = "reconstruct", "frombuffer", "ndarray class", "dtype class"
 GLOBALS: dict[tuple[str, str], str] = {
@@ -76,7 +76,8 @@ class PendingArray:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __init__(self) -> None:
+    def __init__(self, stand_ins: StandIns) -> None:
+        self.stand_ins = stand_ins
         self.strings: list[str] | None = None
 
     def __setstate__(self, state: Any) -> None:
@@ -85,7 +86,7 @@ class PendingArray:
         version, shape, dtype, fortran, data = state
         if type(version) is not int or version != 1 or fortran is not False:
             raise _refuse(f"array state other than a C-ordered one's ({quote(state)})")
-        self.strings = _decode(data, dtype, shape)
+        self.strings = self.stand_ins.decode(data, dtype, shape)
 
     def plain(self) -> list[str]:
         if self.strings is None:
@@ -102,42 +103,52 @@ class NdarrayClass:
 NDARRAY_CLASS = NdarrayClass()
 
 
-def reconstruct(*args: Any) -> PendingArray:
-    """``_reconstruct(ndarray, (0,), b'b')``, numpy's only call of it."""
-    if len(args) != 3 or args[0] is not NDARRAY_CLASS or not _exact(args[1:], ((0,), b"b")):
-        raise _refuse(f"_reconstruct call other than numpy's ({quote(args)})")
-    return PendingArray()
+class StandIns:
+    """The numpy functions one body's unpickler is given: they share its budget of items, all
+    its arrays together (a plain pickle makes a str an opcode, at most ``max_items`` of them)."""
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = self.items_left = max_items
+
+    def lookup(self, role: str) -> Any:
+        return {RECONSTRUCT: self.reconstruct, FROMBUFFER: self.frombuffer, NDARRAY: NDARRAY_CLASS, DTYPE: Dtype}[role]
+
+    def reconstruct(self, *args: Any) -> PendingArray:
+        """``_reconstruct(ndarray, (0,), b'b')``, numpy's only call of it."""
+        if len(args) != 3 or args[0] is not NDARRAY_CLASS or not _exact(args[1:], ((0,), b"b")):
+            raise _refuse(f"_reconstruct call other than numpy's ({quote(args)})")
+        return PendingArray(self)
+
+    def frombuffer(self, *args: Any) -> list[str]:
+        """``_frombuffer(data, dtype, shape, 'C')``: numpy's protocol-5 pickle of a contiguous array."""
+        if len(args) != 4 or not _exact(args[3:], ("C",)):
+            raise _refuse(f"_frombuffer call other than a C-ordered array's ({quote(args)})")
+        return self.decode(args[0], args[1], args[2])
+
+    def decode(self, data: Any, dtype: Any, shape: Any) -> list[str]:
+        """The items of a 1-D ``U<n>`` array as ``tolist`` gives them: ``n`` code points each, its
+        trailing NULs dropped; the data exactly ``count * 4n`` bytes, so that nothing is made of a
+        declared size but of the bytes the body carries."""
+        if type(dtype) is not Dtype or dtype.codec is None:
+            raise _refuse(f"array whose dtype is not a U<n> dtype ({quote(dtype)})")
+        if type(shape) is not tuple or len(shape) != 1 or type(shape[0]) is not int or shape[0] < 0:
+            raise _refuse(f"array of a shape other than 1-D ({quote(shape)})")
+        if type(data) not in (bytes, bytearray):
+            raise _refuse(f"array whose data is not bytes ({type(data).__name__})")
+        size = 4 * dtype.chars
+        if len(data) != shape[0] * size:
+            raise _refuse(f"array of {shape[0]} items of {size} bytes with {len(data)} bytes of data")
+        if shape[0] > self.items_left:
+            raise PayloadTooLarge(f"pickle has numpy arrays of over {self.max_items} items in all")
+        self.items_left -= shape[0]
+        try:
+            text = data.decode(dtype.codec, errors="surrogatepass")
+        except UnicodeDecodeError as exc:
+            raise _refuse(f"string that is not UCS-4 ({exc.reason} at byte {exc.start})") from None
+        chars = dtype.chars
+        return [text[start : start + chars].rstrip("\x00") for start in range(0, len(text), chars)]
 
 
-def frombuffer(*args: Any) -> list[str]:
-    """``_frombuffer(data, dtype, shape, 'C')``: numpy's protocol-5 pickle of a contiguous array."""
-    if len(args) != 4 or not _exact(args[3:], ("C",)):
-        raise _refuse(f"_frombuffer call other than a C-ordered array's ({quote(args)})")
-    return _decode(args[0], args[1], args[2])
-
-
-def _decode(data: Any, dtype: Any, shape: Any) -> list[str]:
-    """The items of a 1-D ``U<n>`` array as ``tolist`` gives them: ``n`` code points each, its
-    trailing NULs dropped; the data exactly ``count * 4n`` bytes, so that nothing is made of a
-    declared size but of the bytes the body carries."""
-    if type(dtype) is not Dtype or dtype.codec is None:
-        raise _refuse(f"array whose dtype is not a U<n> dtype ({quote(dtype)})")
-    if type(shape) is not tuple or len(shape) != 1 or type(shape[0]) is not int or shape[0] < 0:
-        raise _refuse(f"array of a shape other than 1-D ({quote(shape)})")
-    if type(data) not in (bytes, bytearray):
-        raise _refuse(f"array whose data is not bytes ({type(data).__name__})")
-    size = 4 * dtype.chars
-    if len(data) != shape[0] * size:
-        raise _refuse(f"array of {shape[0]} items of {size} bytes with {len(data)} bytes of data")
-    try:
-        text = data.decode(dtype.codec, errors="surrogatepass")
-    except UnicodeDecodeError as exc:
-        raise _refuse(f"string that is not UCS-4 ({exc.reason} at byte {exc.start})") from None
-    chars = dtype.chars
-    return [text[start : start + chars].rstrip("\x00") for start in range(0, len(text), chars)]
-
-
-STAND_INS: dict[str, Any] = {RECONSTRUCT: reconstruct, FROMBUFFER: frombuffer, NDARRAY: NDARRAY_CLASS, DTYPE: Dtype}
 _SCALAR_TYPES = (str, bytes, bytearray, int, float, bool, type(None))
 
 

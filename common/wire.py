@@ -31,7 +31,9 @@ JSON_MIMETYPE = "application/json"
 
 # Opcodes per pickle: a request of a thousand images with rich metadata needs tens of
 # thousands; more is an attack on memory (each opcode can push an object) or on time (the
-# pre-check walks 200,000 to 500,000 opcodes a second).
+# pre-check walks 200,000 to 500,000 opcodes a second). The items of a body's numpy string
+# arrays, together, are held to as many (``numpy_strings.StandIns``): 4 bytes of data an item
+# at least, each a str object of 50 bytes or more.
 MAX_PICKLE_OPCODES = 100_000
 # Nodes of the decoded data counted as a tree, a value reached twice through the pickle memo
 # counting twice: the work of hashing, comparing or printing it. 430 bytes of tuples that each
@@ -287,10 +289,8 @@ def _numpy_build(state: _Value, target: _Value) -> None:
 
 def _numpy_array(value: _Value, data_size: int) -> _Value:
     """An array becomes a list of at most a str per 4 bytes of its data (the stand-in holds it
-    to exactly its shape): counted as that many values before any is built."""
+    to exactly its shape): counted as that many values, wherever it is used, before any is built."""
     value.kind, value.nodes = "numpy array", 1 + data_size // 4
-    if value.nodes > MAX_PICKLE_NODES:
-        raise PayloadTooLarge(f"pickle has a numpy array of over {MAX_PICKLE_NODES} values")
     return value
 
 
@@ -321,16 +321,16 @@ class SafeUnpickler(pickle.Unpickler):
 
 class RequestUnpickler(SafeUnpickler):
     """A request body's unpickler: plain data, and numpy string arrays through the stand-ins of
-    ``numpy_strings`` (never numpy); ``used_numpy`` says ``numpy_strings.plain`` must finish it."""
+    ``numpy_strings`` (never numpy); once it has used them, ``numpy_strings.plain`` finishes it."""
 
-    used_numpy = False
+    stand_ins: numpy_strings.StandIns | None = None
 
     def find_class(self, module: str, name: str) -> Any:
         role = numpy_strings.GLOBALS.get((module, name))
         if role is None:
             return super().find_class(module, name)
-        self.used_numpy = True
-        return numpy_strings.STAND_INS[role]
+        self.stand_ins = self.stand_ins or numpy_strings.StandIns(MAX_PICKLE_OPCODES)
+        return self.stand_ins.lookup(role)
 
 
 @dataclass(frozen=True)
@@ -396,9 +396,9 @@ def decode_body(body: bytes, fmt: WireFormat, json_cap: JsonCap) -> dict[str, An
         unpickler = RequestUnpickler(io.BytesIO(body))
         try:
             payload = unpickler.load()
-            if unpickler.used_numpy:
+            if unpickler.stand_ins:
                 payload = numpy_strings.plain(payload)
-        except BadRequest:
+        except (BadRequest, PayloadTooLarge):
             raise
         except Exception as exc:  # any malformed pickle: truncated, bad opcode, bad memo...
             raise BadRequest(f"body is not a valid pickle: {describe_error(exc)}") from None

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from common.errors import BadRequest, PayloadTooLarge
-from common.wire import MAX_PICKLE_NODES, JsonCap, decode_body
+from common.wire import MAX_PICKLE_OPCODES, JsonCap, decode_body
 
 pytestmark = pytest.mark.unit
 
@@ -252,9 +252,9 @@ def test_memo_tricks_are_refused_before_anything_is_built() -> None:
 
 def test_an_array_shared_many_times_counts_each_time() -> None:
     """A memo PUT between REDUCE and BUILD (as numpy writes) then GETs: the walk counts the
-    built array's items at each use, so 1 MB of data referred to 5 times is a 413, not 1.25 M
+    built array's items at each use, so 480 kB of data referred to 20 times is a 413, not 1.2 M
     strings a consumer hashes or prints."""
-    items = 250_000
+    items = 60_000
     data = ("ab" * items).encode("utf-32-le")
     built = RECONSTRUCT + NDARRAY_ARGS + op("REDUCE") + op("BINPUT") + b"\x05"
     built += tup(lit(1), lit((items,)), dtype("U2", (3, "<", None, None, None, 8, 4, 8)), lit(False), lit(data)) + op(
@@ -262,13 +262,21 @@ def test_an_array_shared_many_times_counts_each_time() -> None:
     )
     once = body(op("EMPTY_LIST") + op("MARK") + built + op("APPENDS"))
     assert decode(once) == {"prompts": [["ab"] * items]}
-    five = body(op("EMPTY_LIST") + op("MARK") + built + (op("BINGET") + b"\x05") * 4 + op("APPENDS"))
+    twenty = body(op("EMPTY_LIST") + op("MARK") + built + (op("BINGET") + b"\x05") * 19 + op("APPENDS"))
     with pytest.raises(PayloadTooLarge, match="values counted as a tree"):
-        decode(five)
+        decode(twenty)
 
 
-def test_an_array_over_the_value_cap_is_a_413_before_it_is_decoded() -> None:
-    items = MAX_PICKLE_NODES
-    built = array(shape=(items,), data=b"a\0\0\0" * items, dtype_ops=dtype("U1", (3, "<", None, None, None, 4, 4, 8)))
-    with pytest.raises(PayloadTooLarge, match=f"numpy array of over {MAX_PICKLE_NODES}"):
-        decode(body(built))
+def test_a_bodys_arrays_hold_as_many_items_as_a_plain_pickle_has_opcodes() -> None:
+    """100,000 items in all (a plain pickle's opcode cap: a str each), checked from the shape
+    before any is decoded: 400 kB of one-character prompts are not millions of str objects."""
+    u1 = dtype("U1", (3, "<", None, None, None, 4, 4, 8))
+
+    def prompts(*counts: int) -> bytes:
+        arrays = b"".join(array(shape=(n,), data=b"a\0\0\0" * n, dtype_ops=u1) for n in counts)
+        return body(op("EMPTY_LIST") + op("MARK") + arrays + op("APPENDS"))
+
+    assert [len(items) for items in decode(prompts(MAX_PICKLE_OPCODES))["prompts"]] == [MAX_PICKLE_OPCODES]
+    for counts in [(MAX_PICKLE_OPCODES + 1,), (60_000, 60_000)]:
+        with pytest.raises(PayloadTooLarge, match=f"numpy arrays of over {MAX_PICKLE_OPCODES} items"):
+            decode(prompts(*counts))
