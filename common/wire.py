@@ -1,3 +1,4 @@
+# Over 400 lines: the opcode walk, its numpy-array rules (they need its stack and memo) and the decoders.
 """Wire formats: the pickle protocol of flow_grpo / deepgen_rl / VeRL-Omni and its JSON twin.
 
 A network body is never given to ``pickle.loads``. ``check_pickle`` walks its opcodes first
