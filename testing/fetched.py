@@ -6,7 +6,9 @@ imports nothing of ours."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -39,3 +41,12 @@ def attribute_text(path: Path, attribute: str) -> str:
     ]
     assert len(found) == 1, (path, attribute, len(found))
     return found[0]
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """The whole of ``path`` run as a module named ``name`` (its own imports needed)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -9,7 +9,6 @@ on the port that client posts to (18085)."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import os
 import pickle
@@ -23,6 +22,7 @@ import requests
 from PIL import Image, ImageDraw
 from requests.adapters import HTTPAdapter, Retry
 
+from testing import fetched
 from testing import geneval_reference as reference
 from testing.geneval_models import geneval_service_settings
 from testing.server import Server, gunicorn_server
@@ -208,11 +208,7 @@ def test_the_multi_service_serves_geneval_as_one_more_reward(
 
 @pytest.mark.skipif(not FLOW_GRPO_REWARDS, reason="SCORER_TEST_FLOW_GRPO_REWARDS names no copy of flow_grpo/rewards.py")
 def test_flow_grpos_own_client_unchanged(server: Server) -> None:
-    spec = importlib.util.spec_from_file_location("flow_grpo_rewards", Path(str(FLOW_GRPO_REWARDS)))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    score = module.geneval_score("cpu")
+    score = fetched.load_module(Path(str(FLOW_GRPO_REWARDS)), "flow_grpo_rewards").geneval_score("cpu")
     pixels = np.stack([scene(seed) for seed in range(len(METADATAS))])
     scores, rewards, strict, groups, strict_groups = score(pixels, [""] * len(METADATAS), METADATAS, False)
     assert len(scores) == len(rewards) == len(strict) == len(METADATAS)

@@ -8,13 +8,11 @@ images, images at the pixel cap, one image referenced many times, every mode a f
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -23,6 +21,7 @@ import requests
 import torch
 from PIL import Image
 
+from testing import fetched
 from testing import jpeg_reference as reference
 from testing.images import encode
 from testing.server import Server, cpu_seconds, gunicorn_server
@@ -80,14 +79,6 @@ def sample_pixels() -> list[np.ndarray]:
     ]
 
 
-def load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("flow_grpo_rewards", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("rule", list(RULES))
 def test_a_png_scores_flow_grpos_rule_exactly(servers: dict[str, Server], rule: str) -> None:
     pixels = sample_pixels()
@@ -100,7 +91,7 @@ def test_flow_grpos_own_functions_give_the_services_numbers(servers: dict[str, S
     """flow_grpo's ``jpeg_compressibility``, ``jpeg_incompressibility`` and ``multi_score``, on
     the float NCHW tensor its trainer passes and on uint8 NHWC arrays, equal the services' scores
     of PNGs of the same pixels, to the last bit."""
-    flow_grpo = load(Path(str(FLOW_GRPO_REWARDS)))
+    flow_grpo = fetched.load_module(Path(str(FLOW_GRPO_REWARDS)), "flow_grpo_rewards")
     batch = torch.rand(4, 3, 96, 128, generator=torch.Generator().manual_seed(0))
     pixels = reference.pixels_of(batch.numpy())
     pngs = [png(p) for p in pixels]

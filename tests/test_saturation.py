@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import io
 import math
 import os
@@ -28,7 +27,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -38,6 +36,7 @@ import torch
 from PIL import Image
 
 from common.sdk import verl_omni
+from testing import fetched
 from testing.geneval_models import geneval_service_settings
 from testing.images import render_text
 from testing.server import Server, answered, flow_grpo_call, gunicorn_server
@@ -62,14 +61,6 @@ def on_two_cores() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass(frozen=True)
@@ -164,7 +155,7 @@ def test_flow_grpos_calls_get_every_score_from_a_backlog(geneval: Node) -> None:
 
 @pytest.mark.skipif(not FLOW_GRPO_REWARDS, reason="SCORER_TEST_FLOW_GRPO_REWARDS names no copy of flow_grpo/rewards.py")
 def test_flow_grpos_own_geneval_score_gets_every_score_from_a_backlog(geneval: Node) -> None:
-    score = load(Path(str(FLOW_GRPO_REWARDS)), "flow_grpo_rewards").geneval_score("cpu")
+    score = fetched.load_module(Path(str(FLOW_GRPO_REWARDS)), "flow_grpo_rewards").geneval_score("cpu")
     images, prompts, metadatas = pixels(CHUNK), [""] * CHUNK, [METADATA] * CHUNK
     assert_every_chunk_scored(geneval, lambda: score(images, prompts, metadatas, False)[0])
 
@@ -173,7 +164,9 @@ def verl_omni_client() -> Any:
     """VeRL-Omni's own ``compute_score`` when a checkout is named, else the drop-in (the same
     three attempts, 0.5 s and 1 s apart, 120 s each)."""
     if VERL_OMNI:
-        return load(Path(VERL_OMNI) / "verl_omni/utils/reward_score/http_scorer_client.py", "http_scorer_client")
+        return fetched.load_module(
+            Path(VERL_OMNI) / "verl_omni/utils/reward_score/http_scorer_client.py", "http_scorer_client"
+        )
     return verl_omni
 
 

@@ -1,3 +1,4 @@
+# Over 400 lines: the opcode walk, its numpy-array rules (they need its stack and memo) and the decoders.
 """Wire formats: the pickle protocol of flow_grpo / deepgen_rl / VeRL-Omni and its JSON twin.
 
 A network body is never given to ``pickle.loads``. ``check_pickle`` walks its opcodes first
@@ -5,6 +6,9 @@ and refuses any opcode outside the plain-data allow-list (so a payload naming a 
 function, which is how a pickle runs code, is refused before anything is built), data that would
 be too large or too deep once expanded, and dict keys that hash slowly; then ``SafeUnpickler``,
 whose every class lookup fails, builds dict, list, tuple, str, bytes, int, float, bool, None.
+One exception, for flow_grpo's prompts: a 1-D numpy array of str, whose numpy globals the
+pre-check follows and ``RequestUnpickler`` gives stand-ins that decode it to a list of str
+without numpy (``common/sdk/numpy_strings.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from common.limits.errors import BadRequest, PayloadTooLarge, describe_error, quote
+from common.sdk import numpy_strings
 
 WireFormat = Literal["pickle", "json"]
 
@@ -27,7 +32,9 @@ JSON_MIMETYPE = "application/json"
 
 # Opcodes per pickle: a request of a thousand images with rich metadata needs tens of
 # thousands; more is an attack on memory (each opcode can push an object) or on time (the
-# pre-check walks 200,000 to 500,000 opcodes a second).
+# pre-check walks 200,000 to 500,000 opcodes a second). The items of a body's numpy string
+# arrays, together, are held to as many (``numpy_strings.StandIns``): 4 bytes of data an item
+# at least, each a str object of 50 bytes or more.
 MAX_PICKLE_OPCODES = 100_000
 # Nodes of the decoded data counted as a tree, a value reached twice through the pickle memo
 # counting twice: the work of hashing, comparing or printing it. 430 bytes of tuples that each
@@ -42,7 +49,9 @@ MAX_NESTING = 64
 _KEY_INT_BOUND = 2**61 - 1
 # A JSON string once the escapes of quotes and backslashes are gone (``check_json``).
 _JSON_STRING = re.compile(rb'"[^"]*"')
-PLAIN_DATA = "only plain data (dict, list, tuple, str, bytes, int, float, bool, None) is accepted"
+PLAIN_DATA = (
+    "only plain data (dict, list, tuple, str, bytes, int, float, bool, None) and 1-D numpy arrays of str are accepted"
+)
 
 # The scalar opcodes, and whether what they push may be a dict key (None: an int, if small).
 _SCALARS: dict[str, bool | None] = {
@@ -58,6 +67,7 @@ _TUPLE_N = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
 # Opcodes that add to the container below their items: (its kind, items taken from the stack).
 _ADD_ONE = {"APPEND": ("list", 1), "SETITEM": ("dict", 2)}
 _ADD_FROM_MARK = {"APPENDS": "list", "SETITEMS": "dict", "ADDITEMS": "set"}
+_BYTES = {"BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
 _PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
@@ -65,14 +75,16 @@ _PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 class _Value:
     """What the pre-check knows of one value the unpickler would build."""
 
-    __slots__ = ("depth", "key", "kind", "nodes", "shared")
+    __slots__ = ("depth", "key", "kind", "literal", "nodes", "shared", "size")
 
     def __init__(self, kind: str, key: bool = False) -> None:
-        self.kind = kind  # "scalar", or the container type
+        self.kind = kind  # "scalar", the container type, or a numpy part ("numpy ...")
         self.nodes = 1  # as a tree, memo re-use expanded
         self.depth = 0 if kind == "scalar" else 1
         self.shared = False  # reachable twice (memo GET or DUP): never changed again
         self.key = key  # usable as a dict key or set member
+        self.size = 0  # bytes: their length; a tuple: its bytes items' (an array's data)
+        self.literal: str | None = None  # a string that may name a numpy global
 
     def add(self, items: list[_Value]) -> None:
         if self.kind in ("dict", "set", "frozenset"):
@@ -156,7 +168,12 @@ def check_pickle(body: bytes) -> None:
             if name in _SCALARS:
                 key = _SCALARS[name]
                 key = -_KEY_INT_BOUND < arg < _KEY_INT_BOUND if key is None else key
-                stack.items.append(_KEY_SCALAR if key else _OTHER_SCALAR)
+                if name in _BYTES:
+                    stack.items.append(_sized(arg, key))
+                elif type(arg) is str and arg in numpy_strings.GLOBAL_PARTS:
+                    stack.items.append(_literal(arg))
+                else:
+                    stack.items.append(_KEY_SCALAR if key else _OTHER_SCALAR)
             elif name in _EMPTY_CONTAINERS:
                 stack.items.append(_Value(_EMPTY_CONTAINERS[name]))
             elif name in _FROM_MARK:
@@ -202,6 +219,17 @@ def check_pickle(body: bytes) -> None:
                 memo[len(memo)] = stack.top()
             elif name == "STOP":
                 stack.pop(1)  # the result
+            elif name == "GLOBAL":
+                module, _, attribute = arg.partition(" ")
+                stack.items.append(_numpy_global(name, module, attribute))
+            elif name == "STACK_GLOBAL":
+                module, attribute = stack.pop(2)
+                stack.items.append(_numpy_global(name, module.literal, attribute.literal))
+            elif name == "REDUCE":
+                function, args = stack.pop(2)
+                stack.items.append(_numpy_call(function, args))
+            elif name == "BUILD":
+                _numpy_build(stack.pop(1)[0], stack.top())
             elif name not in ("PROTO", "FRAME"):
                 raise BadRequest(f"pickle opcode {name} ({_purpose(name)}) is refused; {PLAIN_DATA}")
     except ValueError as exc:  # truncated, unknown opcode, bad memo index, stack misuse
@@ -211,6 +239,59 @@ def check_pickle(body: bytes) -> None:
 def _built(kind: str, items: list[_Value]) -> _Value:
     value = _Value(kind, key=False)
     value.add(items)
+    if kind == "tuple":
+        value.size = sum(item.size for item in items)
+    return value
+
+
+def _sized(data: bytes, key: bool) -> _Value:
+    value = _Value("scalar", key)
+    value.size = len(data)
+    return value
+
+
+def _literal(text: str) -> _Value:
+    value = _Value("scalar", key=True)
+    value.literal = text
+    return value
+
+
+def _numpy_global(opcode: str, module: str | None, attribute: str | None) -> _Value:
+    """One of the numpy globals of a pickled string array (``numpy_strings.GLOBALS``), or a 400."""
+    role = numpy_strings.GLOBALS.get((module, attribute)) if module and attribute else None
+    if role is None:
+        named = f" {quote(f'{module}.{attribute}')}" if module and attribute else ""
+        raise BadRequest(f"pickle opcode {opcode} ({_purpose(opcode)}{named}) is refused; {PLAIN_DATA}")
+    return _Value(f"numpy {role}")
+
+
+def _numpy_call(function: _Value, args: _Value) -> _Value:
+    """A REDUCE: only ``_reconstruct`` (an array its BUILD fills), ``dtype`` or ``_frombuffer``
+    (an array of its data), each on a tuple; the stand-in checks the arguments themselves."""
+    if args.kind == "tuple" and function.kind == f"numpy {numpy_strings.RECONSTRUCT}":
+        return _Value("numpy pending array")
+    if args.kind == "tuple" and function.kind == f"numpy {numpy_strings.DTYPE}":
+        return _Value("numpy dtype")
+    if args.kind == "tuple" and function.kind == f"numpy {numpy_strings.FROMBUFFER}":
+        return _numpy_array(_Value("numpy array"), args.size)
+    raise BadRequest(f"pickle opcode REDUCE ({_purpose('REDUCE')}) is refused here; {PLAIN_DATA}")
+
+
+def _numpy_build(state: _Value, target: _Value) -> None:
+    """A BUILD: only the state of a numpy array or dtype just made, before anything refers to
+    it again (the record changes in place, so that a memo PUT before the BUILD sees the array)."""
+    if state.kind == "tuple" and not target.shared and target.kind == "numpy dtype":
+        target.kind = "numpy built dtype"
+    elif state.kind == "tuple" and not target.shared and target.kind == "numpy pending array":
+        _numpy_array(target, state.size)
+    else:
+        raise BadRequest(f"pickle opcode BUILD ({_purpose('BUILD')}) is refused here; {PLAIN_DATA}")
+
+
+def _numpy_array(value: _Value, data_size: int) -> _Value:
+    """An array becomes a list of at most a str per 4 bytes of its data (the stand-in holds it
+    to exactly its shape): counted as that many values, wherever it is used, before any is built."""
+    value.kind, value.nodes = "numpy array", 1 + data_size // 4
     return value
 
 
@@ -237,6 +318,20 @@ class SafeUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         raise BadRequest(f"pickle payload uses persistent ids; {PLAIN_DATA}")
+
+
+class RequestUnpickler(SafeUnpickler):
+    """A request body's unpickler: plain data, and numpy string arrays through the stand-ins of
+    ``numpy_strings`` (never numpy); once it has used them, ``numpy_strings.plain`` finishes it."""
+
+    stand_ins: numpy_strings.StandIns | None = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        role = numpy_strings.GLOBALS.get((module, name))
+        if role is None:
+            return super().find_class(module, name)
+        self.stand_ins = self.stand_ins or numpy_strings.StandIns(MAX_PICKLE_OPCODES)
+        return self.stand_ins.lookup(role)
 
 
 @dataclass(frozen=True)
@@ -307,9 +402,12 @@ def decode_body(body: bytes, fmt: WireFormat, json_cap: JsonCap) -> dict[str, An
             raise BadRequest(f"body is not valid JSON: {describe_error(exc)}") from None
     else:
         check_pickle(body)
+        unpickler = RequestUnpickler(io.BytesIO(body))
         try:
-            payload = SafeUnpickler(io.BytesIO(body)).load()
-        except BadRequest:
+            payload = unpickler.load()
+            if unpickler.stand_ins:
+                payload = numpy_strings.plain(payload)
+        except (BadRequest, PayloadTooLarge):
             raise
         except Exception as exc:  # any malformed pickle: truncated, bad opcode, bad memo...
             raise BadRequest(f"body is not a valid pickle: {describe_error(exc)}") from None
