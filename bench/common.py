@@ -235,3 +235,14 @@ def print_profile(title: str, profile: dict[str, dict[str, float]]) -> None:
     for stage, spent in profile.items():
         cpu = "" if stage.startswith("model") else f"{spent['cpu_ms']:.2f}"
         print(f"| {stage} | {spent['wall_ms']:.2f} | {cpu} |")
+
+
+def write_report(args: Any, run: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """``run(args)``, stopped cleanly by SIGTERM, its report written to ``args.out`` as JSON."""
+    import json
+
+    stop_on_sigterm()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = run(args)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report

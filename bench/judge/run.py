@@ -39,7 +39,7 @@ from typing import Any
 
 from PIL import Image
 
-from bench.common import burst, stop_on_sigterm
+from bench.common import burst, write_report
 from common.sdk.client import ScorerClient
 from services.judge import prompts
 from testing.judge_engine import engine, save_judge_model
@@ -173,10 +173,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "judge.json")
     args = parser.parse_args()
-    stop_on_sigterm()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = run(args)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report = write_report(args, run)
     m = report["median"]
     print(
         f"{args.judge}: service {m['service']['samples_per_s']:.2f} samples/s, direct engine calls "

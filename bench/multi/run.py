@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.aesthetic.bench import percentiles  # noqa: E402
 from bench.clip.bench import cpu_seconds  # noqa: E402
-from bench.common import burst, stop_on_sigterm  # noqa: E402
+from bench.common import burst, write_report  # noqa: E402
 from bench.ocr.run import one_image_bodies  # noqa: E402
 from common.sdk.client import parse_answer  # noqa: E402
 from testing.clip_models import save_random_clip_model  # noqa: E402
@@ -280,10 +280,7 @@ def main() -> None:
     parser.add_argument("--precision", default="float16", help="the CLIPs' on a GPU (the CPU runs float32)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "multi.json")
     args = parser.parse_args()
-    stop_on_sigterm()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = run(args)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report = write_report(args, run)
     print(table(report))
     print(f"\nwritten to {args.out}")
 

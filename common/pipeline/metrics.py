@@ -21,12 +21,9 @@ from prometheus_client import (
 REQUESTS = Counter("scorer_requests_total", "Scoring requests answered", ["service", "route", "status"])
 ITEMS = Counter("scorer_items_total", "Samples scored", ["service"])
 ERRORS = Counter("scorer_errors_total", "Requests answered with an error", ["service", "error"])
-LATENCY = Histogram(
-    "scorer_request_seconds",
-    "Scoring request latency",
-    ["service", "route"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-)
+# A request's seconds, from a stage's half a millisecond to the longest deadline.
+SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+LATENCY = Histogram("scorer_request_seconds", "Scoring request latency", ["service", "route"], buckets=SECONDS)
 BATCH_SIZE = Histogram(
     "scorer_batch_size",
     "Items per model call",
@@ -45,10 +42,7 @@ UNSCORED = Counter("scorer_unscored_total", "Samples left without a score of the
 # Where a scoring request's time goes (``Stages``): wall seconds per stage, and the CPU seconds its
 # own thread spent there (the model's threads are in ``scorer_batch_seconds``).
 STAGE_SECONDS = Histogram(
-    "scorer_stage_seconds",
-    "Wall time of a scoring request in each stage of the request path",
-    ["service", "stage"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    "scorer_stage_seconds", "Wall time of a request in a stage", ["service", "stage"], buckets=SECONDS
 )
 STAGE_CPU = Counter(
     "scorer_stage_cpu_seconds_total", "CPU time of the request's thread in each stage", ["service", "stage"]
