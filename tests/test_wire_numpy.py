@@ -280,3 +280,27 @@ def test_a_bodys_arrays_hold_as_many_items_as_a_plain_pickle_has_opcodes() -> No
     for counts in [(MAX_PICKLE_OPCODES + 1,), (60_000, 60_000)]:
         with pytest.raises(PayloadTooLarge, match=f"numpy arrays of over {MAX_PICKLE_OPCODES} items"):
             decode(prompts(*counts))
+
+
+def test_tuples_shared_through_the_memo_stay_shared_once_the_arrays_are_lists() -> None:
+    """Tuples that each hold the one before twice: 18 levels in 300 bytes are 2**18 tuples as a
+    tree, but 19 objects as the pickle shares them. Replacing the arrays must not rebuild each
+    tuple at each use (27 MB and half a second); a tuple with no array in it is kept as it is."""
+    dag = lit(0) + op("TUPLE1") + op("MEMOIZE")
+    for level in range(1, 19):
+        dag += op("POP") + op("BINGET") + bytes([level - 1]) + op("DUP") + op("TUPLE2") + op("MEMOIZE")
+    payload = b"\x80\x04" + op("EMPTY_DICT") + op("MARK") + lit("prompts") + array() + lit("dag") + dag
+    payload += op("SETITEMS") + op("STOP")
+    with_array = tup(array(), array()) + op("MEMOIZE") + op("DUP") + op("TUPLE2")
+    tracemalloc.start()
+    try:
+        decoded = decode(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024 + 4 * len(payload), peak
+    assert decoded["prompts"] == ["ab", "cde"]
+    top = decoded["dag"]
+    assert top[0] is top[1] and top[0][0] is top[0][1]
+    shared = decode(body(with_array))["prompts"]
+    assert shared == ((["ab", "cde"], ["ab", "cde"]),) * 2 and shared[0] is shared[1]

@@ -152,28 +152,32 @@ class StandIns:
 _SCALAR_TYPES = (str, bytes, bytearray, int, float, bool, type(None))
 
 
-def plain(value: Any, done: set[int] | None = None) -> Any:
-    """``value`` with each array replaced by its list (lists and dicts changed in place, so that
-    what the pickle shares stays shared); a stand-in anywhere else is a 400."""
-    done = set() if done is None else done
+def plain(value: Any, done: dict[int, tuple[Any, Any]] | None = None) -> Any:
+    """``value`` with each array replaced by its list (lists and dicts changed in place, a tuple
+    holding an array rebuilt, once: what the pickle shares stays shared, and a tuple reached
+    2**20 times through the memo is not rebuilt 2**20 times); a stand-in anywhere else is a 400.
+    ``done`` maps a container's id to it and its result, holding both so that no id is reused."""
+    done = {} if done is None else done
     kind = type(value)
     if kind in _SCALAR_TYPES:
         return value
     if kind is PendingArray:
         return value.plain()
-    if kind in (list, dict, set, frozenset, tuple) and id(value) in done:
-        return value
-    if kind is list:
-        done.add(id(value))
-        value[:] = [plain(item, done) for item in value]
-        return value
-    if kind is dict:
-        done.add(id(value))
-        for key, item in value.items():
-            value[key] = plain(item, done)
-        return value
-    if kind is tuple:
-        return tuple(plain(item, done) for item in value)
     if kind in (set, frozenset):  # members are hashable: no stand-in is
         return value
-    raise _refuse(f"object where plain data belongs ({kind.__name__})")
+    if kind not in (list, dict, tuple):
+        raise _refuse(f"object where plain data belongs ({kind.__name__})")
+    if id(value) in done:
+        return done[id(value)][1]
+    done[id(value)] = (value, value)  # a list or dict is its own result; a tuple holds no cycle
+    if kind is list:
+        value[:] = [plain(item, done) for item in value]
+    elif kind is dict:
+        for key, item in value.items():
+            value[key] = plain(item, done)
+    else:
+        items = tuple(plain(item, done) for item in value)
+        if any(new is not old for new, old in zip(items, value)):
+            done[id(value)] = (value, items)
+            return items
+    return value
