@@ -380,7 +380,7 @@ def test_a_deprecated_setting_is_warned_of_in_the_log_and_on_info(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("SCORER_MAX_QUEUE_BYTES", "5000")
-    with caplog.at_level("WARNING", logger="common.server.app"):
+    with caplog.at_level("WARNING", logger="common.server.serving"):
         info = client_of(LengthScorer(from_env(CoreSettings))).get("/info").get_json()
     assert info["settings"]["max_work_bytes"] == 5000
     [message] = info["deprecated_settings"]

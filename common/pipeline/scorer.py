@@ -221,7 +221,7 @@ class ImageScorer(Scorer):
     def prepare_samples(self, payload: dict[str, Any], query: Query = ()) -> Samples:
         request = parse_media_request(payload, self.core, self.video_rules)
         if "rewards" in request.metadata:
-            # As a query's rewards (common/server/app.py): this reward's score alone is no weighted sum.
+            # As a query's rewards (common/server/serving.py): this reward's score alone is no weighted sum.
             raise Unprocessable(
                 f"metadata['rewards'] names the rewards of a multi service; the {self.name} service scores "
                 f"{self.name} alone"

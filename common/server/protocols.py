@@ -1,6 +1,6 @@
 """Wire protocols: what a client sends and reads, served on the app's one request path.
 
-The path (``common.server.app``) is the same for every protocol: bearer token, body read under the
+The path (``common.server.serving``) is the same for every protocol: bearer token, body read under the
 size limit, the body parsed into a payload, the wait for the model, the payload prepared into
 items under the decode limit, the batcher or ``score_request``, the results collated into an
 answer, the answer encoded; errors go through the protocol's status and encoding too. A
