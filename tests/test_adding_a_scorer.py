@@ -48,12 +48,14 @@ def example(marker: str) -> str:
 
 
 # What .gitignore leaves out besides dot-files (environments, caches): bench results, weights, scratch.
-NOT_THE_TREE = {"__pycache__", "results", "models", "var"}
+# What .gitignore keeps out of the tree, where it keeps it out (``common/models/`` is code).
+NOT_THE_TREE = {Path("."): {"models", "var"}, Path("bench"): {"results"}}
 
 
 def ignored(directory: str, names: list[str]) -> list[str]:
     """Not the tree a newcomer edits: environments, caches, git's own files, results and weights."""
-    return [name for name in names if name.startswith(".") or name in NOT_THE_TREE]
+    here = NOT_THE_TREE.get(Path(directory).relative_to(ROOT), set())
+    return [name for name in names if name.startswith(".") or name == "__pycache__" or name in here]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     assert '("requirements.txt",)' in entry, entry
     entry = entry.replace('("requirements.txt",)', f'("requirements.txt", "requirements-{NAME}.txt")')
     entry = entry.replace("\n)", f'\n    settings="services.{NAME}.settings:BrightnessSettings",\n)')
-    registry = copy / "common" / "registry.py"
+    registry = copy / "common" / "setup" / "registry.py"
     end = "\n    )\n}\n"
     assert registry.read_text().count(end) == 1
     indented = "".join(f"        {line}\n" if line else "\n" for line in entry.rstrip().splitlines())
