@@ -40,7 +40,7 @@ def create_app(scorer: Scorer | None = None, protocols: Sequence[type[WireProtoc
     app.register_error_handler(ScorerError, service.error_response)
     app.register_error_handler(HTTPException, service.http_error)
     app.register_error_handler(Exception, service.internal_error)
-    for endpoint, rule, protocol in service.routes():
+    for endpoint, rule, protocol in service.routes:
         view = functools.partial(service.score, protocol)
         app.add_url_rule(rule, endpoint=endpoint, view_func=view, methods=["POST"])
     app.add_url_rule("/health", view_func=service.health)

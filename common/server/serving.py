@@ -68,6 +68,20 @@ def settings_sections(service: str) -> list[tuple[str, type]]:
     return sections
 
 
+def scoring_routes(protocols: Sequence[WireProtocol]) -> list[tuple[str, str, WireProtocol]]:
+    """(endpoint, rule, protocol) of each scoring route, the core protocol first in ``protocols``:
+    a service's protocol may answer on the core's routes (with a superset of its answer); the core
+    keeps those no other protocol takes."""
+    routes: list[tuple[str, str, WireProtocol]] = []
+    taken: set[str] = set()
+    for protocol in [*protocols[1:], protocols[0]]:
+        for rule in protocol.routes:
+            if rule not in taken:
+                taken.add(rule)
+                routes.append((f"{protocol.name}{rule}", rule, protocol))
+    return routes
+
+
 class ScoringService:
     """``scorer`` served with the core protocol and ``protocols``: the views and hooks of its app."""
 
@@ -84,21 +98,8 @@ class ScoringService:
         self.runtime = ScorerRuntime(scorer)
         self.limits = RequestLimits(self.core)
         self.protocols = [WireProtocol(scorer), *(protocol(scorer) for protocol in protocols)]
-        self.protocol_of: dict[str, WireProtocol] = {}  # endpoint -> its protocol
-
-    def routes(self) -> list[tuple[str, str, WireProtocol]]:
-        """(endpoint, rule, protocol) of each scoring route: a service's protocol may answer on the
-        core's routes (with a superset of its answer); the core keeps those no other protocol takes."""
-        routes: list[tuple[str, str, WireProtocol]] = []
-        taken: set[str] = set()
-        for protocol in [*self.protocols[1:], self.protocols[0]]:
-            for rule in protocol.routes:
-                if rule not in taken:
-                    taken.add(rule)
-                    endpoint = f"{protocol.name}{rule}"
-                    self.protocol_of[endpoint] = protocol
-                    routes.append((endpoint, rule, protocol))
-        return routes
+        self.routes = scoring_routes(self.protocols)
+        self.protocol_of = {endpoint: protocol for endpoint, _, protocol in self.routes}
 
     def current_protocol(self) -> WireProtocol:
         """The protocol of the route requested; the core's on any other path."""
