@@ -80,7 +80,7 @@ def test_a_full_queue_holds_requests_whole_until_there_is_room_in_deadline_order
     waiters = [threading.Thread(target=request, args=args) for args in (([7], 50), ([8], 30), ([9, 10], 40))]
     for count, thread in enumerate(waiters, 1):
         thread.start()
-        wait_until(lambda count=count: len(batcher._waiting) == count, f"{count} requests waiting for room")
+        wait_until(lambda count=count: len(batcher._line) == count, f"{count} requests waiting for room")
     assert len(batcher._queue) == 4  # none of them half-queued
     with pytest.raises(Overloaded, match="deadline passed while it waited for room"):
         batcher.submit([11], Deadline(0.1))
@@ -215,7 +215,7 @@ def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> 
     waiters = [threading.Thread(target=take, args=(n, seconds)) for n, seconds in ((1, 30), (2, 10), (3, 20))]
     for count, thread in enumerate(waiters, 1):
         thread.start()
-        wait_until(lambda count=count: len(slots._waiting) == count, f"{count} waiters in line")
+        wait_until(lambda count=count: len(slots._line) == count, f"{count} waiters in line")
     with pytest.raises(Overloaded, match="deadline passed"), slots.hold(Deadline(0.1)):
         pass
     release.set()
