@@ -8,7 +8,6 @@ import weakref
 
 import pytest
 
-from common.limits.budget import WorkBudget, hold_work, tentative_work, trial_work
 from common.limits.deadlines import Deadline, check_deadline, request_deadline
 from common.limits.errors import Overloaded, PayloadTooLarge
 from common.limits.slots import OrderedSlots
@@ -80,7 +79,7 @@ def test_a_full_queue_holds_requests_whole_until_there_is_room_in_deadline_order
     waiters = [threading.Thread(target=request, args=args) for args in (([7], 50), ([8], 30), ([9, 10], 40))]
     for count, thread in enumerate(waiters, 1):
         thread.start()
-        wait_until(lambda count=count: len(batcher._waiting) == count, f"{count} requests waiting for room")
+        wait_until(lambda count=count: len(batcher._line) == count, f"{count} requests waiting for room")
     assert len(batcher._queue) == 4  # none of them half-queued
     with pytest.raises(Overloaded, match="deadline passed while it waited for room"):
         batcher.submit([11], Deadline(0.1))
@@ -215,60 +214,13 @@ def test_ordered_slots_admit_in_deadline_order_and_give_up_at_the_deadline() -> 
     waiters = [threading.Thread(target=take, args=(n, seconds)) for n, seconds in ((1, 30), (2, 10), (3, 20))]
     for count, thread in enumerate(waiters, 1):
         thread.start()
-        wait_until(lambda count=count: len(slots._waiting) == count, f"{count} waiters in line")
+        wait_until(lambda count=count: len(slots._line) == count, f"{count} waiters in line")
     with pytest.raises(Overloaded, match="deadline passed"), slots.hold(Deadline(0.1)):
         pass
     release.set()
     for thread in [holder, *waiters]:
         thread.join(5)
     assert admitted == [0, 2, 3, 1]
-
-
-def test_work_bytes_are_held_until_the_request_ends_and_refused_past_the_budget() -> None:
-    budget = WorkBudget(1000, "SCORER_MAX_WORK_BYTES")
-    hold_work(10**9, "anything")  # outside a request: nothing held
-    with budget.request():
-        hold_work(600, "decoded images")
-        with pytest.raises(PayloadTooLarge, match=r"\(SCORER_MAX_WORK_BYTES\)"):
-            hold_work(401, "OCR inputs")  # the request alone: over the whole budget
-        refused: list[Exception] = []
-
-        def other() -> None:
-            with budget.request():
-                try:
-                    hold_work(500, "decoded images")
-                except Overloaded as exc:
-                    refused.append(exc)
-
-        thread = threading.Thread(target=other)
-        thread.start()
-        thread.join()
-        assert "(SCORER_MAX_WORK_BYTES); retry later" in refused[0].message
-        assert budget.held == 600
-    assert budget.held == 0
-    with budget.request():
-        hold_work(1000, "decoded images")  # given back: the whole budget again
-
-
-def test_a_refused_check_holds_nothing_and_a_trial_holds_nothing_at_all() -> None:
-    budget = WorkBudget(1000, "SCORER_MAX_WORK_BYTES")
-    with budget.request():
-        hold_work(300, "decoded images")
-        with pytest.raises(PayloadTooLarge), tentative_work():
-            hold_work(400, "OCR inputs")
-            hold_work(400, "more OCR inputs")  # the check refuses after holding some
-        assert budget.held == 300
-        with tentative_work():
-            hold_work(200, "kept")
-        assert budget.held == 500
-        for _ in range(10):
-            with trial_work():
-                hold_work(900, "one sample alone")  # each trial alone: under the budget
-        with pytest.raises(PayloadTooLarge), trial_work():
-            hold_work(900, "one sample")
-            hold_work(101, "past the whole budget")
-        assert budget.held == 500
-    assert budget.held == 0
 
 
 def test_the_deadline_is_checked_between_stages() -> None:

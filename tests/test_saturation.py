@@ -17,6 +17,7 @@ and ``common/sdk/verl_omni.py``, whose attempts and timeouts are VeRL-Omni's).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import io
 import math
@@ -50,6 +51,9 @@ CHUNK = 64  # flow_grpo's requests: chunks of 64 images
 METADATA = {"tag": "colors", "include": [{"class": "dog", "count": 1, "color": "red"}], "prompt": "a red dog"}
 DEFAULT_DEADLINE_S = 110.0  # SCORER_REQUEST_TIMEOUT_S's
 BURST = 128  # VeRL-Omni: one image a request, a step's batch at once
+# One OCR request of a 256x256 image holds about 10.5 MB (its pixels decoded, 196 KB; read at
+# 736x736, 19 bytes a pixel): two never fit at once.
+ONE_REQUEST_BUDGET = {"SCORER_DEVICE": "cpu", "SCORER_MAX_WORK_BYTES": str(16 * 2**20)}
 
 
 @contextlib.contextmanager
@@ -209,3 +213,66 @@ def test_verl_omnis_client_loses_no_request_of_a_burst_the_node_serves_within_it
     lost = [score for score in scores if not isinstance(score, float)]
     assert not lost, f"{len(lost)} of {BURST} lost (deadline {timeout_s} s at {rate:.1f} images/s): {lost[:2]}"
     assert sum(score == 1.0 for score in scores) >= BURST * 0.9, scores  # read, not just answered
+
+
+@dataclass(frozen=True)
+class Answer:
+    json: bool  # sent as JSON, else pickled
+    status: int
+    body: dict[str, Any]
+    seconds: float
+
+    @property
+    def scored(self) -> bool:
+        return self.status == 200 and self.body["scores"] == [1.0]
+
+    @property
+    def overload(self) -> bool:
+        """The overload answer of its format: JSON 503, a pickle body's 500 (flow_grpo retries it)."""
+        return self.status == (503 if self.json else 500) and "retry later" in self.body["error"]
+
+
+def sign(url: str, as_json: bool) -> Answer:
+    """One OCR request of one sign, pickled or as JSON; its answer, whatever its status."""
+    image, prompt = render_text("Hello", size=256), 'a sign that says "Hello"'
+    started = time.monotonic()
+    if as_json:
+        payload = {"images": [base64.b64encode(image).decode()], "prompts": [prompt]}
+        response = requests.post(url + "/", json=payload, timeout=120)
+        body = response.json()
+    else:
+        response = requests.post(url + "/", data=pickle.dumps({"images": [image], "prompts": [prompt]}), timeout=120)
+        body = pickle.loads(response.content)
+    return Answer(as_json, response.status_code, body, time.monotonic() - started)
+
+
+def signs_at_once(url: str, count: int) -> list[Answer]:
+    """``count`` one-sign requests at once, every other one JSON."""
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(lambda index: sign(url, index % 2 == 1), range(count)))
+
+
+def test_requests_over_the_work_budget_wait_for_it_until_their_deadline(tmp_path: Path) -> None:
+    """OCR with work bytes for one request at a time: on 1bbc00e a request arriving while
+    another held them was refused at once (a pickle body's 500, JSON's 503: VeRL-Omni's client
+    gives up after 3 such answers within 1.5 s). Now each waits for the budget, earliest
+    deadline first: every request of a burst is scored under the default deadline. With a
+    deadline of three requests alone and a burst of 2.5 deadlines, those the node cannot reach
+    in time get the overload answer of their format, and only once their deadline has passed."""
+    with on_two_cores(), gunicorn_server("ocr", ONE_REQUEST_BUDGET, log_dir=tmp_path) as server:
+        sign(server.url, False)  # warm
+        alone_s = max(sign(server.url, as_json).seconds for as_json in (False, True, False))
+        answers = signs_at_once(server.url, 8)
+        assert all(answer.scored for answer in answers), [(a.status, a.body) for a in answers if not a.scored]
+        assert answered(server.url, 500) == answered(server.url, 503) == 0
+    deadline_s = max(5.0, math.ceil(3 * alone_s))
+    count = min(40, math.ceil(2.5 * deadline_s / alone_s))
+    env = {**ONE_REQUEST_BUDGET, "SCORER_REQUEST_TIMEOUT_S": str(deadline_s)}
+    with on_two_cores(), gunicorn_server("ocr", env, log_dir=tmp_path) as server:
+        sign(server.url, False)  # warm
+        answers = signs_at_once(server.url, count)
+    late = [answer for answer in answers if not answer.scored]
+    print(f"[work budget] {count} at once, {deadline_s:.0f} s deadline ({alone_s:.2f} s alone): {len(late)} late")
+    assert all(answer.overload for answer in late), [(a.status, a.body) for a in late if not a.overload]
+    assert {answer.json for answer in late} == {True, False} and len(late) < count
+    assert min(answer.seconds for answer in late) >= deadline_s, "refused before its deadline"

@@ -68,8 +68,9 @@ class CoreSettings:
     max_work_bytes: int = setting(
         4 * 2**30,
         "bytes of request work a worker holds at once (decoded images, model inputs, items waiting for a model "
-        "call), estimated from the image headers before any is made; beyond it requests get 503 at once (a pickle "
-        "body's 500; 413 for a request that alone needs more)",
+        "call), estimated from the image headers before any is made; a request that would take it past this waits "
+        "for room, earliest deadline first, until its deadline (then 503, a pickle body's 500; 413 at once for a "
+        "request that alone needs more)",
         renamed_from="max_queue_bytes",
     )
     ready_wait_s: float = setting(

@@ -4,13 +4,11 @@ worker's image decodes), the others waiting in deadline order and giving up at t
 from __future__ import annotations
 
 import contextlib
-import heapq
-import itertools
 import threading
 from collections.abc import Iterator
 
 from common.limits.deadlines import Deadline
-from common.limits.errors import Overloaded
+from common.limits.line import DeadlineLine
 
 
 class OrderedSlots:
@@ -20,30 +18,24 @@ class OrderedSlots:
 
     def __init__(self, slots: int) -> None:
         self._free = slots
-        self._waiting: list[tuple[float, int, threading.Event]] = []
-        self._sequence = itertools.count()
-        self._lock = threading.Lock()
+        self._room = threading.Condition()
+        self._line = DeadlineLine(self._room)
 
     @contextlib.contextmanager
     def hold(self, deadline: Deadline) -> Iterator[None]:
-        with self._lock:
-            if self._free and not self._waiting:
-                self._free -= 1
-                turn = None
-            else:
-                turn = (deadline.expires, next(self._sequence), threading.Event())
-                heapq.heappush(self._waiting, turn)
-        if turn is not None and not turn[2].wait(max(0.0, deadline.remaining())):
-            with self._lock:
-                if not turn[2].is_set():  # still waiting: leave the line
-                    self._waiting.remove(turn)
-                    heapq.heapify(self._waiting)
-                    raise Overloaded("the request's deadline passed while it waited to be decoded; retry later")
+        with self._room:
+            self._line.wait(1, self._fits, deadline, _late)
+            self._free -= 1
         try:
             yield
         finally:
-            with self._lock:
-                if self._waiting:
-                    heapq.heappop(self._waiting)[2].set()  # the slot passes on directly
-                else:
-                    self._free += 1
+            with self._room:
+                self._free += 1
+                self._room.notify_all()  # the slot for the next in line
+
+    def _fits(self, slots: int) -> bool:
+        return self._free >= slots
+
+
+def _late() -> str:
+    return "the request's deadline passed while it waited to be decoded; retry later"

@@ -6,17 +6,17 @@ the same timeout, so that is arrival order), keeps collecting until ``max_batch`
 there or ``max_wait_ms`` has passed since the queue stopped being empty, then calls ``fn`` once.
 The model code does not know any of this.
 
-A request has one ``Deadline`` (``common.limits.deadlines``), set when it arrives and shared by every
-stage it goes through. A stage queues a request whole, never half: with 413 when it has more
-items than the queue can ever hold; when the queue is full, the request waits for room in
-deadline order, and a request gets a retryable 503 only once its deadline has passed, never
-early from an estimate of its wait: the trainers' clients time out after 120 s and do not
-survive an early 503 (flow_grpo's reads the body as scores; VeRL-Omni's retries twice within
-1.5 s, and lost 87 of 128 one-image requests to early 503s on a busy node that served the rest
-within 105 s), while a request held to its deadline is either served or retried by them with a
-fresh one. Work between stages checks the deadline too
+A request has one ``Deadline`` (``common.limits.deadlines``), set when it arrives and shared by
+every stage it goes through. A stage queues a request whole, never half: with 413 when it has
+more items than the queue can ever hold; when the queue is full, the request waits for room in
+deadline order (``common.limits.line``), and a request gets a retryable 503 only once its
+deadline has passed, never early from an estimate of its wait: the trainers' clients time out
+after 120 s and do not survive an early 503 (flow_grpo's reads the body as scores; VeRL-Omni's
+retries twice within 1.5 s, and lost 87 of 128 one-image requests to early 503s on a busy node
+that served the rest within 105 s), while a request held to its deadline is either served or
+retried by them with a fresh one. Work between stages checks the deadline too
 (``check_deadline``). The bytes of request work a worker holds are bounded apart from the
-queue (``common.limits.budget``).
+queue, and waited for the same way (``common.limits.budget``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 from common.limits.deadlines import Deadline, current_deadline
 from common.limits.errors import InternalError, Overloaded, PayloadTooLarge
+from common.limits.line import DeadlineLine
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,10 @@ class DynamicBatcher:
         self.name = name
         self._clock = clock  # the batch window's and batch times' (a test's own, to move by hand)
         self._queue: list[_Entry] = []  # a heap: earliest deadline first
-        # Requests waiting for room in the queue: (expires, sequence), a heap.
-        self._waiting: list[tuple[float, int]] = []
         self._sequence = itertools.count()
         self._window_start = 0.0
         self._cond = threading.Condition()
+        self._line = DeadlineLine(self._cond)  # requests waiting for room in the queue
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
@@ -90,8 +90,7 @@ class DynamicBatcher:
         with self._cond:
             if deadline.remaining() <= 0:
                 raise Overloaded(f"the request's deadline passed before {self.name}; retry later")
-            if self._waiting or len(self._queue) + len(items) > self.max_queue:
-                self._wait_for_room(len(items), deadline)
+            self._line.wait(len(items), self._fits, deadline, self._late)
             if not self._queue:
                 self._window_start = self._clock()
             for item, future in zip(items, futures):
@@ -99,24 +98,14 @@ class DynamicBatcher:
             self._cond.notify_all()
         return futures
 
-    def _wait_for_room(self, count: int, deadline: Deadline) -> None:
-        """Wait, under the lock, until ``count`` items fit and no request due earlier waits; a
-        retryable 503 when the deadline passes first."""
-        turn = (deadline.expires, next(self._sequence))
-        heapq.heappush(self._waiting, turn)
-        try:
-            while self._waiting[0] is not turn or len(self._queue) + count > self.max_queue:
-                remaining = deadline.remaining()
-                if remaining <= 0:
-                    raise Overloaded(
-                        f"the request's deadline passed while it waited for room in the batch queue at {self.name} "
-                        f"({len(self._queue)} of {self.max_queue} items waiting); retry later"
-                    )
-                self._cond.wait(remaining)
-        finally:
-            self._waiting.remove(turn)
-            heapq.heapify(self._waiting)
-            self._cond.notify_all()  # the next in line may fit now
+    def _fits(self, count: int) -> bool:
+        return len(self._queue) + count <= self.max_queue
+
+    def _late(self) -> str:
+        return (
+            f"the request's deadline passed while it waited for room in the batch queue at {self.name} "
+            f"({len(self._queue)} of {self.max_queue} items waiting); retry later"
+        )
 
     def withdraw(self, futures: Sequence[Future]) -> None:
         """Take the items of ``futures`` (a request that gave up) out of the queue now: the
@@ -127,7 +116,7 @@ class DynamicBatcher:
             if len(kept) < len(self._queue):
                 self._queue = kept
                 heapq.heapify(self._queue)
-                if self._waiting:
+                if self._line:
                     self._cond.notify_all()  # room for those waiting
 
     def _take_batch(self) -> list[_Entry]:
@@ -142,7 +131,7 @@ class DynamicBatcher:
                 self._cond.wait(remaining)
             batch = [heapq.heappop(self._queue) for _ in range(min(self.max_batch, len(self._queue)))]
             self._window_start = 0.0  # what is left has waited already: next batch at once
-            if self._waiting:
+            if self._line:
                 self._cond.notify_all()  # room for those waiting
             return batch
 

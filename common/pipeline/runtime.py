@@ -121,9 +121,10 @@ class RequestLimits:
 
     @contextlib.contextmanager
     def request(self) -> Iterator[None]:
-        """The scope of one request's work: the bytes it holds (``hold_work``) are given back
-        at its end, and the memory once no request is left (``Reclaimer``)."""
-        with self.reclaimer.request(), self.work.request():
+        """The scope of one request's work: the bytes it holds (``hold_work``, which waits for
+        room until the request's deadline) are given back at its end, and the memory once no
+        request is left (``Reclaimer``)."""
+        with self.reclaimer.request(), self.work.request(serving_deadline(self.core)):
             yield
 
     def prepare(self, to_items: Callable[[], list[Any] | Samples], stages: metrics.Stages) -> Samples:
