@@ -130,3 +130,19 @@ def test_grace_period_bounds_a_stop(tmp_path) -> None:
     assert took < 2 + within(2.0), f"stop took {took:.1f}s with a 2 s grace period"
     cut_off = [isinstance(outcome, OSError) for outcome in outcomes.values()]
     assert cut_off == [True] * len(slow), outcomes  # cut off, not left hanging
+
+
+@pytest.mark.timing
+def test_an_idle_kept_alive_connection_does_not_hold_a_stop_for_the_grace_period(tmp_path) -> None:
+    """A trainer's session keeps its connection open between calls: on SIGTERM the worker keeps
+    such an idle connection a moment only (gunicorn's ``STOP_KEEPALIVE_LINGER``), not until its
+    keep-alive (75 s) or the grace period (60 s here) runs out."""
+    with gunicorn_server("ocr", {"SCORER_GRACEFUL_TIMEOUT": "60"}, log_dir=tmp_path) as server:
+        session = requests.Session()
+        assert session.get(server.url + "/health", timeout=10).status_code == 200  # kept alive, idle
+        server.process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        server.process.wait(90)
+        took = time.monotonic() - stopped
+        session.close()
+    assert took < 2 + within(3.0), f"stop took {took:.1f}s with one idle kept-alive connection"

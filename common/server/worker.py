@@ -137,6 +137,15 @@ class FramedUnreader(Unreader):
         raise InvalidHeader("request head (gunicorn's parser reads past where it was framed)")
 
 
+class FramedParser(RequestParser):
+    """gunicorn's parser over a framed request: nothing of its body is left on the socket."""
+
+    def finish_body(self, deadline: float | None = None, max_bytes: int | None = None) -> bool:
+        """Nothing to drain before the connection is kept alive: the main loop read the body
+        whole (and what followed it) before the request was handed over."""
+        return True
+
+
 class FramedRequest(Request):
     """gunicorn's request, parsed from the head alone; its body is the one framed in the worker."""
 
@@ -196,6 +205,7 @@ class ScorerWorker(ThreadWorker):
         self.buffered_bytes = 0
         self.watched = Watched()
         self._accept_error_logged = 0.0
+        self.idle_capped = False  # the stop's cap on kept-alive connections is set
         self._serving = threading.local()
         super().init_process()
 
@@ -395,7 +405,7 @@ class ScorerWorker(ThreadWorker):
         with contextlib.suppress(OSError):
             sock.send(data)
 
-    def _cap_keepalive(self, deadline: float) -> None:
+    def _close_idle_by(self, deadline: float) -> None:
         """Stopping: kept-alive connections with nothing sent are closed by ``deadline``."""
         for _, _, conn, state in list(self.watched.heap):
             idle = isinstance(state, Incoming) and not state.fresh and not state.received
@@ -404,8 +414,12 @@ class ScorerWorker(ThreadWorker):
                 self.watched.watch(conn, state)
 
     def murder_pending(self) -> None:
-        """gunicorn's own, then every connection past its deadline."""
+        """gunicorn's own, then every connection past its deadline; once the worker stops (for
+        whatever reason), kept-alive connections stay open ``STOP_KEEPALIVE_LINGER`` at most."""
         super().murder_pending()
+        if not self.alive and not self.idle_capped:
+            self.idle_capped = True
+            self._close_idle_by(time.monotonic() + STOP_KEEPALIVE_LINGER)
         for conn, state in self.watched.expired(time.monotonic()):
             try:
                 if isinstance(state, Lingering) or not state.received:
@@ -424,16 +438,12 @@ class ScorerWorker(ThreadWorker):
 
     def handle(self, conn: TConn):
         framed: Framed = conn.state
-        conn.parser = RequestParser(self.cfg, [], conn.client)
+        conn.parser = FramedParser(self.cfg, [], conn.client)
         conn.parser.mesg_class = FramedRequest
         conn.parser.unreader = FramedUnreader(framed)
         conn.initialized = True  # no TLS or HTTP/2 on the main loop's sockets
         self._serving.arrived = framed.arrived
         return super().handle(conn)
-
-    def _keepalive_after(self, conn: TConn, keepalive: bool) -> bool:
-        """Nothing to drain: the body was read whole before the request was handed over."""
-        return bool(keepalive)
 
     def finish_request(self, conn: TConn, fs) -> None:
         """Main loop: the next request of a kept-alive connection (maybe pipelined), or a close."""
