@@ -52,6 +52,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--unauth-clients", type=int, default=50)
     parser.add_argument("--buffer-clients", type=int, default=20)
     parser.add_argument("--buffer-mib", type=int, default=64)
+    parser.add_argument(
+        "--large-bodies", type=int, default=0, help="(B): at most this many bodies over ~10 MB at once (0: no limit)"
+    )
     parser.add_argument("--linger-s", type=float, default=35.0, help="how long a refused upload keeps sending")
     parser.add_argument("--out", type=Path, default=results_dir() / "http_front.json")
     return parser.parse_args()
@@ -245,7 +248,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = results_dir() / "http_front"
     log_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"config": {key: str(value) for key, value in vars(args).items()}}
-    with shipped_node(args.service, env, log_dir) as shipped, fronted_node(args.service, env, log_dir) as fronted:
+    with (
+        shipped_node(args.service, env, log_dir) as shipped,
+        fronted_node(args.service, env, log_dir, args.large_bodies) as fronted,
+    ):
         report["throughput"] = throughput([shipped, fronted], bodies, args.rounds)
         for node in (shipped, fronted):
             report[node.name] = measure(node, args, bodies)

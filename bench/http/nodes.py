@@ -70,8 +70,25 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in found.split()]
 
 
-def front_config(settings: CoreSettings, listen: str, socket_path: Path, user: str) -> str:
+def large_body_limit(large_bodies: int) -> tuple[str, str]:
+    """The http and server lines that let at most ``large_bodies`` requests with a large body
+    (a declared length of 8 digits or more, about 10 MB; or a chunked one) be read or served at
+    once, the others answered 503 before their body is read: nginx's temp files and the
+    worker's copies then stay under ``large_bodies`` x the body limit. None when 0."""
+    if not large_bodies:
+        return "", ""
+    http = """map "$http_transfer_encoding:$http_content_length" $scorer_large_body {
+        default large;
+        ":" "";
+        "~^:[0-9]{1,7}$" "";
+    }
+    limit_conn_zone $scorer_large_body zone=scorer_large:1m;"""
+    return http, f"limit_conn scorer_large {large_bodies};\n        limit_conn_status 503;"
+
+
+def front_config(settings: CoreSettings, listen: str, socket_path: Path, user: str, large_bodies: int = 0) -> str:
     """nginx in front of one node, its limits and token check from ``settings``."""
+    large_http, large_server = large_body_limit(large_bodies)
     authorized = "default 1;"
     if settings.auth_token:
         # The scheme name case-insensitive, the token not (common/server/auth.py's rule).
@@ -99,6 +116,7 @@ http {{
         "~^1:" 0;
         "~^0:(GET|HEAD):$" 0;
     }}
+    {large_http}
     upstream scorer {{
         server unix:{socket_path};
         keepalive 32;
@@ -109,6 +127,7 @@ http {{
         client_body_timeout {settings.body_timeout_s:g}s;
         client_max_body_size {settings.max_body_bytes};
         client_body_buffer_size {BODY_BUFFER};
+        {large_server}
         # The server's rewrite phase runs when the head is whole, before the body is read.
         if ($scorer_refuse) {{
             return 401 '{{"error": "missing or wrong bearer token"}}';
@@ -143,7 +162,7 @@ def shipped_node(service: str, env: dict[str, str], log_dir: Path) -> Iterator[N
 
 
 @contextlib.contextmanager
-def fronted_node(service: str, env: dict[str, str], log_dir: Path) -> Iterator[Node]:
+def fronted_node(service: str, env: dict[str, str], log_dir: Path, large_bodies: int = 0) -> Iterator[Node]:
     """(B): gunicorn's stock gthread worker (gunicorn.conf.py otherwise: threads, hooks) on a unix
     socket in a private 0700 folder, behind nginx listening on TCP; stopped nginx first."""
     assert NGINX, "nginx is not installed (/usr/sbin/nginx)"
@@ -155,7 +174,8 @@ def fronted_node(service: str, env: dict[str, str], log_dir: Path) -> Iterator[N
     port = free_port()
     settings = from_env(CoreSettings, environ={**os.environ, **env})
     user = pwd.getpwuid(os.geteuid()).pw_name
-    (prefix / "nginx.conf").write_text(front_config(settings, f"127.0.0.1:{port}", private / "gunicorn.sock", user))
+    config = front_config(settings, f"127.0.0.1:{port}", private / "gunicorn.sock", user, large_bodies)
+    (prefix / "nginx.conf").write_text(config)
     command = [NGINX, "-p", str(prefix), "-c", "nginx.conf", "-e", "logs/error.log"]
     nginx = subprocess.Popen([*command, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     access_log = log_dir / "fronted-access.log"
