@@ -2,7 +2,7 @@
 both ways (the shipped worker; nginx in front of gunicorn's stock gthread worker), and prints its
 table with a row for every defence, so the command in bench/http/README.md stays true. Its
 figures are not asserted: only what either way must get right (both score alike, the probes and
-the requests in flight of the stop answered 200)."""
+the requests in flight of the stop answered 200, the same token rule)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ ROWS = (
     "slow clients: a scoring request's latency",
     "slow clients: partial heads' answers",
     "slow clients: bodies at 1 byte/s",
+    "token rule",
     "401 before the body: one unauthenticated upload",
     "401 before the body: many at once",
     "buffered bytes across connections",
@@ -58,3 +59,6 @@ def test_front_bench_prints_a_row_per_defence(tmp_path: Path) -> None:
         assert report[way]["slow"]["health"]["status"] == 200
         assert report[way]["slow"]["scoring"]["status"] == 200
         assert report[way]["stop"]["in_flight"] == {"200": 4}
+        assert report[way]["token_rule"]["none"] == 401
+    # nginx's rendered token check refuses what the worker refuses, and lets through what it lets through.
+    assert report["fronted"]["token_rule"] == report["shipped"]["token_rule"]

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import requests
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -122,9 +124,30 @@ async def identity(node: Node, body: bytes, pause_s: float) -> dict[str, Any]:
     }
 
 
+# The token rule's cases (common/server/auth.py): the scheme's case is free, the token's is not.
+TOKEN_CASES = {
+    "Bearer": {"Authorization": f"Bearer {TOKEN}"},
+    "bearer": {"Authorization": f"bearer {TOKEN}"},
+    "token's case": {"Authorization": f"Bearer {TOKEN.upper()}"},
+    "longer": {"Authorization": f"Bearer {TOKEN}x"},
+    "none": {},
+}
+
+
+def token_rule(node: Node) -> dict[str, int]:
+    """The status of a (not pickled) body with each case, and of a GET with a body and no token:
+    a 401 is the check refusing it, a 400 the app reading it."""
+    statuses = {
+        case: requests.post(node.url + "/", data=b"x", headers=h, timeout=60).status_code
+        for case, h in TOKEN_CASES.items()
+    }
+    statuses["GET with a body"] = requests.get(node.url + "/health", data=b"x", timeout=60).status_code
+    return statuses
+
+
 def measure(node: Node, args: argparse.Namespace, bodies: list[bytes]) -> dict[str, Any]:
     """Every defence of one node, the graceful stop last (it stops the node)."""
-    found: dict[str, Any] = {"identity": asyncio.run(identity(node, bodies[0], 1.0))}
+    found: dict[str, Any] = {"identity": asyncio.run(identity(node, bodies[0], 1.0)), "token_rule": token_rule(node)}
     observe_s = max(args.head_timeout, args.body_timeout) + 5
     found["slow"] = asyncio.run(
         slow_clients(node, args.slow_heads, args.slow_bodies, observe_s, bodies[0], AUTHORIZED, args.body_timeout - 1)
@@ -182,6 +205,11 @@ ROWS: list[tuple[str, Callable[[dict[str, Any]], str], str]] = [
     ),
     ("slow clients: partial heads' answers", lambda f: answers(f["slow"]["partial_heads"]), "from the connection"),
     ("slow clients: bodies at 1 byte/s", lambda f: answers(f["slow"]["trickled_bodies"]), "from the connection"),
+    (
+        "token rule",
+        lambda f: ", ".join(f"{case} {status}" for case, status in f["token_rule"].items()),
+        "a body that is not a pickle (400 when the app reads it) with each Authorization",
+    ),
     ("401 before the body: one unauthenticated upload", lambda f: uploads(f["unauth_one"]), "no token, token set"),
     ("401 before the body: many at once", lambda f: uploads(f["unauth_many"]), "no token, token set"),
     ("buffered bytes across connections", lambda f: uploads(f["buffered"]), "paced over half the body timeout"),
