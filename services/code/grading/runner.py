@@ -9,8 +9,8 @@ import math
 import time
 from collections.abc import Iterator
 
-from services.code.compile_cache import Builds
-from services.code.labels import Suite
+from services.code.building.cache import Builds
+from services.code.labels.suites import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, TimeScale, time_scales
 from services.code.preludes import prelude
 from services.code.sandbox.host import Sandbox, SandboxFailure

@@ -10,15 +10,15 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from services.code.admission import Admission, Cost, Rates
-from services.code.cancelling import Cancellation, Cancelled
-from services.code.grading.building import built
-from services.code.grading.judging import cut_short
+from services.code.building.sandboxed_build import built
 from services.code.grading.runner import Owner, Runner
-from services.code.labels import Suite
+from services.code.judging.statuses import cut_short
+from services.code.labels.suites import Suite
 from services.code.languages import LANGUAGES, PYTHON
 from services.code.sandbox.host import SandboxFailure
 from services.code.sandbox.inside.messages import Fetched, Job, StdinOutcome
+from services.code.scheduling.admission import Admission, Cost, Rates
+from services.code.scheduling.cancelling import Cancellation, Cancelled
 
 
 @dataclass(frozen=True)

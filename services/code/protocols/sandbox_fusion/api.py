@@ -19,8 +19,8 @@ from typing import Any
 
 from common.limits.errors import Unprocessable, quote
 from common.pipeline.scorer import Scored
-from services.code.compile_cache import Unremembered
-from services.code.grader import Grader
+from services.code.building.cache import Unremembered
+from services.code.grading.grader import Grader
 from services.code.grading.trials import RunLimits, Trial
 from services.code.languages import LANGUAGES, SANDBOX_FUSION_NAMES
 from services.code.sandbox.inside.files import components

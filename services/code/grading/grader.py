@@ -1,6 +1,6 @@
 # Over 400 lines: a sample's way from admission to verdict (slot, plan, re-run, judging, checking) is one story.
 """From a sample to a verdict: its admission and plan, its slot and deadline, the one re-run,
-its tests judged (``grading.judging``) and checked (``grading.checking``), and its score."""
+its tests judged (``judging.statuses``) and checked (``checker_runs``), and its score."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 from common.limits.deadlines import Deadline
 from common.pipeline import metrics
-from services.code import interactive
-from services.code.admission import Admission, Admitted, Cost, Rates, floor_shown
-from services.code.cancelling import Cancellation, Cancelled, HangUps
-from services.code.compile_cache import Builds
-from services.code.grading import checking, trials
-from services.code.grading.building import built
-from services.code.grading.checking import JudgeFailure
-from services.code.grading.judging import (
+from services.code.building.cache import Builds
+from services.code.building.sandboxed_build import built
+from services.code.grading import checker_runs, trials
+from services.code.grading.checker_runs import JudgeFailure
+from services.code.grading.runner import Owner, Runner
+from services.code.grading.trials import RunLimits, Trial
+from services.code.judging import interactor
+from services.code.judging.statuses import (
     LONG_OUTPUT,
     UNCHECKED,
     Verdict,
@@ -31,9 +31,7 @@ from services.code.grading.judging import (
     judge,
     too_long,
 )
-from services.code.grading.runner import Owner, Runner
-from services.code.grading.trials import RunLimits, Trial
-from services.code.labels import Suite
+from services.code.labels.suites import Suite
 from services.code.languages import LANGUAGES, PYTHON, Program
 from services.code.sandbox.host import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
 from services.code.sandbox.inside.messages import (
@@ -43,6 +41,8 @@ from services.code.sandbox.inside.messages import (
     StdinOutcome,
     TrustedTests,
 )
+from services.code.scheduling.admission import Admission, Admitted, Cost, Rates, floor_shown
+from services.code.scheduling.cancelling import Cancellation, Cancelled, HangUps
 from services.code.settings import CodeSettings
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class Grader:
         compiled = sample.language != PYTHON
         worst += s.compile_cpu_s if compiled else 0.0
         if suite.checker.mode == "custom":
-            worst += checking.check_reserve(self.runner, suite)
+            worst += checker_runs.check_reserve(self.runner, suite)
             worst += s.compile_cpu_s if suite.checker.language != PYTHON else 0.0
         elif suite.interactor is not None:
             worst += s.compile_cpu_s if suite.interactor.language != PYTHON else 0.0
@@ -213,7 +213,7 @@ class Grader:
         needed_s: float,
         cancellation: Cancellation,
     ) -> Verdict:
-        """A program in a compiled language: its build (once per source, ``compile_cache``),
+        """A program in a compiled language: its build (once per source, ``building.cache``),
         then its tests, each running the build."""
         suite = sample.suite
         assert suite is not None
@@ -260,12 +260,12 @@ class Grader:
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             by = suite.interactor or suite.checker  # the label's checker or interactor
             try:
-                checker = stack.enter_context(checking.checker_built(self.runner, by, deadline, owner, uid))
+                checker = stack.enter_context(checker_runs.checker_built(self.runner, by, deadline, owner, uid))
             except JudgeFailure as exc:
                 log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                 return Verdict("judge_failure", 0, len(statuses), None)
             checks_after = checker is not None and suite.interactor is None
-            reserve = checking.check_reserve(self.runner, suite) if checks_after else 0.0
+            reserve = checker_runs.check_reserve(self.runner, suite) if checks_after else 0.0
             runs_by = deadline - reserve
             now = time.monotonic()
             if runs_by <= now:
@@ -284,10 +284,13 @@ class Grader:
             trusted: TrustedTests | InteractorFiles | None = self._trusted(suite)
             if suite.interactor is not None:
                 assert checker is not None and self.builds is not None
-                cpu_s, memory = checking.interactor_cpu_s(self.runner, suite.interactor), self.settings.memory_mb << 20
+                cpu_s, memory = (
+                    checker_runs.interactor_cpu_s(self.runner, suite.interactor),
+                    self.settings.memory_mb << 20,
+                )
                 protocol, entry = suite.interactor.protocol, self.builds.cache.entry(checker.key)
-                job = interactive.job(job, checker, protocol, entry, cpu_s, memory)
-                trusted, checker = interactive.files(suite.tests, suite.expected), None
+                job = interactor.job(job, checker, protocol, entry, cpu_s, memory)
+                trusted, checker = interactor.files(suite.tests, suite.expected), None
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
             runs = self.sandbox.run(job, uid, trusted, answers_needed(suite), cancellation)
@@ -303,7 +306,7 @@ class Grader:
                             continue
                     if isinstance(run, InteractOutcome):
                         assert suite.interactor is not None
-                        found = interactive.verdict(run, suite.interactor.protocol)
+                        found = interactor.verdict(run, suite.interactor.protocol)
                         if found is None:
                             log.warning("a label's interactor failed a code sample (no verdict): exit %d: %.300s",
                                         run.interactor_exit, run.interactor_report)  # fmt: skip
@@ -337,7 +340,7 @@ class Grader:
             if outputs:
                 assert checker is not None
                 try:
-                    checked = checking.check(self.runner, suite, checker, outputs, deadline, uid)
+                    checked = checker_runs.check(self.runner, suite, checker, outputs, deadline, uid)
                     for index, (status, got) in checked.items():
                         statuses[index], points[index] = status, got
                 except JudgeFailure as exc:
