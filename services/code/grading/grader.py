@@ -19,7 +19,7 @@ from services.code.building.sandboxed_build import built
 from services.code.grading import checker_runs, modes, trials
 from services.code.grading.checker_runs import JudgeFailure
 from services.code.grading.runner import Owner, Runner
-from services.code.grading.trials import RunLimits, Trial
+from services.code.grading.trials import RunCall, Trial
 from services.code.judging.statuses import (
     LONG_OUTPUT,
     Verdict,
@@ -49,6 +49,20 @@ class Replan(Exception):
     def __init__(self, needed_s: float) -> None:
         super().__init__(f"a code sample's plan was short: it needs {needed_s:.1f} s")
         self.needed_s = needed_s
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try at a sample: by ``deadline``, in ``owner``'s turn at the slots, as the ``index``-th
+    of its request's ``admitted`` samples (``None``: admission off), planned at least ``needed_s``
+    (its re-run; 0 at first), stopped once ``cancellation`` is."""
+
+    deadline: float
+    owner: Owner
+    admitted: Admitted | None
+    index: int
+    needed_s: float
+    cancellation: Cancellation
 
 
 @dataclass(frozen=True)
@@ -179,11 +193,10 @@ class Grader:
         failures, needed_s = 0, 0.0
         while True:
             try:
+                attempt = Attempt(deadline, owner, admitted, index, needed_s, cancellation)
                 if sample.language != PYTHON:
-                    return self._run_built(sample, deadline, owner, admitted, index, needed_s, cancellation)
-                return self._run(
-                    sample.suite, sample.code, deadline, owner, admitted, index, None, needed_s, cancellation
-                )
+                    return self._run_built(sample, attempt)
+                return self._run(sample.suite, sample.code, attempt)
             except Replan as replan:
                 needed_s = replan.needed_s
             except SandboxFailure as exc:
@@ -193,16 +206,7 @@ class Grader:
                     return Verdict("sandbox_error", 0, total, None)
                 time.sleep(self.settings.retry_pause_s)
 
-    def _run_built(
-        self,
-        sample: Sample,
-        deadline: float,
-        owner: Owner,
-        admitted: Admitted | None,
-        index: int,
-        needed_s: float,
-        cancellation: Cancellation,
-    ) -> Verdict:
+    def _run_built(self, sample: Sample, attempt: Attempt) -> Verdict:
         """A program in a compiled language: its build (once per source, ``building.cache``),
         then its tests, each running the build."""
         suite = sample.suite
@@ -213,24 +217,13 @@ class Grader:
             return Verdict("language_unavailable", 0, total, None)
         program = self.builds.program(language, sample.code, self.settings.memory_mb)
         started = time.monotonic()
-        with built(self.runner, program, deadline, owner) as error:
+        with built(self.runner, program, attempt.deadline, attempt.owner) as error:
             self.rates.measured(sample.language, 0.0, 0, time.monotonic() - started)
             if error is not None:
                 return Verdict("compile_error", 0, total, 0.0)
-            return self._run(suite, sample.code, deadline, owner, admitted, index, program, needed_s, cancellation)
+            return self._run(suite, sample.code, attempt, program)
 
-    def _run(
-        self,
-        suite: Suite,
-        code: str,
-        deadline: float,
-        owner: Owner,
-        admitted: Admitted | None = None,
-        index: int = 0,
-        program: Program | None = None,
-        needed_s: float = 0.0,
-        cancellation: Cancellation | None = None,
-    ) -> Verdict:
+    def _run(self, suite: Suite, code: str, attempt: Attempt, program: Program | None = None) -> Verdict:
         """The sample's tests in one slot, within its plan (at least ``needed_s`` on its re-run),
         each outcome handed to its test mode (``modes``). Raises ``Replan``, once, when the plan
         ran out before its tests did and the node's floor for it now, or what its tests that ended
@@ -239,15 +232,16 @@ class Grader:
         A spinner's tests never end on their own: it is never re-run; one that spins after quick
         tests is re-run once, within its limits, and counted as it runs."""
         language = program.language.name if program else PYTHON
+        deadline, admitted = attempt.deadline, attempt.admitted
         with contextlib.ExitStack() as stack:
-            uid = stack.enter_context(self.runner.slot(owner, deadline))
+            uid = stack.enter_context(self.runner.slot(attempt.owner, deadline))
             slot_taken = time.monotonic()
-            plan = admitted.started(index, needed_s) if admitted is not None else math.inf
+            plan = admitted.started(attempt.index, attempt.needed_s) if admitted is not None else math.inf
             # A label's checker is built, and its time kept, before the program runs: whatever
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             by = suite.interactor or suite.checker  # the label's checker or interactor
             try:
-                checker = stack.enter_context(checker_runs.checker_built(self.runner, by, deadline, owner, uid))
+                checker = stack.enter_context(checker_runs.checker_built(self.runner, by, deadline, attempt.owner, uid))
             except JudgeFailure as exc:
                 log.warning("a label's checker failed a code sample (no verdict): %s", exc)
                 return Verdict("judge_failure", 0, len(suite.tests), None)
@@ -269,7 +263,7 @@ class Grader:
             job, trusted = mode.prepared(job)
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(job, uid, trusted, answers_needed(suite), cancellation)
+            runs = self.sandbox.run(job, uid, trusted, answers_needed(suite), attempt.cancellation)
             try:
                 cut, plan_cut = self._taken(mode, runs, job, deadline_cuts, plan < own_s)
                 if cut:
@@ -280,9 +274,9 @@ class Grader:
                 # Measured before the sample is judged: a cut sample's floor then counts what it showed.
                 slot_s = time.monotonic() - slot_taken
                 self._measure(language, slot_s, mode.statuses)
-                if plan_cut and not needed_s and admitted is not None:
+                if plan_cut and not attempt.needed_s and admitted is not None:
                     ended = sum(status != "timeout" for status in mode.statuses)
-                    needed = max(admitted.floor(index), floor_shown(slot_s, len(mode.statuses), ended))
+                    needed = max(admitted.floor(attempt.index), floor_shown(slot_s, len(mode.statuses), ended))
                     if needed > plan:
                         raise Replan(needed)
                 points = mode.points(deadline, uid)
@@ -346,23 +340,12 @@ class Grader:
         """``trials.trial`` within this grader's ``timeout_s``: for the startup checks and the benches."""
         return trials.trial(self.runner, self.timeout_s, code, language, inputs)
 
-    def run_once(
-        self,
-        code: str,
-        language: str,
-        stdin: str,
-        limits: RunLimits,
-        deadline: float,
-        client: str,
-        gone: Callable[[], bool] = lambda: False,
-    ) -> Trial:
+    def run_once(self, call: RunCall, gone: Callable[[], bool] = lambda: False) -> Trial:
         """``trials.run_once`` admitted beside this grader's samples: SandboxFusion's ``/run_code``;
         raises ``Cancelled`` once ``gone()`` (its client hung up: the run is stopped)."""
         admission = self.admission if self.settings.admission != "off" else None
         with self.hang_ups.watching(gone) as cancellation:
-            return trials.run_once(
-                self.runner, admission, self.rates, code, language, stdin, limits, deadline, client, cancellation
-            )
+            return trials.run_once(self.runner, admission, self.rates, call, cancellation)
 
     def _count_masked(self, verdicts: Sequence[Verdict]) -> None:
         """Warn per sample left without a verdict, and when more than 5 of 100 were."""
