@@ -1,5 +1,5 @@
 """How a sample's tests are judged, one strategy per mode (``mode_of``), so that the grader's
-loop over a sample's runs (``Grader._run``) only hands each outcome to its mode:
+loop over a sample's runs (``Grader._taken``) only hands each outcome to its mode:
 
 - ``Judged``: stdin, call-based and assert tests, each outcome judged in the service as it
   arrives (``judging.statuses``); an assert label's code goes to the tests' process alone;
