@@ -16,8 +16,8 @@ import statistics
 import uuid
 
 from services.code import languages
-from services.code.building.cache import SANDBOX_VIEW, Builds, CompileCache, Limits
 from services.code.grading.grader import Grader
+from services.code.sandbox.compile_cache import SANDBOX_VIEW, Builds, CompileCache, Limits
 from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
 from testing.code_cases import CASES

@@ -4,7 +4,7 @@
 language names all read; docs/adding-a-language.md says how to add one.
 
 Python runs in the warm zygote (``inside.program``). Every other language is *built* once
-per distinct source (``building.cache``: keyed by language, flags and the source's hash) by
+per distinct source (``sandbox.compile_cache``: keyed by language, flags and the source's hash) by
 its toolchain, in the sample's sandbox, and its artifact is then run by each stdin test as a
 fresh process (``inside.compiled_programs``). JavaScript's build is a syntax check (``node
 --check``) that ships the source itself.

@@ -27,7 +27,6 @@ from common.limits.deadlines import Deadline, current_deadline
 from common.limits.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.pipeline.scorer import Scored, Scorer
 from services.code import environments, languages, packages
-from services.code.building.cache import SANDBOX_VIEW, Builds, CompileCache, Limits
 from services.code.extract import extract_program, response_from_query
 from services.code.grading.grader import Grader, Sample
 from services.code.judging.statuses import Verdict
@@ -36,6 +35,7 @@ from services.code.labels.suites import Suite, label_code_of, parse_label, with_
 from services.code.preflight import preflight
 from services.code.protocols.sandbox_fusion import api as sandbox_fusion
 from services.code.sandbox import host
+from services.code.sandbox.compile_cache import SANDBOX_VIEW, Builds, CompileCache, Limits
 from services.code.scheduling.cancelling import Cancelled
 from services.code.settings import CodeSettings
 

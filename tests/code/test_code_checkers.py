@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from common.limits.errors import Unprocessable
-from services.code.building import cache as build_cache
-from services.code.building.cache import Builds, CompileCache, Limits, Unremembered
 from services.code.grading.grader import Grader, Sample
 from services.code.judging.checkers import Checker, custom_verdict, parse_checker
 from services.code.judging.comparison import output_matches
 from services.code.labels.suites import Suite
+from services.code.sandbox import compile_cache
+from services.code.sandbox.compile_cache import Builds, CompileCache, Limits, Unremembered
 from services.code.sandbox.host import SandboxFailure
 from services.code.settings import CodeSettings
 from testing.clock import wait_until
@@ -248,15 +248,15 @@ class _CountedWaits(threading.Event):
 def test_the_compile_cache_is_bounded_and_builds_once(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Least recently used entries go first, never one a run holds; one build per key however
     many wait for it; a compile error is remembered; a failed build is not."""
-    flights: list[build_cache._Flight] = []
+    flights: list[compile_cache._Flight] = []
 
-    class CountedFlight(build_cache._Flight):
+    class CountedFlight(compile_cache._Flight):
         def __init__(self) -> None:
             super().__init__()
             self.done = _CountedWaits()
             flights.append(self)
 
-    monkeypatch.setattr(build_cache, "_Flight", CountedFlight)
+    monkeypatch.setattr(compile_cache, "_Flight", CountedFlight)
     cache = CompileCache(max_bytes=2500, isolation="none")
     built: list[str] = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from services.code.building.sandboxed_build import built
+from services.code.grading.build_step import built
 from services.code.grading.runner import Owner, Runner
 from services.code.judging import checkers
 from services.code.judging.checkers import Checker

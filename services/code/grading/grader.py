@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from common.limits.deadlines import Deadline
 from common.pipeline import metrics
-from services.code.building.cache import Builds
-from services.code.building.sandboxed_build import built
 from services.code.grading import checker_runs, modes, trials
+from services.code.grading.build_step import built
 from services.code.grading.checker_runs import JudgeFailure
 from services.code.grading.runner import Owner, Runner
 from services.code.grading.trials import RunCall, Trial
@@ -29,6 +28,7 @@ from services.code.judging.statuses import (
 )
 from services.code.labels.suites import Suite
 from services.code.languages import LANGUAGES, PYTHON, Program
+from services.code.sandbox.compile_cache import Builds
 from services.code.sandbox.host import RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
 from services.code.sandbox.inside.messages import Job, Outcome, StdinOutcome
 from services.code.scheduling.admission import Admission, Admitted, Cost, Rates, floor_shown
@@ -207,7 +207,7 @@ class Grader:
                 time.sleep(self.settings.retry_pause_s)
 
     def _run_built(self, sample: Sample, attempt: Attempt) -> Verdict:
-        """A program in a compiled language: its build (once per source, ``building.cache``),
+        """A program in a compiled language: its build (once per source, ``sandbox.compile_cache``),
         then its tests, each running the build."""
         suite = sample.suite
         assert suite is not None

@@ -9,10 +9,10 @@ import math
 import time
 from collections.abc import Iterator
 
-from services.code.building.cache import Builds
 from services.code.labels.suites import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, TimeScale, time_scales
 from services.code.preludes import prelude
+from services.code.sandbox.compile_cache import Builds
 from services.code.sandbox.host import Sandbox, SandboxFailure
 from services.code.sandbox.inside.messages import Fetched, Job, Outcome
 from services.code.settings import SUPERVISOR_MB, CodeSettings

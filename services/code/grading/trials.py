@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from services.code.building.sandboxed_build import built
+from services.code.grading.build_step import built
 from services.code.grading.runner import Owner, Runner
 from services.code.judging.statuses import cut_short
 from services.code.labels.suites import Suite

@@ -19,10 +19,10 @@ from typing import Any
 
 from common.limits.errors import Unprocessable, quote
 from common.pipeline.scorer import Scored
-from services.code.building.cache import Unremembered
 from services.code.grading.grader import Grader
 from services.code.grading.trials import RunCall, RunLimits, Trial
 from services.code.languages import LANGUAGES, SANDBOX_FUSION_NAMES
+from services.code.sandbox.compile_cache import Unremembered
 from services.code.sandbox.inside.files import components
 from services.code.sandbox.inside.messages import StdinOutcome
 from services.code.settings import CodeSettings
