@@ -1,4 +1,4 @@
-"""Kattis problem packages for the tests (``services.code.problems``), written into a directory:
+"""Kattis problem packages for the tests (``services.code.labels.problem_packages``), written into a directory:
 ``anysum``, an "any valid answer" problem written for the tests (print two non-negative
 integers summing to N), judged by a Python output validator; the verdict corpus's problems
 (``testing/corpus``, which carries their licences) as packages: problemtools' ``guess``

@@ -29,7 +29,7 @@ from PIL import Image
 from common.configuration.settings import CoreSettings
 from common.server.app import create_app
 from common.setup import install, registry
-from services.code.grading.judging import STATUSES
+from services.code.judging.statuses import STATUSES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -32,8 +32,8 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from services.code.compare import result_matches  # noqa: E402
 from services.code.environments import load  # noqa: E402
+from services.code.judging.comparison import result_matches  # noqa: E402
 from testing.server import gunicorn_server  # noqa: E402
 
 ENV = "coin_change"

@@ -28,7 +28,7 @@ import json, os, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from bench.code.bench import SOLUTIONS, samples
 from services.code.environments import load
-from services.code.grader import Grader, Sample
+from services.code.grading.grader import Grader, Sample
 from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
 

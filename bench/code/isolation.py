@@ -25,8 +25,8 @@ from bench.code.before_after import run_in_sandbox_tree, sandbox_designs
 RUNNER = """
 import json, sys, time
 from services.code.environments import load
-from services.code.grader import Grader, Sample
-from services.code.labels import Suite
+from services.code.grading.grader import Grader, Sample
+from services.code.labels.suites import Suite
 from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
 

@@ -15,8 +15,9 @@ import argparse
 import statistics
 import uuid
 
-from services.code import compile_cache, languages
-from services.code.grader import Grader
+from services.code import languages
+from services.code.grading.grader import Grader
+from services.code.sandbox.compile_cache import SANDBOX_VIEW, Builds, CompileCache, Limits
 from services.code.sandbox.host import Sandbox
 from services.code.settings import CodeSettings
 from testing.code_cases import CASES
@@ -63,14 +64,14 @@ def main() -> None:
     args = parser.parse_args()
     settings = CodeSettings(infra_failure_score="nan", max_parallel=8, uid_base=args.uid_base, time_scales="",
                             test_cpu_s=60, test_wall_s=60, sample_wall_s=600)  # fmt: skip
-    cache = compile_cache.CompileCache(settings.compile_cache_mb << 20, "bwrap")
-    limits = compile_cache.Limits(settings.compile_cpu_s, settings.compile_wall_s, settings.compile_memory_mb,
+    cache = CompileCache(settings.compile_cache_mb << 20, "bwrap")
+    limits = Limits(settings.compile_cpu_s, settings.compile_wall_s, settings.compile_memory_mb,
                                   settings.compile_tmp_mb)  # fmt: skip
-    binds = ("--bind", cache.root, compile_cache.SANDBOX_VIEW, *languages.TOOLCHAIN_BINDS)
+    binds = ("--bind", cache.root, SANDBOX_VIEW, *languages.TOOLCHAIN_BINDS)
     sandbox = Sandbox("bwrap", settings.parallel, settings.uid_base, settings.cgroups, "", binds)
     sandbox.start()
     try:
-        grader = Grader(settings, sandbox, 300.0, compile_cache.Builds(cache, limits))
+        grader = Grader(settings, sandbox, 300.0, Builds(cache, limits))
         programs = sources()
         # Fresh builds (a comment no earlier run had): the rounds then hit them.
         salt = uuid.uuid4().hex

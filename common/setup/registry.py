@@ -206,9 +206,9 @@ SERVICES: dict[str, Service] = {
             settings="services.code.settings:CodeSettings",
             preflight="services.code.preflight:preflight",
             protocols=(
-                "services.code.openrlhf:OpenRLHFProtocol",
-                "services.code.sandbox_fusion.protocol:RunCodeProtocol",
-                "services.code.sandbox_fusion.protocol:RunJupyterProtocol",
+                "services.code.protocols.openrlhf:OpenRLHFProtocol",
+                "services.code.protocols.sandbox_fusion.protocol:RunCodeProtocol",
+                "services.code.protocols.sandbox_fusion.protocol:RunJupyterProtocol",
             ),
             # The packages graded programs may import, in a directory of their own.
             prepare=("services.code.packages",),

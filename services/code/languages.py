@@ -4,9 +4,9 @@
 language names all read; docs/adding-a-language.md says how to add one.
 
 Python runs in the warm zygote (``inside.program``). Every other language is *built* once
-per distinct source (``compile_cache``: keyed by language, flags and the source's hash) by
+per distinct source (``sandbox.compile_cache``: keyed by language, flags and the source's hash) by
 its toolchain, in the sample's sandbox, and its artifact is then run by each stdin test as a
-fresh process (``inside.compiled``). JavaScript's build is a syntax check (``node
+fresh process (``inside.compiled_programs``). JavaScript's build is a syntax check (``node
 --check``) that ships the source itself.
 
 Toolchains are system packages (each record's ``packages``) and a pinned Go
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common.setup.install import GO_BUILD_ENV, GOROOT, SANDBOX_TOOL_DIRS, SystemPackage
 from services.code.java import java_source_names
-from services.code.sandbox.inside.compiled import ARTIFACT_DIR, OUTPUT_DIR
+from services.code.sandbox.inside.compiled_programs import ARTIFACT_DIR, OUTPUT_DIR
 
 PYTHON = "python"
 # Python's names (it runs in the warm zygote, no ``Language`` of its own), and SandboxFusion's.

@@ -2,7 +2,7 @@
 
 Two protocols reach the same grader: the core's pickle/JSON route
 (``{"responses", "prompts", "labels", "metadata"}`` -> ``{"scores", "error_types"}``) and
-OpenRLHF's remote reward route (``openrlhf.py``).
+OpenRLHF's remote reward route (``protocols.openrlhf``).
 """
 
 from __future__ import annotations
@@ -26,15 +26,17 @@ from common.limits.clients import current_client, hang_up_check
 from common.limits.deadlines import Deadline, current_deadline
 from common.limits.errors import Overloaded, PayloadTooLarge, Unprocessable, quote
 from common.pipeline.scorer import Scored, Scorer
-from services.code import compile_cache, environments, label_code, languages, packages, problems
-from services.code.cancelling import Cancelled
+from services.code import environments, languages, packages
 from services.code.extract import extract_program, response_from_query
-from services.code.grader import Grader, Sample
-from services.code.grading.judging import Verdict
-from services.code.labels import Suite, label_code_of, parse_label, with_checked_code
+from services.code.grading.grader import Grader, Sample
+from services.code.judging.statuses import Verdict
+from services.code.labels import code_validation, problem_packages
+from services.code.labels.suites import Suite, label_code_of, parse_label, with_checked_code
 from services.code.preflight import preflight
+from services.code.protocols.sandbox_fusion import api as sandbox_fusion
 from services.code.sandbox import host
-from services.code.sandbox_fusion import api as sandbox_fusion
+from services.code.sandbox.compile_cache import SANDBOX_VIEW, Builds, CompileCache, Limits
+from services.code.scheduling.cancelling import Cancelled
 from services.code.settings import CodeSettings
 
 log = logging.getLogger(__name__)
@@ -126,12 +128,12 @@ class CodeScorer(Scorer):
         self.environment = self._load_environment(s.env) if s.env else None
         if s.problems_dir and not os.path.isdir(s.problems_dir):
             raise ConfigError(f"{env_name(SECTION, 'problems_dir')}: {s.problems_dir} is not a directory")
-        self.problems = problems.Problems(s.problems_dir).suite if s.problems_dir else None
+        self.problems = problem_packages.Problems(s.problems_dir).suite if s.problems_dir else None
         self.isolation: str | None = None  # chosen in setup
         self.sandbox: host.Sandbox | None = None
         self.grader: Grader | None = None
         helpers = max(1, min(LABEL_HELPERS, usable_cpus()))
-        self.label_code = label_code.LabelCode(helpers, s.label_cache_mb << 20)
+        self.label_code = code_validation.LabelCode(helpers, s.label_cache_mb << 20)
         atexit.register(self.label_code.close)
 
     @staticmethod
@@ -165,11 +167,11 @@ class CodeScorer(Scorer):
         sys.set_int_max_str_digits(INT_MAX_DIGITS)
         self.isolation = isolation = self.choose_isolation()
         shown = str(packages.PACKAGES_DIR) if s.sandbox_packages else ""
-        cache = compile_cache.CompileCache(s.compile_cache_mb << 20, isolation)
+        cache = CompileCache(s.compile_cache_mb << 20, isolation)
         atexit.register(cache.close)
-        builds = compile_cache.Builds(cache, compile_cache.Limits(s.compile_cpu_s, s.compile_wall_s,
+        builds = Builds(cache, Limits(s.compile_cpu_s, s.compile_wall_s,
                                                                   s.compile_memory_mb, s.compile_tmp_mb))  # fmt: skip
-        binds = ("--bind", cache.root, compile_cache.SANDBOX_VIEW, *languages.TOOLCHAIN_BINDS)
+        binds = ("--bind", cache.root, SANDBOX_VIEW, *languages.TOOLCHAIN_BINDS)
         self.sandbox = host.Sandbox(isolation, s.parallel, s.uid_base, s.cgroups, shown, binds)
         atexit.register(self.sandbox.close)
         self.sandbox.start()
@@ -243,7 +245,7 @@ class CodeScorer(Scorer):
         return self._with_checked_code(samples)
 
     def _with_checked_code(self, samples: list[Sample]) -> list[Sample]:
-        """The samples, their assert labels' code compiled (in ``label_code``'s helpers) first."""
+        """The samples, their assert labels' code compiled (in ``code_validation``'s helpers) first."""
         codes = {id(s.suite): label_code_of(s.suite) for s in samples if s.suite is not None}
         for code in codes.values():
             if sum(map(len, code)) > self.settings.max_label_code_chars:

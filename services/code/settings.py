@@ -58,11 +58,11 @@ class CodeSettings:
         check=time_scales,
     )
     sample_wall_s: float = setting(60.0, "wall seconds per sample")
-    # Kattis problem packages labels name (services/code/problems.py), each read on first use.
+    # Kattis problem packages labels name (services/code/labels/problem_packages.py), each read on first use.
     problems_dir: str = setting(
         "", "directory of the Kattis problem packages labels name (`problem`), each read once; empty: none"
     )
-    # Which requests a worker takes on (services/code/admission.py): "measured", those whose
+    # Which requests a worker takes on (services/code/scheduling/admission.py): "measured", those whose
     # samples the node can grade before the deadline at the rate it measures, each sample at no
     # less than its guaranteed share (a quiet node: its full limits), a sample cut by the deadline
     # within its share getting no verdict (the rest: 503 with Retry-After before any work); "off",

@@ -9,9 +9,17 @@ import contextlib
 import pytest
 
 from common.limits.errors import Overloaded, PayloadTooLarge
-from services.code.admission import FIRST_TEST_S, PLAN_FLOOR_S, PLAN_MARGIN, Admission, Cost, Rates, floor_shown
-from services.code.cgroups import Cgroups
-from services.code.grader import Grader
+from services.code.grading.grader import Grader
+from services.code.sandbox.cgroups import Cgroups
+from services.code.scheduling.admission import (
+    FIRST_TEST_S,
+    PLAN_FLOOR_S,
+    PLAN_MARGIN,
+    Admission,
+    Cost,
+    Rates,
+    floor_shown,
+)
 from services.code.settings import CodeSettings
 from testing.clock import ManualClock
 

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from common.limits.errors import Unprocessable
-from services.code import compile_cache
-from services.code.checkers import Checker, custom_verdict, parse_checker
-from services.code.compare import output_matches
-from services.code.compile_cache import Builds, CompileCache, Limits, Unremembered
-from services.code.grader import Grader, Sample
-from services.code.labels import Suite
+from services.code.grading.grader import Grader, Sample
+from services.code.judging.checkers import Checker, custom_verdict, parse_checker
+from services.code.judging.comparison import output_matches
+from services.code.labels.suites import Suite
+from services.code.sandbox import compile_cache
+from services.code.sandbox.compile_cache import Builds, CompileCache, Limits, Unremembered
 from services.code.sandbox.host import SandboxFailure
 from services.code.settings import CodeSettings
 from testing.clock import wait_until

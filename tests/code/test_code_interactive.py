@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from services.code.interactive import verdict
+from services.code.judging.interactor import verdict
 from services.code.sandbox.inside.messages import InteractOutcome
 from testing.code import LANGUAGES_ENV
 from testing.interactive import CPP_SEARCH, GUESS, JAVA_SEARCH, LABEL, PY_SEARCH

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from services.code import cgroups
+from services.code.sandbox import cgroups
 from testing.clock import wait_until
 from testing.code import ENV, GROUP, ISOLATION_ENV, NETWORK_MEETING, ROUNDS, grade
 from testing.server import Server, gunicorn_server

@@ -15,7 +15,7 @@ import pytest
 from common.setup import install
 from services.code import languages
 from services.code.languages import LANGUAGES, Language, TimeScale
-from services.code.sandbox_fusion.api import NOT_SERVED
+from services.code.protocols.sandbox_fusion.api import NOT_SERVED
 from services.code.settings import CodeSettings
 from testing.code_cases import CASES, TAGS
 

@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from common.limits.errors import Unprocessable
-from services.code import checkers, kattis_default
-from services.code.problems import Problems, default_validator
+from services.code.judging import checkers, kattis_default
+from services.code.labels.problem_packages import Problems, default_validator
 from testing import problems
 from testing.server import Server, gunicorn_server
 

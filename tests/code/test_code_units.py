@@ -24,17 +24,17 @@ from common.limits.deadlines import Deadline
 from common.limits.errors import Unprocessable
 from common.setup import install
 from services.code import environments, languages
-from services.code.cancelling import Cancellation, Cancelled
-from services.code.cgroups import Cgroups
-from services.code.compare import output_matches, result_matches
 from services.code.extract import extract_code, response_from_query
-from services.code.grader import Grader, Sample
-from services.code.label_code import ENTRY_BYTES, Checked, LabelCode
-from services.code.labels import Suite, label_code_of, parse_label
+from services.code.grading.grader import Grader, Sample
+from services.code.judging.comparison import output_matches, result_matches
+from services.code.labels.code_validation import ENTRY_BYTES, Checked, LabelCode
+from services.code.labels.suites import Suite, label_code_of, parse_label
 from services.code.preludes import prelude
+from services.code.sandbox.cgroups import Cgroups
 from services.code.sandbox.host import FairSlots, SandboxFailure
 from services.code.sandbox.inside.confine import SampleCgroup
 from services.code.sandbox.inside.messages import Skipped, StdinOutcome, from_plain, to_plain
+from services.code.scheduling.cancelling import Cancellation, Cancelled
 from services.code.scorer import CodeScorer
 from services.code.settings import CodeSettings
 from testing.clock import wait_until
@@ -432,7 +432,7 @@ def test_refuses_a_weaker_sandbox_unless_named(monkeypatch) -> None:
 
 
 def test_nan_and_zero(monkeypatch) -> None:
-    from services.code.grading.judging import Verdict
+    from services.code.judging.statuses import Verdict
 
     # The reward rule, whatever isolation this host offers (a fresh machine may lack bubblewrap).
     monkeypatch.setenv("SCORER_CODE_SANDBOX", "none")

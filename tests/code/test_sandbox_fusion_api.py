@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from common.limits.errors import Unprocessable
-from services.code.compile_cache import Unremembered
 from services.code.grading.trials import Trial
+from services.code.protocols.sandbox_fusion import api
+from services.code.sandbox.compile_cache import Unremembered
 from services.code.sandbox.inside.messages import StdinOutcome
-from services.code.sandbox_fusion import api
 from services.code.settings import CodeSettings
 
 pytestmark = pytest.mark.unit

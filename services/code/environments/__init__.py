@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from services.code.labels import Suite
+from services.code.labels.suites import Suite
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""From a sample to a verdict, one step a module: ``runner`` (a run's job, limits and slot),
-``building`` (a program's build through the compile cache), ``judging`` (a test's outcome into
-its status), ``checking`` (a label's custom checker or interactor), ``trials`` (unjudged runs:
-``/run_code``, the startup checks); ``services.code.grader`` puts a sample's steps together."""
+"""A sample's way to its verdict, in the service: ``grader`` (a sample's admission, slot, plan,
+re-run and score), ``modes`` (how its tests are judged, one strategy per mode), ``runner`` (a
+run's job, limits and slot), ``build_step`` (a program's build through the compile cache),
+``checker_runs`` (a label's custom checker or interactor: built
+before the program runs, the checker run on what each test printed), ``trials`` (unjudged runs:
+``/run_code``, the startup checks)."""

@@ -9,10 +9,10 @@ import math
 import time
 from collections.abc import Iterator
 
-from services.code.compile_cache import Builds
-from services.code.labels import Suite
+from services.code.labels.suites import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, PYTHON, TimeScale, time_scales
 from services.code.preludes import prelude
+from services.code.sandbox.compile_cache import Builds
 from services.code.sandbox.host import Sandbox, SandboxFailure
 from services.code.sandbox.inside.messages import Fetched, Job, Outcome
 from services.code.settings import SUPERVISOR_MB, CodeSettings
@@ -44,7 +44,7 @@ class Runner:
         cgroups = self.sandbox.cgroups
         return Job(
             kind=suite.kind, code=code, fn_name=suite.fn_name, prelude=prelude(suite.prelude or s.prelude, suite.kind),
-            # Assert tests hold the expected values: they go to the tests' process only (``Grader._trusted``).
+            # Assert tests hold the expected values: they go to the tests' process only (``modes.Judged.prepared``).
             tests=[None] * len(suite.tests) if suite.kind == "assert" else list(suite.tests),
             cpu_s=scale.of(s.test_cpu_s), wall_s=scale.of(s.test_wall_s),
             sample_s=max(0.1, min(sample_s, deadline - time.monotonic())),

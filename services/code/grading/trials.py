@@ -10,15 +10,15 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from services.code.admission import Admission, Cost, Rates
-from services.code.cancelling import Cancellation, Cancelled
-from services.code.grading.building import built
-from services.code.grading.judging import cut_short
+from services.code.grading.build_step import built
 from services.code.grading.runner import Owner, Runner
-from services.code.labels import Suite
+from services.code.judging.statuses import cut_short
+from services.code.labels.suites import Suite
 from services.code.languages import LANGUAGES, PYTHON
 from services.code.sandbox.host import SandboxFailure
 from services.code.sandbox.inside.messages import Fetched, Job, StdinOutcome
+from services.code.scheduling.admission import Admission, Cost, Rates
+from services.code.scheduling.cancelling import Cancellation, Cancelled
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,19 @@ class RunLimits:
     memory_mb: int
     files: dict[str, str] = dataclasses.field(default_factory=dict)
     fetch: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunCall:
+    """One run a client asks for (``run_once``): ``code`` in ``language`` on ``stdin``, within
+    ``limits``, by ``deadline``, in ``client``'s turn at the slots."""
+
+    code: str
+    language: str
+    stdin: str
+    limits: RunLimits
+    deadline: float
+    client: str
 
 
 @dataclass(frozen=True)
@@ -64,27 +77,18 @@ def trial(
 
 
 def run_once(
-    runner: Runner,
-    admission: Admission | None,
-    rates: Rates,
-    code: str,
-    language: str,
-    stdin: str,
-    limits: RunLimits,
-    deadline: float,
-    client: str,
-    cancellation: Cancellation | None = None,
+    runner: Runner, admission: Admission | None, rates: Rates, call: RunCall, cancellation: Cancellation | None = None
 ) -> Trial:
-    """One run of ``code`` on ``stdin`` (built first, through the compile cache, when
-    compiled), unjudged, within ``limits`` (never more than the server's), by ``deadline``,
-    in ``client``'s turn at the slots: SandboxFusion's ``/run_code``. Admitted at the measured
-    rate (``admission``; ``None``: off), it runs at its full limits or not at all: a run the
-    deadline would cut short raises ``SandboxFailure`` (retried by the client), never a time
+    """``call``'s run (built first, through the compile cache, when compiled), unjudged, within
+    its limits (never more than the server's): SandboxFusion's ``/run_code``. Admitted at the
+    measured rate (``admission``; ``None``: off), it runs at its full limits or not at all: a run
+    the deadline would cut short raises ``SandboxFailure`` (retried by the client), never a time
     limit its program did not reach."""
+    code, language, limits, deadline, client = call.code, call.language, call.limits, call.deadline, call.client
     s = runner.settings
     memory_mb = min(limits.memory_mb, s.memory_mb)
     less = (s.memory_mb - memory_mb) << 20
-    job = runner.job(Suite("stdin", [stdin], [""]), code, deadline, language)
+    job = runner.job(Suite("stdin", [call.stdin], [""]), code, deadline, language)
     job = dataclasses.replace(
         job, cpu_s=min(job.cpu_s, limits.cpu_s), wall_s=min(job.wall_s, limits.wall_s),
         keep_bytes=s.max_output_bytes, memory_bytes=job.memory_bytes - less,

@@ -42,14 +42,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from services.code import cgroups
-from services.code.cancelling import Cancellation, Cancelled, kill_and_wait
 from services.code.packages import SANDBOX_PATH
 from services.code.preludes import PRELUDES
-from services.code.sandbox import inside
+from services.code.sandbox import cgroups, inside
 from services.code.sandbox.inside import messages, relay
 from services.code.sandbox.inside.confine import SampleCgroup
 from services.code.sandbox.inside.messages import Job, Outcome, TrustedTests
+from services.code.scheduling.cancelling import Cancellation, Cancelled, kill_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@
   of its own;
 - ``socket_child``: a child the supervisor forks to serve it over a socket pair (the keeper of
   an interactive sample's answers, the assert tests' candidate source);
-- ``compiled``: a compiled language's build (its compiler, then the compile cache) and runs;
+- ``compiled_programs``: a compiled language's build (its compiler, then the compile cache) and runs;
 - ``files``: a ``/run_code`` run's files, placed before it and fetched after it;
-- ``interact``: an interactive test's program and interactor, run at once and joined by pipes;
+- ``interactive_test``: an interactive test's program and interactor, run at once and joined by pipes;
 - ``relay``: the relay of a candidate's calls, trusted: it times each test on the candidate's
   CPU clock (run by the supervisor for assert tests, and imported by the server, ``host``,
   for the call-based tests it relays);
@@ -33,10 +33,10 @@ MODULES = (
     "socket_child",
     "program",
     "tester",
-    "compiled",
+    "compiled_programs",
     "files",
     "relay",
-    "interact",
+    "interactive_test",
     "supervisor",
     "zygote",
 )

@@ -14,7 +14,7 @@ import binascii
 import os
 import stat
 
-from services.code.sandbox.inside.compiled import ARTIFACT_DIR
+from services.code.sandbox.inside.compiled_programs import ARTIFACT_DIR
 from services.code.sandbox.inside.messages import Fetched, Job
 
 ROOT = "/tmp"

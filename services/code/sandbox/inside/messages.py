@@ -67,9 +67,9 @@ class Job:
     # for) is over memory, as judges that limit the address space (problemtools) fail it at
     # once: not a timeout a busy node's slow page faults made. 0: not judged so.
     judged_data_bytes: int = 0
-    # A compiled language (``compiled``): the command a test (or, for kind "build", the
+    # A compiled language (``compiled_programs``): the command a test (or, for kind "build", the
     # compiler) execs and what it adds to the environment; a build's source file and the cache
-    # entry it installs into; a run's cache entry, shown read-only at ``compiled.ARTIFACT_DIR``.
+    # entry it installs into; a run's cache entry, shown read-only at ``compiled_programs.ARTIFACT_DIR``.
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     source_path: str = ""
@@ -84,7 +84,7 @@ class Job:
     files: dict[str, str] = field(default_factory=dict)
     fetch: list[str] = field(default_factory=list)
     fetch_bytes: int = 0
-    # Kind "interact" (``interact``): the label's interactor, a build in the compile cache
+    # Kind "interact" (``interactive_test``): the label's interactor, a build in the compile cache
     # (``interactor_artifact``, its ``interactor_file`` run as ``/proc/self/fd/5``), its
     # command and environment, and its own limits (its wall time: after the program ended).
     interactor_command: list[str] = field(default_factory=list)
@@ -110,7 +110,7 @@ class TrustedTests:
 @dataclass
 class InteractorFiles:
     """An interactive label's tests (each its input and answer), after the ``Job``: read by
-    the sample's keeper of them alone (``interact.Keeper``), never by the supervisor, whose
+    the sample's keeper of them alone (``interactive_test.Keeper``), never by the supervisor, whose
     memory every Python program's process starts as a copy of."""
 
     tests: list[list[str]]

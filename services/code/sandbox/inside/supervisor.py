@@ -21,7 +21,16 @@ import struct
 import time
 import typing
 
-from services.code.sandbox.inside import compiled, confine, files, interact, messages, program, relay, tester
+from services.code.sandbox.inside import (
+    compiled_programs,
+    confine,
+    files,
+    interactive_test,
+    messages,
+    program,
+    relay,
+    tester,
+)
 from services.code.sandbox.inside.messages import (
     ANSWERS_FD,
     CALLS_FD,
@@ -49,8 +58,10 @@ def _start_test(job: Job, start: int, workdir: str) -> tuple[int, dict[int, str]
     os.lseek(stdin, 0, os.SEEK_SET)
     pipes = {role: os.pipe() for role in ("stdout", "stderr", "result")}
     fds = {0: stdin, 1: pipes["stdout"][1], 2: pipes["stderr"][1], RESULT_FD: pipes["result"][1]}
-    body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
-    pid = confine.spawn(job, job.uid, fds, workdir, body, tests=1, new_processes=compiled.may_start_processes(job))
+    body = compiled_programs.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
+    pid = confine.spawn(
+        job, job.uid, fds, workdir, body, tests=1, new_processes=compiled_programs.may_start_processes(job)
+    )
     os.close(stdin)
     for _, write_end in pipes.values():
         os.close(write_end)
@@ -282,7 +293,7 @@ def fresh_start(job: Job, pristine: tuple[int, ...]) -> tuple[int, ...]:
     ``/tmp`` as it was made (``pristine``); returns that state now. What one isolated run needs
     between two (nothing of an earlier test's survives: its processes are gone)."""
     if confine.fresh_tmp(job, pristine):
-        compiled.mount_artifact(job)
+        compiled_programs.mount_artifact(job)
         return confine.tmp_state()
     return pristine
 
@@ -324,7 +335,7 @@ def supervise(conn: socket.socket, cgroup: confine.SampleCgroup | None) -> None:
     if cgroup is not None:
         cgroup.set_limits(job)
     confine.private_tmp(job)
-    compiled.mount_artifact(job)
+    compiled_programs.mount_artifact(job)
     files.place(job)
     if job.kind == "call":
         _become_candidate(job, conn, cgroup)
@@ -343,13 +354,13 @@ def _run_sample(
     workdir = "/tmp"
     try:
         if job.kind == "build":
-            compiled.build(job, conn, lambda held: run_stdin_test(job, 0, workdir, deadline, held, cgroup))
+            compiled_programs.build(job, conn, lambda held: run_stdin_test(job, 0, workdir, deadline, held, cgroup))
         elif job.kind == "check":
-            compiled.check(
+            compiled_programs.check(
                 job, conn, deadline, lambda index: run_stdin_test(job, index, workdir, deadline, conn, cgroup)
             )
         elif job.kind == "interact":
-            interact.run_tests(job, conn, deadline, cgroup, lambda pristine: fresh_start(job, pristine), raw)
+            interactive_test.run_tests(job, conn, deadline, cgroup, lambda pristine: fresh_start(job, pristine), raw)
         elif job.kind == "assert":
             source = CandidateSource(job, workdir)
             try:

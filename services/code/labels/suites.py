@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.limits.errors import Unprocessable
-from services.code import interactive
-from services.code.checkers import DEFAULT as DEFAULT_CHECKER
-from services.code.checkers import Checker, parse_checker
+from services.code.judging import interactor
+from services.code.judging.checkers import DEFAULT as DEFAULT_CHECKER
+from services.code.judging.checkers import Checker, parse_checker
 from services.code.languages import language_of
 from services.code.preludes import PRELUDES
 
@@ -40,7 +40,7 @@ class Suite:
     # The language the label asks programs to be graded in (``languages``), or "" (the
     # request's, else the fenced block's tag, else Python).
     language: str = ""
-    # How a stdin test's output is checked (``checkers``), and how the tests make the score:
+    # How a stdin test's output is checked (``judging.checkers``), and how the tests make the score:
     # "" (the server's ``scoring``), "fraction", "all" or "subtasks" (``subtasks``: groups of
     # test indices with points, IOI style).
     checker: Checker = DEFAULT_CHECKER
@@ -48,7 +48,7 @@ class Suite:
     # The import block run before a Python program (``preludes.PRELUDES``), or "" (the server's).
     prelude: str = ""
     subtasks: tuple[Subtask, ...] = ()
-    # Interactive stdin tests (``interactive``): the label's interactor, its tests' answers
+    # Interactive stdin tests (``judging.interactor``): the label's interactor, its tests' answers
     # in ``expected`` (read by the interactor alone).
     interactor: Checker | None = None
 
@@ -101,8 +101,8 @@ def with_checked_code(suite: Suite, defines_check: Callable[[str], bool]) -> Sui
 
 def parse_label(label: Any, problems: Callable[[Any], Suite] | None = None) -> Suite | str:
     """Turn a label (dict or JSON string) into a ``Suite``, or the name of the environment it
-    asks for (``""`` for an empty label: the server's own environment); ``problems`` gives the
-    tests of a problem package a label names (``services.code.problems``)."""
+    asks for (``""`` for an empty label: the server's own environment); ``problem_packages`` gives the
+    tests of a problem package a label names (``services.code.labels.problem_packages``)."""
     if isinstance(label, str):
         if not label.strip():
             return ""
@@ -125,8 +125,8 @@ def parse_label(label: Any, problems: Callable[[Any], Suite] | None = None) -> S
         parsed = parse_label({key: value for key, value in label.items() if key not in JUDGING})
         return _with_judging(parsed, label) if isinstance(parsed, Suite) else parsed
     if "interactor" in label:
-        interactor, inputs, answers = interactive.parse(label)
-        return Suite("stdin", inputs, answers, interactor=interactor)
+        declared, inputs, answers = interactor.parse(label)
+        return Suite("stdin", inputs, answers, interactor=declared)
     if "input_output" in label:  # APPS/TACO keep the tests as a nested JSON string
         nested = label["input_output"]
         if not isinstance(nested, (str, dict)) or not nested:

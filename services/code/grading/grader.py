@@ -1,6 +1,5 @@
-# Over 400 lines: a sample's way from admission to verdict (slot, plan, re-run, judging, checking) is one story.
 """From a sample to a verdict: its admission and plan, its slot and deadline, the one re-run,
-its tests judged (``grading.judging``) and checked (``grading.checking``), and its score."""
+its tests judged (``judging.statuses``) and checked (``checker_runs``), and its score."""
 
 from __future__ import annotations
 
@@ -15,34 +14,25 @@ from dataclasses import dataclass
 
 from common.limits.deadlines import Deadline
 from common.pipeline import metrics
-from services.code import interactive
-from services.code.admission import Admission, Admitted, Cost, Rates, floor_shown
-from services.code.cancelling import Cancellation, Cancelled, HangUps
-from services.code.compile_cache import Builds
-from services.code.grading import checking, trials
-from services.code.grading.building import built
-from services.code.grading.checking import JudgeFailure
-from services.code.grading.judging import (
+from services.code.grading import checker_runs, modes, trials
+from services.code.grading.build_step import built
+from services.code.grading.checker_runs import JudgeFailure
+from services.code.grading.runner import Owner, Runner
+from services.code.grading.trials import RunCall, Trial
+from services.code.judging.statuses import (
     LONG_OUTPUT,
-    UNCHECKED,
     Verdict,
     answers_needed,
     cut_short,
-    judge,
     too_long,
 )
-from services.code.grading.runner import Owner, Runner
-from services.code.grading.trials import RunLimits, Trial
-from services.code.labels import Suite
+from services.code.labels.suites import Suite
 from services.code.languages import LANGUAGES, PYTHON, Program
-from services.code.sandbox.host import HELD_OUTPUT_FACTOR, RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
-from services.code.sandbox.inside.messages import (
-    InteractorFiles,
-    InteractOutcome,
-    Outcome,
-    StdinOutcome,
-    TrustedTests,
-)
+from services.code.sandbox.compile_cache import Builds
+from services.code.sandbox.host import RESERVE_FROM_SLOTS, Sandbox, SandboxFailure
+from services.code.sandbox.inside.messages import Job, Outcome, StdinOutcome
+from services.code.scheduling.admission import Admission, Admitted, Cost, Rates, floor_shown
+from services.code.scheduling.cancelling import Cancellation, Cancelled, HangUps
 from services.code.settings import CodeSettings
 
 log = logging.getLogger(__name__)
@@ -59,6 +49,20 @@ class Replan(Exception):
     def __init__(self, needed_s: float) -> None:
         super().__init__(f"a code sample's plan was short: it needs {needed_s:.1f} s")
         self.needed_s = needed_s
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try at a sample: by ``deadline``, in ``owner``'s turn at the slots, as the ``index``-th
+    of its request's ``admitted`` samples (``None``: admission off), planned at least ``needed_s``
+    (its re-run; 0 at first), stopped once ``cancellation`` is."""
+
+    deadline: float
+    owner: Owner
+    admitted: Admitted | None
+    index: int
+    needed_s: float
+    cancellation: Cancellation
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ class Grader:
         compiled = sample.language != PYTHON
         worst += s.compile_cpu_s if compiled else 0.0
         if suite.checker.mode == "custom":
-            worst += checking.check_reserve(self.runner, suite)
+            worst += checker_runs.check_reserve(self.runner, suite)
             worst += s.compile_cpu_s if suite.checker.language != PYTHON else 0.0
         elif suite.interactor is not None:
             worst += s.compile_cpu_s if suite.interactor.language != PYTHON else 0.0
@@ -189,11 +193,10 @@ class Grader:
         failures, needed_s = 0, 0.0
         while True:
             try:
+                attempt = Attempt(deadline, owner, admitted, index, needed_s, cancellation)
                 if sample.language != PYTHON:
-                    return self._run_built(sample, deadline, owner, admitted, index, needed_s, cancellation)
-                return self._run(
-                    sample.suite, sample.code, deadline, owner, admitted, index, None, needed_s, cancellation
-                )
+                    return self._run_built(sample, attempt)
+                return self._run(sample.suite, sample.code, attempt)
             except Replan as replan:
                 needed_s = replan.needed_s
             except SandboxFailure as exc:
@@ -203,17 +206,8 @@ class Grader:
                     return Verdict("sandbox_error", 0, total, None)
                 time.sleep(self.settings.retry_pause_s)
 
-    def _run_built(
-        self,
-        sample: Sample,
-        deadline: float,
-        owner: Owner,
-        admitted: Admitted | None,
-        index: int,
-        needed_s: float,
-        cancellation: Cancellation,
-    ) -> Verdict:
-        """A program in a compiled language: its build (once per source, ``compile_cache``),
+    def _run_built(self, sample: Sample, attempt: Attempt) -> Verdict:
+        """A program in a compiled language: its build (once per source, ``sandbox.compile_cache``),
         then its tests, each running the build."""
         suite = sample.suite
         assert suite is not None
@@ -223,127 +217,93 @@ class Grader:
             return Verdict("language_unavailable", 0, total, None)
         program = self.builds.program(language, sample.code, self.settings.memory_mb)
         started = time.monotonic()
-        with built(self.runner, program, deadline, owner) as error:
+        with built(self.runner, program, attempt.deadline, attempt.owner) as error:
             self.rates.measured(sample.language, 0.0, 0, time.monotonic() - started)
             if error is not None:
                 return Verdict("compile_error", 0, total, 0.0)
-            return self._run(suite, sample.code, deadline, owner, admitted, index, program, needed_s, cancellation)
+            return self._run(suite, sample.code, attempt, program)
 
-    def _run(
-        self,
-        suite: Suite,
-        code: str,
-        deadline: float,
-        owner: Owner,
-        admitted: Admitted | None = None,
-        index: int = 0,
-        program: Program | None = None,
-        needed_s: float = 0.0,
-        cancellation: Cancellation | None = None,
-    ) -> Verdict:
-        """The sample's tests in one slot, within its plan (at least ``needed_s`` on its re-run).
-        Raises ``Replan``, once, when the plan ran out before its tests did and the node's floor
-        for it now, or what its tests that ended on their own showed, is more: the plan was the
-        node's estimate running behind (a burst's first wave, a problem heavier than its
-        language's mean), not the program's own spending. A spinner's tests never end on their
-        own: it is never re-run; one that spins after quick tests is re-run once, within its
-        limits, and counted as it runs."""
-        statuses = ["timeout"] * len(suite.tests)
-        outputs: dict[int, str] = {}  # what the custom checker judges
-        cut = False
+    def _run(self, suite: Suite, code: str, attempt: Attempt, program: Program | None = None) -> Verdict:
+        """The sample's tests in one slot, within its plan (at least ``needed_s`` on its re-run),
+        each outcome handed to its test mode (``modes``). Raises ``Replan``, once, when the plan
+        ran out before its tests did and the node's floor for it now, or what its tests that ended
+        on their own showed, is more: the plan was the node's estimate running behind (a burst's
+        first wave, a problem heavier than its language's mean), not the program's own spending.
+        A spinner's tests never end on their own: it is never re-run; one that spins after quick
+        tests is re-run once, within its limits, and counted as it runs."""
         language = program.language.name if program else PYTHON
+        deadline, admitted = attempt.deadline, attempt.admitted
         with contextlib.ExitStack() as stack:
-            uid = stack.enter_context(self.runner.slot(owner, deadline))
+            uid = stack.enter_context(self.runner.slot(attempt.owner, deadline))
             slot_taken = time.monotonic()
-            plan = admitted.started(index, needed_s) if admitted is not None else math.inf
+            plan = admitted.started(attempt.index, attempt.needed_s) if admitted is not None else math.inf
             # A label's checker is built, and its time kept, before the program runs: whatever
             # time the program spends, its outputs are checked in this slot (a verdict, not NaN).
             by = suite.interactor or suite.checker  # the label's checker or interactor
             try:
-                checker = stack.enter_context(checking.checker_built(self.runner, by, deadline, owner, uid))
+                checker = stack.enter_context(checker_runs.checker_built(self.runner, by, deadline, attempt.owner, uid))
             except JudgeFailure as exc:
                 log.warning("a label's checker failed a code sample (no verdict): %s", exc)
-                return Verdict("judge_failure", 0, len(statuses), None)
-            checks_after = checker is not None and suite.interactor is None
-            reserve = checking.check_reserve(self.runner, suite) if checks_after else 0.0
-            runs_by = deadline - reserve
+                return Verdict("judge_failure", 0, len(suite.tests), None)
+            mode = modes.mode_of(suite, self.runner, self.settings.float_tolerance, checker)
+            runs_by = deadline - mode.reserve_s
             now = time.monotonic()
             if runs_by <= now:
                 raise SandboxFailure("no time left before the request deadline for the program and its checker")
             # The sample's own time: its limits, and its plan (``admission``) where that is less.
             own_s = self.runner.own_sample_s(suite, language)
-            limit_s = min(own_s, plan)
             job = self.runner.job(suite, code, runs_by, language, plan)
             # A sample the request's deadline ends before its own time ran late through no choice
             # of its program: a test cut short is no verdict, never its timeout. One that ran to its
             # plan spent it (with admission off, it may have spent the deadline itself): its timeout.
-            deadline_cuts = self.settings.admission != "off" and runs_by < now + limit_s
+            deadline_cuts = self.settings.admission != "off" and runs_by < now + min(own_s, plan)
             if program is not None:
                 assert self.builds is not None
                 job = self.builds.run_job(program, job, self.runner.cgroups())
-            trusted: TrustedTests | InteractorFiles | None = self._trusted(suite)
-            if suite.interactor is not None:
-                assert checker is not None and self.builds is not None
-                cpu_s, memory = checking.interactor_cpu_s(self.runner, suite.interactor), self.settings.memory_mb << 20
-                protocol, entry = suite.interactor.protocol, self.builds.cache.entry(checker.key)
-                job = interactive.job(job, checker, protocol, entry, cpu_s, memory)
-                trusted, checker = interactive.files(suite.tests, suite.expected), None
+            job, trusted = mode.prepared(job)
             # Every test runs, whatever the scoring: which ran must not tell the program
             # which of its answers were right.
-            runs = self.sandbox.run(job, uid, trusted, answers_needed(suite), cancellation)
-            interacted: dict[int, float] = {}  # the points of each interactive test
-            plan_cut = False  # a test the plan's end stopped (the node's time, not its own limits)
+            runs = self.sandbox.run(job, uid, trusted, answers_needed(suite), attempt.cancellation)
             try:
-                held = 0  # characters of output waiting for the checker
-                for run in runs:
-                    if cut_short(run, job):
-                        cut = cut or deadline_cuts
-                        plan_cut = plan_cut or plan < own_s
-                        if deadline_cuts:
-                            continue
-                    if isinstance(run, InteractOutcome):
-                        assert suite.interactor is not None
-                        found = interactive.verdict(run, suite.interactor.protocol)
-                        if found is None:
-                            log.warning("a label's interactor failed a code sample (no verdict): exit %d: %.300s",
-                                        run.interactor_exit, run.interactor_report)  # fmt: skip
-                            return Verdict("judge_failure", 0, len(statuses), None)
-                        statuses[run.index], interacted[run.index] = found
+                cut, plan_cut = self._taken(mode, runs, job, deadline_cuts, plan < own_s)
+                if cut:
+                    log.warning(
+                        "the request's deadline cut a code sample's test short (no verdict): a node behind its plan"
+                    )
+                    return Verdict("deadline", 0, len(suite.tests), None, job.sample_s)
+                # Measured before the sample is judged: a cut sample's floor then counts what it showed.
+                slot_s = time.monotonic() - slot_taken
+                self._measure(language, slot_s, mode.statuses)
+                if plan_cut and not attempt.needed_s and admitted is not None:
+                    ended = sum(status != "timeout" for status in mode.statuses)
+                    needed = max(admitted.floor(attempt.index), floor_shown(slot_s, len(mode.statuses), ended))
+                    if needed > plan:
+                        raise Replan(needed)
+                points = mode.points(deadline, uid)
+            except JudgeFailure as exc:
+                log.warning("a label's %s failed a code sample (no verdict): %s", mode.judged_by, exc)
+                return Verdict("judge_failure", 0, len(suite.tests), None)
+        return self._score(suite, mode.statuses, points, job.sample_s)
+
+    @staticmethod
+    def _taken(
+        mode: modes.Judged, runs: Iterator[Outcome], job: Job, deadline_cuts: bool, plan_short: bool
+    ) -> tuple[bool, bool]:
+        """Each run's outcome handed to ``mode``, but a test cut short where the request's
+        deadline cuts the sample (no verdict, ``deadline_cuts``); whether a test was cut so, and
+        whether one the plan's end stopped (the node's time, not its own limits: ``plan_short``)."""
+        cut = plan_cut = False
+        try:
+            for run in runs:
+                if cut_short(run, job):
+                    cut = cut or deadline_cuts
+                    plan_cut = plan_cut or plan_short
+                    if deadline_cuts:
                         continue
-                    statuses[run.index] = self._judge(suite, run)
-                    if statuses[run.index] == UNCHECKED:
-                        assert isinstance(run, StdinOutcome)
-                        held += len(run.stdout)
-                        if held > HELD_OUTPUT_FACTOR * self.runner.kept_bytes():
-                            statuses[run.index] = "output_limit"
-                        else:
-                            outputs[run.index] = run.stdout
-            finally:
-                runs.close()
-            if cut:
-                log.warning(
-                    "the request's deadline cut a code sample's test short (no verdict): a node behind its plan"
-                )
-                return Verdict("deadline", 0, len(statuses), None, job.sample_s)
-            # Measured before the sample is judged: a cut sample's floor then counts what it showed.
-            slot_s = time.monotonic() - slot_taken
-            self._measure(language, slot_s, statuses)
-            if plan_cut and not needed_s and admitted is not None:
-                ended = sum(status != "timeout" for status in statuses)
-                needed = max(admitted.floor(index), floor_shown(slot_s, len(statuses), ended))
-                if needed > plan:
-                    raise Replan(needed)
-            points = [interacted.get(index, float(status == "passed")) for index, status in enumerate(statuses)]
-            if outputs:
-                assert checker is not None
-                try:
-                    checked = checking.check(self.runner, suite, checker, outputs, deadline, uid)
-                    for index, (status, got) in checked.items():
-                        statuses[index], points[index] = status, got
-                except JudgeFailure as exc:
-                    log.warning("a label's checker failed a code sample (no verdict): %s", exc)
-                    return Verdict("judge_failure", 0, len(statuses), None)
-        return self._score(suite, statuses, points, job.sample_s)
+                mode.take(run)
+        finally:
+            runs.close()
+        return cut, plan_cut
 
     def _measure(self, language: str, slot_s: float, statuses: list[str]) -> None:
         """What a test costs here, from the tests that ended on their own: a sample cut short
@@ -368,13 +328,6 @@ class Grader:
             score = sum(points) / len(points)
         return Verdict(status, passed, len(statuses), score, budget_s)
 
-    @staticmethod
-    def _trusted(suite: Suite) -> TrustedTests | None:
-        """An assert label's code, for the tests' process alone."""
-        if suite.kind != "assert":
-            return None
-        return TrustedTests(tests=list(suite.tests), setup=suite.setup, entry_point=suite.entry_point)
-
     def admission_stats(self) -> dict[str, object]:
         """What ``/info`` shows of admission: the work admitted, and the rates it plans with."""
         return {**self.admission.stats(), "cancelled": self.cancelled, "rates": self.rates.stats()}
@@ -387,31 +340,12 @@ class Grader:
         """``trials.trial`` within this grader's ``timeout_s``: for the startup checks and the benches."""
         return trials.trial(self.runner, self.timeout_s, code, language, inputs)
 
-    def run_once(
-        self,
-        code: str,
-        language: str,
-        stdin: str,
-        limits: RunLimits,
-        deadline: float,
-        client: str,
-        gone: Callable[[], bool] = lambda: False,
-    ) -> Trial:
+    def run_once(self, call: RunCall, gone: Callable[[], bool] = lambda: False) -> Trial:
         """``trials.run_once`` admitted beside this grader's samples: SandboxFusion's ``/run_code``;
         raises ``Cancelled`` once ``gone()`` (its client hung up: the run is stopped)."""
         admission = self.admission if self.settings.admission != "off" else None
         with self.hang_ups.watching(gone) as cancellation:
-            return trials.run_once(
-                self.runner, admission, self.rates, code, language, stdin, limits, deadline, client, cancellation
-            )
-
-    def _judge(self, suite: Suite, run: Outcome) -> str:
-        """``judge``, where whatever the program's output makes fail stays its own verdict."""
-        try:
-            return judge(suite, run, self.settings.float_tolerance)
-        except Exception as exc:  # e.g. RecursionError on deeply nested output
-            log.warning("judging a code test failed (%s: %.200s); judged a runtime error", type(exc).__name__, exc)
-            return "runtime_error"
+            return trials.run_once(self.runner, admission, self.rates, call, cancellation)
 
     def _count_masked(self, verdicts: Sequence[Verdict]) -> None:
         """Warn per sample left without a verdict, and when more than 5 of 100 were."""

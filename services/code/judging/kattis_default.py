@@ -1,5 +1,5 @@
 """Kattis' default output validator (problemtools' ``default_validator.cc``), re-stated: what a
-problem package with ``validation: default`` is judged by (``services.code.problems``).
+problem package with ``validation: default`` is judged by (``services.code.labels.problem_packages``).
 
 Tokens are split on C's whitespace (space, ``\\t\\n\\v\\f\\r``; no other character, so a
 no-break space is part of a token) and compared one by one, case-insensitively in ASCII

@@ -16,7 +16,7 @@ from common.limits.errors import NotReady, Overloaded, ScorerError, Unprocessabl
 from common.pipeline.scorer import Query, Result
 from common.sdk.wire import decode_body, encode_body
 from common.server.protocols import WireProtocol
-from services.code.sandbox_fusion import api
+from services.code.protocols.sandbox_fusion import api
 from services.code.scorer import CodeScorer
 
 # Statuses verl's client retries instead of scoring the test case 0.

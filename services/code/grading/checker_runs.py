@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from services.code import checkers
-from services.code.checkers import Checker
-from services.code.grading.building import built
+from services.code.grading.build_step import built
 from services.code.grading.runner import Owner, Runner
-from services.code.labels import Suite
+from services.code.judging import checkers
+from services.code.judging.checkers import Checker
+from services.code.labels.suites import Suite
 from services.code.languages import CHECKER_LANGUAGES, LANGUAGES, Program
 from services.code.sandbox.inside.messages import StdinOutcome
 

@@ -7,9 +7,9 @@ import json
 import signal
 from dataclasses import dataclass
 
-from services.code import compare, kattis_default
-from services.code.checkers import KATTIS_DEFAULT
-from services.code.labels import Suite
+from services.code.judging import comparison, kattis_default
+from services.code.judging.checkers import KATTIS_DEFAULT
+from services.code.labels.suites import Suite
 from services.code.languages import run_failure
 from services.code.sandbox.inside.messages import (
     CallOutcome,
@@ -80,7 +80,7 @@ def judge(suite: Suite, run: Outcome, tolerance: float) -> str:
         matched = kattis_default.matches(run.stdout, want, checker.case_sensitive, checker.abs_tol, checker.rel_tol)
         return "passed" if matched else "wrong_answer"
     abs_tol, rel_tol = (tolerance, tolerance) if checker.mode == "default" else (checker.abs_tol, checker.rel_tol)
-    return "passed" if compare.output_matches(checker.mode, run.stdout, want, abs_tol, rel_tol) else "wrong_answer"
+    return "passed" if comparison.output_matches(checker.mode, run.stdout, want, abs_tol, rel_tol) else "wrong_answer"
 
 
 def cut_short(run: Outcome, job: Job) -> bool:
@@ -107,7 +107,9 @@ def _judge_call(suite: Suite, run: CallOutcome, tolerance: float) -> str:
     except (ValueError, TypeError, RecursionError):
         return "runtime_error"
     if isinstance(answer, list) and len(answer) == 2 and answer[0] == "result":
-        return "passed" if compare.result_matches(answer[1], suite.expected[run.index], tolerance) else "wrong_answer"
+        return (
+            "passed" if comparison.result_matches(answer[1], suite.expected[run.index], tolerance) else "wrong_answer"
+        )
     return "memory_limit" if isinstance(answer, list) and answer[1:2] == ["MemoryError"] else "runtime_error"
 
 

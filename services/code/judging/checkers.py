@@ -1,6 +1,6 @@
 """How a stdin test's output is checked against its answer (a label's ``"checker"``).
 
-Built-in modes (``compare.MODES``) compare in the service, by ``compare.output_matches``:
+Built-in modes (``comparison.MODES``) compare in the service, by ``comparison.output_matches``:
 ``default`` (the server's rule, numbers within its ``float_tolerance`` if set), ``tokens``,
 ``lines``, ``exact``, ``float`` (numbers within an absolute *or* relative tolerance, ``abs``
 and ``rel``: 1e-6 by default) and ``yes_no``.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.limits.errors import Unprocessable
-from services.code.compare import MODES
+from services.code.judging.comparison import MODES
 from services.code.languages import CHECKER_LANGUAGES, language_of
 
 DEFAULT_TOLERANCE = 1e-6

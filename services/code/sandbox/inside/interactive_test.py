@@ -13,7 +13,7 @@ connection itself and hands each test's pair to the supervisor as descriptors.
 
 The program's CPU is the sample's less the interactor's and the keeper's; the interactor's is
 its own process's (it cannot fork). Whoever ends first is recorded: the verdict's precedence
-is the server's (``services.code.interactive``).
+is the server's (``services.code.judging.interactor``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import termios
 import time
 import typing
 
-from services.code.sandbox.inside import compiled, confine, messages, program
+from services.code.sandbox.inside import compiled_programs, confine, messages, program
 from services.code.sandbox.inside.messages import RESULT_FD, STDERR_TAIL, InteractorFiles, InteractOutcome, Job, Skipped
 from services.code.sandbox.inside.relay import CPU_TICK_S
 from services.code.sandbox.inside.socket_child import SocketChild
@@ -236,8 +236,10 @@ def _start(job: Job, index: int, keeper: Keeper) -> tuple[_Process, _Process, di
     if job.interactor_protocol == "kattis":
         os.close(feedback)
     fds = {0: to_program[0], 1: to_interactor[1], 2: pipes["program"][1], RESULT_FD: pipes["result"][1]}
-    body = compiled.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
-    graded = confine.spawn(job, job.uid, fds, "/tmp", body, tests=1, new_processes=compiled.may_start_processes(job))
+    body = compiled_programs.body(job) if job.command else lambda: program.run_stdin_program(job.code, job.prelude)
+    graded = confine.spawn(
+        job, job.uid, fds, "/tmp", body, tests=1, new_processes=compiled_programs.may_start_processes(job)
+    )
     own_files = os.fstat(test_input).st_size + os.fstat(answer).st_size + OWN_READS_BYTES
     sides = (
         _Process(graded, os.dup(to_program[0]), os.dup(to_interactor[1])),

@@ -2,7 +2,7 @@
 
 ``CompileCache`` is the service's directory of builds, keyed by language, flags and the
 source's hash (``languages.Language.key``): root's, mode 0700, outside every sample's
-writable space. A build installs its entry there (``inside.compiled.install``); a run's
+writable space. A build installs its entry there (``inside.compiled_programs.install``); a run's
 supervisor shows its one entry read-only to the program, which never sees the others. The
 identical programs of a GRPO group wait for one build (single flight) and share it, its
 compile error too; a compile error is remembered for later samples, unless the build ran out
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from services.code import languages
 from services.code.languages import Language, Program
 from services.code.sandbox.host import SandboxFailure
-from services.code.sandbox.inside.compiled import CHECK_FILES, FEEDBACK_DIR
+from services.code.sandbox.inside.compiled_programs import CHECK_FILES, FEEDBACK_DIR
 from services.code.sandbox.inside.messages import Job, StdinOutcome
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from typing import Any
 
 from common.limits.errors import Unprocessable, quote
 from common.pipeline.scorer import Scored
-from services.code.compile_cache import Unremembered
-from services.code.grader import Grader
-from services.code.grading.trials import RunLimits, Trial
+from services.code.grading.grader import Grader
+from services.code.grading.trials import RunCall, RunLimits, Trial
 from services.code.languages import LANGUAGES, SANDBOX_FUSION_NAMES
+from services.code.sandbox.compile_cache import Unremembered
 from services.code.sandbox.inside.files import components
 from services.code.sandbox.inside.messages import StdinOutcome
 from services.code.settings import CodeSettings
@@ -163,9 +163,8 @@ def run(grader: Grader, request: RunCode, deadline: float, gone: Callable[[], bo
     language = LANGUAGES.get(request.language)
     if language is not None and (grader.builds is None or grader.builds.missing(language)):
         return sandbox_error(f"the {request.asked} toolchain is not installed on this node")
-    trial = grader.run_once(
-        request.code, request.language, request.stdin, request.limits, deadline, request.client, gone
-    )
+    call = RunCall(request.code, request.language, request.stdin, request.limits, deadline, request.client)
+    trial = grader.run_once(call, gone)
     return answer(trial)
 
 

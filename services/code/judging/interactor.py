@@ -4,8 +4,8 @@
 A label ``{"interactor": source | {"program": source, "language": "cpp" | "python"}, "tests":
 [{"input": str, "answer": str}]}`` (or ``"inputs"`` and ``"answers"``): for each test, the
 program and the interactor run at once in the sample's sandbox, each one's stdout the other's
-stdin (``sandbox.inside.interact``); the interactor alone reads the input and the answer, and its
-exit is the test's verdict unless the program failed on its own first. Precedence
+stdin (``sandbox.inside.interactive_test``); the interactor alone reads the input and the answer,
+and its exit is the test's verdict unless the program failed on its own first. Precedence
 (Codeforces' and Kattis' alike, but for 4 and 5):
 
 1. the interactor ended first with a rejection (testlib 1 or 2, Kattis 43): wrong answer,
@@ -40,10 +40,10 @@ import signal
 from typing import Any
 
 from common.limits.errors import Unprocessable
-from services.code.checkers import EXIT_FAIL, EXIT_OK, REJECTIONS, Checker, custom_verdict, parse_checker
+from services.code.judging.checkers import EXIT_FAIL, EXIT_OK, REJECTIONS, Checker, custom_verdict, parse_checker
 from services.code.languages import Program, run_failure
-from services.code.sandbox.inside.compiled import ARTIFACT_DIR
-from services.code.sandbox.inside.interact import EXECUTABLE_FD
+from services.code.sandbox.inside.compiled_programs import ARTIFACT_DIR
+from services.code.sandbox.inside.interactive_test import EXECUTABLE_FD
 from services.code.sandbox.inside.messages import InteractorFiles, InteractOutcome, Job
 
 log = logging.getLogger(__name__)

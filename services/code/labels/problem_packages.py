@@ -30,9 +30,9 @@ from typing import Any
 import yaml
 
 from common.limits.errors import Unprocessable
-from services.code import interactive
-from services.code.checkers import KATTIS_DEFAULT, Checker, parse_checker
-from services.code.labels import Suite
+from services.code.judging import interactor
+from services.code.judging.checkers import KATTIS_DEFAULT, Checker, parse_checker
+from services.code.labels.suites import Suite
 
 # A problem's name: Kattis' short names, nothing a path could be made of.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.IGNORECASE)
@@ -211,6 +211,6 @@ def _tests(package: Path, name: str) -> tuple[list[str], list[str]]:
                 raise Unprocessable(f"problem {name!r}: {path.relative_to(package)} has no .ans beside it")
             inputs.append(path.read_text(encoding="utf-8"))
             answers.append(answer.read_text(encoding="utf-8"))
-    if not 0 < len(inputs) <= interactive.MAX_TESTS:
-        raise Unprocessable(f"problem {name!r}: data/ holds 1 to {interactive.MAX_TESTS} tests (*.in with *.ans)")
+    if not 0 < len(inputs) <= interactor.MAX_TESTS:
+        raise Unprocessable(f"problem {name!r}: data/ holds 1 to {interactor.MAX_TESTS} tests (*.in with *.ans)")
     return inputs, answers

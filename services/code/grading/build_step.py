@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 from services.code.grading.runner import Owner, Runner
-from services.code.labels import Suite
+from services.code.labels.suites import Suite
 from services.code.languages import Program
 
 

@@ -19,7 +19,7 @@ from common.limits.errors import BadRequest, PayloadTooLarge, ScorerError, Unpro
 from common.pipeline.scorer import Query, Result
 from common.sdk.wire import JsonCap, decode_body, encode_body
 from common.server.protocols import WireProtocol
-from services.code.grading.judging import STATUSES
+from services.code.judging.statuses import STATUSES
 from services.code.scorer import SECTION, CodeScorer, Graded
 
 
