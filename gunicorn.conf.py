@@ -18,6 +18,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +112,41 @@ def child_exit(server, worker) -> None:
     multiprocess.mark_process_dead(worker.pid)
     if getattr(worker, "gpu_slot", None) is not None and _gpu_holders.get(worker.gpu_slot) is worker:
         _gpu_holders[worker.gpu_slot] = None
+    _clean_up_after_workers(server)
+
+
+def _clean_up_after_workers(server) -> None:
+    """The service's clean-up of what exited workers left (``registry.Service.worker_exited``)."""
+    if service.worker_exited:
+        try:
+            registry.load_class(service.worker_exited)()
+        except Exception:  # the master serves on whatever a clean-up meets
+            server.log.exception("cleaning up after the service's workers failed")
 
 
 def on_exit(server) -> None:
     shutil.rmtree(_metrics_dir, ignore_errors=True)
+    if service.worker_exited:
+        _wait_for_killed_workers(server, KILLED_WORKER_WAIT_S)
+        _clean_up_after_workers(server)
+
+
+# How long the master, stopping, waits for the workers its grace period's end killed to be gone.
+KILLED_WORKER_WAIT_S = 10.0
+
+
+def _wait_for_killed_workers(server, wait_s: float) -> None:
+    """gunicorn's stop kills the workers still running when the grace period ends and reaps only
+    those already gone: a killed worker takes a moment to exit, and what it leaves can be
+    cleaned up only once it has (``child_exit`` never runs for it)."""
+    deadline = time.monotonic() + wait_s
+    pending = set(server.WORKERS)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                gone = os.waitpid(pid, os.WNOHANG)[0] == pid
+            except ChildProcessError:
+                gone = True
+            if gone:
+                pending.discard(pid)
+        time.sleep(0.05 if pending else 0)

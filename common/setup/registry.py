@@ -70,6 +70,9 @@ class Service:
     # (their settings, requirements and preparations are its own; it reads their weights in the
     # URL's query); standard library only, as ``run.sh`` calls it (``members``).
     members: str = ""
+    # "module:function" the master calls, with no argument, after one of its workers exited
+    # (gunicorn's ``child_exit``), to clean up what a worker killed or cut short left on the node.
+    worker_exited: str = ""
 
 
 SERVICES: dict[str, Service] = {
@@ -215,6 +218,9 @@ SERVICES: dict[str, Service] = {
             # A request waits for its run slots on its thread: a trainer's burst (hundreds of
             # one-sample requests) is admitted on arrival, at the rate measured until then.
             threads=1024,
+            # A worker killed, or stopped while its samples' processes still ran, leaves its
+            # cgroup directories: the master removes them once it has reaped the worker.
+            worker_exited="services.code.sandbox.cgroups:sweep_dead_workers",
         ),
     )
 }

@@ -8,6 +8,7 @@ sample scores 1.0 only when the channel is closed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -380,3 +381,30 @@ def test_a_stopped_or_killed_worker_leaves_no_cgroup_behind(tmp_path) -> None:
         made = [path for path in _worker_dirs(worker) if path.exists()]
         assert made
     _gone(made)
+
+
+def test_a_worker_cut_off_by_the_grace_period_leaves_no_cgroup_behind(tmp_path) -> None:
+    """A stop whose grace period ends while a sample runs kills the worker before it can remove
+    its directories (its clean-up runs at exit): the master removes them once it has reaped it."""
+    label = {"fn_name": "f", "inputs": [[1]], "outputs": [1]}
+    env = {**ENV, "SCORER_GRACEFUL_TIMEOUT": "1"}
+    with gunicorn_server("code", env, log_dir=tmp_path) as srv:
+        if requests.get(srv.url + "/info", timeout=10).json()["model"]["resource_limits"].startswith("rlimits"):
+            pytest.skip("no cgroups on this node")
+        (worker,) = srv.worker_pids()
+        assert grade(srv.url, ["def f(x):\n    return x"], label)["rewards"] == [1.0]
+        made = [path for path in _worker_dirs(worker) if path.exists()]
+        assert made
+        slow = "def f(x):\n    while True:\n        pass"
+        in_flight = threading.Thread(target=lambda: _ignore_errors(grade, srv.url, [slow], label), daemon=True)
+        in_flight.start()
+        wait_until(lambda: any(any(path.iterdir()) for path in made), "the slow sample running", pause_s=0.05)
+        srv.process.send_signal(signal.SIGTERM)
+        srv.process.wait(60)
+    _gone(made)
+
+
+def _ignore_errors(call, *args) -> None:
+    # The server stopped under it: the test looks at what it left, not at the answer.
+    with contextlib.suppress(requests.RequestException, AssertionError, ValueError):
+        call(*args)

@@ -4,8 +4,9 @@ A worker makes one directory of its own (``scorer-code-<pid>``) under its own cg
 controller (cgroup v1: ``memory``) or once (cgroup v2, with the
 ``memory`` and ``pids`` controllers enabled for it); each sample's supervisor makes the
 sample's cgroup in it and joins it (``inside.confine.SampleCgroup``), and the zygote
-removes it after; a closing worker removes what is left and its own directory, and a starting
-one the directories of workers that were killed. Where none
+removes it after; a closing worker removes what is left and its own directory, and the master
+(after reaping a worker) or a starting worker the directories of workers that are gone without
+removing theirs (killed, or stopped while their samples' processes still ran). Where none
 can be made (no writable cgroupfs, controllers missing or not delegable, or
 ``SCORER_CODE_CGROUPS=off``), the sandbox falls back to rlimits (``describe`` says which).
 """
@@ -121,6 +122,19 @@ def _sweep_dead_workers(parent: str) -> None:
         _remove_children({str(path)}, DEAD_WORKER_WAIT_S)
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+def sweep_dead_workers() -> None:
+    """Remove the directories of this process's workers that are gone, in every hierarchy a
+    worker makes one in: the master calls it after each worker exits (gunicorn's ``child_exit``),
+    since a worker killed, or one whose samples' processes outlived its own removal, leaves them."""
+    try:
+        mounts, own = _mounts(), _own_paths()
+    except (OSError, ValueError):
+        return
+    for controller in sorted({*V1_CONTROLLERS.values(), *V1_OPTIONAL.values(), ""}):
+        if controller in mounts and controller in own:
+            _sweep_dead_workers(mounts[controller] + own[controller])
 
 
 def _own_paths() -> dict[str, str]:
