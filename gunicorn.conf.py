@@ -149,4 +149,5 @@ def _wait_for_killed_workers(server, wait_s: float) -> None:
                 gone = True
             if gone:
                 pending.discard(pid)
-        time.sleep(0.05 if pending else 0)
+        if pending:
+            time.sleep(0.05)

@@ -119,8 +119,7 @@ class Server:
 
     def worker_pids(self) -> list[int]:
         """Pids of the gunicorn workers (children of the master)."""
-        out = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True).stdout
-        return [int(pid) for pid in out.split()]
+        return child_pids(self.process.pid)
 
     def sockets(self) -> int:
         """Sockets the workers hold: their listeners and the connections they have accepted."""
@@ -203,6 +202,12 @@ def answered(url: str, status: int) -> float:
     text = requests.get(url + "/metrics", timeout=10).text
     pattern = rf'^scorer_requests_total\{{[^}}]*status="{status}"[^}}]*\}} (\S+)$'
     return sum(float(value) for value in re.findall(pattern, text, re.M))
+
+
+def child_pids(pid: int) -> list[int]:
+    """Pids of the processes whose parent is ``pid``."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(child) for child in out.split()]
 
 
 def cpu_seconds(pid: int) -> float:

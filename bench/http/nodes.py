@@ -20,7 +20,7 @@ from pathlib import Path
 from common.configuration.config import from_env
 from common.configuration.settings import CoreSettings
 from testing.nginx import NGINX
-from testing.server import Server, free_port, gunicorn_server
+from testing.server import Server, child_pids, free_port, gunicorn_server
 
 # What gunicorn writes per request (its access log, a documented interface): the peer the app
 # sees as REMOTE_ADDR, the headers a proxy set, and nginx's arrival stamp.
@@ -49,7 +49,7 @@ class Node:
     def processes(self) -> dict[str, list[int]]:
         """gunicorn's master and workers; nginx's master and workers when it is in front."""
         roots = {"gunicorn": self.server.process.pid, **({"nginx": self.nginx.pid} if self.nginx else {})}
-        return {side: [root, *children(root)] for side, root in roots.items()}
+        return {side: [root, *child_pids(root)] for side, root in roots.items()}
 
     def begin_stop(self) -> None:
         """The stop signal: SIGTERM to gunicorn (A); ``nginx -s quit`` (B), gunicorn after it."""
@@ -63,11 +63,6 @@ class Node:
         if self.nginx is not None:
             self.nginx.wait(timeout=60)
         self.server.stop()
-
-
-def children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(child) for child in found.split()]
 
 
 def large_body_limit(large_bodies: int) -> tuple[str, str]:

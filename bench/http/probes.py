@@ -19,17 +19,16 @@ import aiohttp
 
 from bench.common import percentile
 from bench.http.nodes import Node
+from testing.ocr import memory_kb
 from testing.server import cpu_seconds as process_cpu_seconds
 
 MIB = 1 << 20
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident memory of one process (0 once it has gone)."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+    """Resident memory of one process (0 once it has gone, or is a zombie without any)."""
+    with contextlib.suppress(OSError, StopIteration):
+        return memory_kb(pid, "VmRSS") * 1024
     return 0
 
 
